@@ -1,0 +1,51 @@
+# draguard — every target creates or reuses .venv and installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: all venv test test-fast lint typecheck k8s demo demo-down review bench clean
+
+all: test
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## The Kubernetes binaries for the local control plane (cached outside the tree; a no-op when present).
+k8s:
+	bash scripts/build-k8s.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check webhook driver tests bench
+	$(VENV)/bin/mypy --strict webhook driver
+
+## The whole test suite: lint, types, unit, integration, end-to-end against a real local API server.
+test: $(STAMP) k8s lint
+	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+## Without the end-to-end tests (no Kubernetes build needed).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not e2e"
+
+## The main job: a local control plane with a simulated GPU node, walking through the seed scenarios.
+demo: $(STAMP) k8s
+	$(VENV)/bin/draguard demo
+
+demo-down: $(STAMP)
+	$(VENV)/bin/draguard demo --down
+
+## Offline review of the example GitOps repository (no cluster needed).
+review: $(STAMP)
+	$(VENV)/bin/draguard review examples/ --inventory examples/inventory.yaml
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
