@@ -67,8 +67,15 @@ class AttrSpec:
         }
 
 
-def _a(name: str, typ: AttrType, types: frozenset[str], desc: str, *, domain: str = DRIVER_NAME,
-       optional: bool = False) -> AttrSpec:
+def _a(
+    name: str,
+    typ: AttrType,
+    types: frozenset[str],
+    desc: str,
+    *,
+    domain: str = DRIVER_NAME,
+    optional: bool = False,
+) -> AttrSpec:
     return AttrSpec(domain, name, "attribute", typ, types, desc, optional)
 
 
@@ -86,17 +93,29 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _a("cudaComputeCapability", "version", _BOTH, "CUDA compute capability as semver, e.g. 9.0.0."),
     _a("driverVersion", "version", _BOTH, "Kernel driver version as strict semver (leading zeros dropped)."),
     _a("cudaDriverVersion", "version", _BOTH, "Highest CUDA version the driver supports, e.g. 12.4.0."),
-    _a("addressingMode", "string", _BOTH, "HMM, ATS or None; only on coherent-memory systems.",
-       optional=True),
+    _a(
+        "addressingMode", "string", _BOTH, "HMM, ATS or None; only on coherent-memory systems.", optional=True
+    ),
     _a("profile", "string", _MIG, "MIG profile, e.g. 3g.20gb."),
     _a("parentUUID", "string", _MIG, "UUID of the GPU this MIG device lives on."),
-    _a("nvlinkDomain", "string", _GPU,
-       "Identifier shared by exactly the GPUs of this node joined by NVLink (connected component); "
-       "absent on GPUs without active NVLink links.", optional=True),
+    _a(
+        "nvlinkDomain",
+        "string",
+        _GPU,
+        "Identifier shared by exactly the GPUs of this node joined by NVLink (connected component); "
+        "absent on GPUs without active NVLink links.",
+        optional=True,
+    ),
     # Attributes (Kubernetes domain).
     _a("pciBusID", "string", _BOTH, "PCI bus id in lowercase, e.g. 0000:3b:00.0.", domain=K8S_DOMAIN),
-    _a("pcieRoot", "string", _BOTH, "PCIe root complex, pci<domain>:<bus>; only when resolvable.",
-       domain=K8S_DOMAIN, optional=True),
+    _a(
+        "pcieRoot",
+        "string",
+        _BOTH,
+        "PCIe root complex, pci<domain>:<bus>; only when resolvable.",
+        domain=K8S_DOMAIN,
+        optional=True,
+    ),
     # Capacities (driver domain).
     _c("memory", _BOTH, "Device memory in bytes; omitted when NVML reports NOT_SUPPORTED.", optional=True),
     _c("multiprocessors", _MIG, "Streaming multiprocessors of the MIG device."),
@@ -135,9 +154,12 @@ def specs_for(device_type: str, kind: Kind | None = None) -> tuple[AttrSpec, ...
 
 def export_schema() -> dict[str, Any]:
     """The schema as JSON-able data (used by `draguard schema` and the CEL linter)."""
+    from driver.config import OPAQUE_CONFIG_SCHEMA  # config is pure too; imported late to keep this light
+
     return {
         "driver": DRIVER_NAME,
         "deviceTypes": sorted(DEVICE_TYPES),
         "attributes": [s.to_dict() for s in ATTRIBUTES if s.kind == "attribute"],
         "capacities": [s.to_dict() for s in ATTRIBUTES if s.kind == "capacity"],
+        "opaqueConfig": OPAQUE_CONFIG_SCHEMA,
     }
