@@ -1,0 +1,343 @@
+"""Rewrite of legacy GPU extended resources (`nvidia.com/gpu`, `nvidia.com/mig-*`) into DRA claims.
+
+Pure: takes a workload object and the class mappings of a MigrationPolicy and returns an RFC 6902
+patch against the object as sent, the rewritten object, and the ResourceClaimTemplates the
+rewritten workload references. Used by the `migrate/legacy-gpu` rule (admission mutation) and by
+`draguard migrate` (file rewrite).
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch  # pure library: applies RFC 6902 patches to plain data
+
+from webhook.dra.objects import ClaimSpec, DeviceRequest, claim_template, esc
+from webhook.dra.workloads import pod_spec_of
+from webhook.engine.findings import JsonPatch
+
+LEGACY_GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+DEFAULT_CLAIM_API_VERSION = "resource.k8s.io/v1"
+_DNS_LABEL_MAX = 63
+_DNS_SUBDOMAIN_MAX = 253
+
+
+def is_legacy_resource(name: str) -> bool:
+    """True for the device-plugin resources this migration replaces."""
+    return name == LEGACY_GPU_RESOURCE or (
+        name.startswith(MIG_RESOURCE_PREFIX) and len(name) > len(MIG_RESOURCE_PREFIX)
+    )
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """`nvidia.com/mig-3g.20gb` -> `3g.20gb`; None for anything that is not a MIG resource."""
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        return resource[len(MIG_RESOURCE_PREFIX):] or None
+    return None
+
+
+def dns_label(text: str, max_len: int = _DNS_LABEL_MAX) -> str:
+    """Deterministic DNS label (lowercase alphanumerics and '-') derived from `text`.
+
+    Over-long results keep a readable prefix and end in a short hash of the full text, so two
+    long inputs that share a prefix still get different names.
+    """
+    base = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+    if len(base) <= max_len:
+        return base
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{base[: max_len - 9].rstrip('-')}-{digest}"
+
+
+def template_name(device_class: str, count: int) -> str:
+    """Name of the generated ResourceClaimTemplate: `draguard-<class-sanitized>-<count>`."""
+    return dns_label(f"draguard-{device_class}-{count}", _DNS_SUBDOMAIN_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassMapping:
+    """One MigrationPolicy mapping: a legacy resource (glob allowed) plus node labels -> DeviceClass."""
+
+    resource: str
+    device_class: str
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, resource: str, node_labels: Mapping[str, str]) -> bool:
+        if not fnmatch.fnmatchcase(resource, self.resource):
+            return False
+        return all(node_labels.get(k) == v for k, v in self.node_selector.items())
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyUse:
+    """One legacy extended resource in one container."""
+
+    section: str  # "containers" | "initContainers"
+    index: int
+    container: str
+    resource: str
+    count: int
+    pointer: str  # JSON pointer of the container
+    in_limits: bool
+    in_requests: bool
+    bad_count: str | None = None  # the value as written when it is not a positive integer
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimEdit:
+    """How one LegacyUse becomes a pod claim backed by a generated template."""
+
+    use: LegacyUse
+    device_class: str
+    claim_name: str
+    template: str
+
+
+@dataclass(slots=True)
+class MigrationPlan:
+    """Everything the rewrite decided for one workload."""
+
+    pod_spec_pointer: str
+    uses: list[LegacyUse]
+    edits: list[ClaimEdit]
+    unmapped: list[LegacyUse]
+    patch: JsonPatch
+    rewritten: dict[str, Any]
+    templates: list[dict[str, Any]]
+
+    def describe(self) -> str:
+        """One line per container change, for finding messages and CLI output."""
+        parts = []
+        for e in self.edits:
+            parts.append(
+                f"{e.use.section}[{e.use.container}]: {e.use.resource}: {e.use.count} -> resources.claims "
+                f"[{e.claim_name}] with spec.resourceClaims {{name: {e.claim_name}, "
+                f"resourceClaimTemplateName: {e.template}}} ({e.use.count} x DeviceClass {e.device_class})"
+            )
+        return "; ".join(parts)
+
+
+def _parse_count(value: Any) -> int | None:
+    """Extended resources are whole numbers; accept ints and integer quantity strings."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        n = int(value.strip())
+        return n if n > 0 else None
+    return None
+
+
+def find_legacy(podspec: Mapping[str, Any], pointer: str) -> list[LegacyUse]:
+    """Every legacy GPU resource in init containers and containers (limits or requests).
+
+    The count is the limit (the device plugin allocates by limit); a request alone counts too,
+    since it is what the user asked for, although the API server requires the limit.
+    """
+    found: list[LegacyUse] = []
+    for section in ("initContainers", "containers"):
+        containers = podspec.get(section)
+        if not isinstance(containers, list):
+            continue
+        for i, c in enumerate(containers):
+            if not isinstance(c, Mapping):
+                continue
+            res = c.get("resources")
+            if not isinstance(res, Mapping):
+                continue
+            limits = res.get("limits") if isinstance(res.get("limits"), Mapping) else {}
+            requests = res.get("requests") if isinstance(res.get("requests"), Mapping) else {}
+            assert isinstance(limits, Mapping) and isinstance(requests, Mapping)
+            names = [n for n in dict.fromkeys([*limits, *requests]) if isinstance(n, str)]
+            for name in names:
+                if not is_legacy_resource(name):
+                    continue
+                raw = limits[name] if name in limits else requests[name]
+                count = _parse_count(raw)
+                found.append(
+                    LegacyUse(
+                        section=section,
+                        index=i,
+                        container=str(c.get("name") or f"{section}-{i}"),
+                        resource=name,
+                        count=count or 0,
+                        pointer=f"{pointer}/{section}/{i}",
+                        in_limits=name in limits,
+                        in_requests=name in requests,
+                        bad_count=None if count is not None else str(raw),
+                    )
+                )
+    return found
+
+
+def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
+    """Node labels the pod pins: `nodeSelector` plus single-value `In` terms of required affinity."""
+    labels: dict[str, str] = {}
+    terms: Any = None
+    affinity = podspec.get("affinity")
+    if isinstance(affinity, Mapping):
+        node_aff = affinity.get("nodeAffinity")
+        if isinstance(node_aff, Mapping):
+            req = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+            if isinstance(req, Mapping):
+                terms = req.get("nodeSelectorTerms")
+    # Terms are ORed: only a single term pins labels for certain.
+    if isinstance(terms, list) and len(terms) == 1 and isinstance(terms[0], Mapping):
+        for expr in terms[0].get("matchExpressions") or []:
+            if (
+                isinstance(expr, Mapping)
+                and expr.get("operator") == "In"
+                and isinstance(expr.get("values"), list)
+                and len(expr["values"]) == 1
+                and isinstance(expr.get("key"), str)
+            ):
+                labels[expr["key"]] = str(expr["values"][0])
+    sel = podspec.get("nodeSelector")
+    if isinstance(sel, Mapping):
+        labels.update({str(k): str(v) for k, v in sel.items()})
+    return labels
+
+
+def choose_class(
+    resource: str, node_labels: Mapping[str, str], mappings: Sequence[ClassMapping]
+) -> str | None:
+    """The DeviceClass for a resource: the matching mapping with the most node-label conditions
+    wins (an H100-pinned pod beats the catch-all); ties go to the earlier mapping."""
+    best: tuple[int, int, str] | None = None
+    for pos, m in enumerate(mappings):
+        if m.matches(resource, node_labels):
+            key = (-len(m.node_selector), pos, m.device_class)
+            if best is None or key < best:
+                best = key
+    return best[2] if best else None
+
+
+def claim_template_for(
+    name: str, namespace: str | None, device_class: str, count: int, resource: str,
+    api_version: str = DEFAULT_CLAIM_API_VERSION,
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate asking for exactly `count` devices of `device_class`."""
+    request = DeviceRequest(
+        name="mig" if mig_profile_of(resource) else "gpu", device_class=device_class, count=count
+    )
+    return claim_template(name, namespace, ClaimSpec(requests=(request,)), api_version)
+
+
+def _claim_short(resource: str) -> str:
+    profile = mig_profile_of(resource)
+    return f"mig-{profile}" if profile else "gpu"
+
+
+def plan_pod_spec(
+    obj: Mapping[str, Any],
+    pod_spec_pointer: str,
+    podspec: Mapping[str, Any],
+    mappings: Sequence[ClassMapping],
+    *,
+    namespace: str | None,
+    api_version: str = DEFAULT_CLAIM_API_VERSION,
+) -> MigrationPlan:
+    """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`)."""
+    uses = find_legacy(podspec, pod_spec_pointer)
+    node_labels = node_labels_of(podspec)
+    existing_claims = podspec.get("resourceClaims")
+    taken: set[str] = set()
+    if isinstance(existing_claims, list):
+        taken = {str(c.get("name")) for c in existing_claims if isinstance(c, Mapping)}
+
+    edits: list[ClaimEdit] = []
+    unmapped: list[LegacyUse] = []
+    templates: dict[str, dict[str, Any]] = {}
+    for use in uses:
+        cls = choose_class(use.resource, node_labels, mappings)
+        if cls is None or use.count <= 0:
+            unmapped.append(use)
+            continue
+        base = dns_label(f"{use.container}-{_claim_short(use.resource)}")
+        name, n = base, 2
+        while name in taken:
+            suffix = f"-{n}"
+            name = dns_label(base[: _DNS_LABEL_MAX - len(suffix)] + suffix)
+            n += 1
+        taken.add(name)
+        tname = template_name(cls, use.count)
+        templates.setdefault(
+            tname, claim_template_for(tname, namespace, cls, use.count, use.resource, api_version)
+        )
+        edits.append(ClaimEdit(use=use, device_class=cls, claim_name=name, template=tname))
+
+    patch = _build_patch(podspec, pod_spec_pointer, edits)
+    rewritten = jsonpatch.apply_patch(copy.deepcopy(dict(obj)), patch) if patch else copy.deepcopy(dict(obj))
+    return MigrationPlan(
+        pod_spec_pointer=pod_spec_pointer,
+        uses=uses,
+        edits=edits,
+        unmapped=unmapped,
+        patch=patch,
+        rewritten=rewritten,
+        templates=list(templates.values()),
+    )
+
+
+def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit]) -> JsonPatch:
+    """RFC 6902 operations against the original object; every path is escaped (`nvidia.com~1gpu`)."""
+    if not edits:
+        return []
+    ops: JsonPatch = []
+    pod_claims = [{"name": e.claim_name, "resourceClaimTemplateName": e.template} for e in edits]
+    if isinstance(podspec.get("resourceClaims"), list):
+        ops.extend({"op": "add", "path": f"{ptr}/resourceClaims/-", "value": c} for c in pod_claims)
+    else:
+        ops.append({"op": "add", "path": f"{ptr}/resourceClaims", "value": pod_claims})
+
+    by_container: dict[tuple[str, int], list[ClaimEdit]] = {}
+    for e in edits:
+        by_container.setdefault((e.use.section, e.use.index), []).append(e)
+    for (section, index), cedits in by_container.items():
+        container = podspec[section][index]
+        res = container["resources"]
+        cptr = f"{ptr}/{section}/{index}/resources"
+        refs = [{"name": e.claim_name} for e in cedits]
+        if isinstance(res.get("claims"), list):
+            ops.extend({"op": "add", "path": f"{cptr}/claims/-", "value": r} for r in refs)
+        else:
+            ops.append({"op": "add", "path": f"{cptr}/claims", "value": refs})
+        for part, flag in (("limits", "in_limits"), ("requests", "in_requests")):
+            removed = [e.use.resource for e in cedits if getattr(e.use, flag)]
+            if not removed:
+                continue
+            current = res.get(part)
+            assert isinstance(current, Mapping)
+            if set(current) <= set(removed):
+                # Leave no empty `limits: {}` behind.
+                ops.append({"op": "remove", "path": f"{cptr}/{part}"})
+            else:
+                ops.extend({"op": "remove", "path": f"{cptr}/{part}/{esc(r)}"} for r in removed)
+    return ops
+
+
+def plan_workload(
+    obj: Mapping[str, Any],
+    mappings: Sequence[ClassMapping],
+    *,
+    namespace: str | None = None,
+    api_version: str = DEFAULT_CLAIM_API_VERSION,
+) -> MigrationPlan | None:
+    """Plan the rewrite of any workload kind; None when the object has no pod spec."""
+    found = pod_spec_of(obj)
+    if found is None:
+        return None
+    pointer, podspec = found
+    if namespace is None:
+        meta = obj.get("metadata")
+        ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+        namespace = ns if isinstance(ns, str) and ns else None
+    return plan_pod_spec(obj, pointer, podspec, mappings, namespace=namespace, api_version=api_version)
