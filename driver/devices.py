@@ -1,0 +1,192 @@
+"""NVML inventory → devices with NVIDIA's names, attributes and capacities (see driver/schema.py).
+
+Decisions worth knowing:
+- A GPU in MIG mode is published only through its MIG devices (its full-GPU form is not allocatable).
+- `nvlinkDomain` is the connected component of the NVLink graph (GPUs and NVSwitches are the
+  vertices, active links the edges). Its value, `nvl-<12 hex>`, is a hash of the member GPUs'
+  UUIDs, so it is stable across restarts and unique across nodes. A full GPU that is not joined to
+  any other GPU gets no `nvlinkDomain` attribute at all: a `matchAttribute` constraint on it can
+  then never pair it with another GPU, which is the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from driver.nvml import GpuInfo, MigInfo, NodeGpus
+from driver.schema import DRIVER_NAME, K8S_DOMAIN
+
+AttrKind = Literal["string", "int", "bool", "version"]
+AttrValue = str | int | bool
+
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_LOOSE = re.compile(
+    r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?((?:\.\d+)*)(?:-([0-9A-Za-z.-]+))?(?:\+([0-9A-Za-z.-]+))?$"
+)
+
+
+def is_strict_semver(text: str) -> bool:
+    return bool(_SEMVER.match(text))
+
+
+def coerce_semver(text: str) -> str:
+    """Coerce a version string to strict semver 2.0.0, as NVIDIA's driver does before publishing.
+
+    `535.104.05` → `535.104.5`, `9.0` → `9.0.0`, `12` → `12.0.0`. Extra numeric parts beyond the
+    third become build metadata (`470.57.02.1` → `470.57.2+1`). Raises ValueError otherwise.
+    """
+    m = _LOOSE.match(text.strip())
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a version")
+    major, minor, patch = (int(g) if g else 0 for g in m.group(1, 2, 3))
+    out = f"{major}.{minor}.{patch}"
+    pre, build = m.group(5), m.group(6)
+    extra = m.group(4).lstrip(".")
+    if pre:
+        pre = ".".join(str(int(p)) if p.isdigit() else p for p in pre.split("."))
+        out += f"-{pre}"
+    builds = [b for b in (extra, build) if b]
+    if builds:
+        out += "+" + ".".join(builds)
+    if not is_strict_semver(out):
+        raise ValueError(f"cannot coerce {text!r} to strict semver (got {out!r})")
+    return out
+
+
+def cuda_driver_version(v: int) -> str:
+    """NVML's integer CUDA driver version (12040) → `12.4.0`."""
+    return coerce_semver(f"{v // 1000}.{(v % 1000) // 10}")
+
+
+def mig_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
+    """`gpu-<minor>-mig-<profile>-<giProfileId>-<start>`, profile lowercased without dots."""
+    prof = re.sub(r"[^a-z0-9-]", "", profile.lower().replace(".", ""))
+    return f"gpu-{parent_minor}-mig-{prof}-{gi_profile_id}-{start}"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverDevice:
+    """One allocatable device, with what the ResourceSlice and the CDI spec need."""
+
+    name: str
+    type: Literal["gpu", "mig"]
+    uuid: str
+    minor: int  # the GPU's minor (the parent's for MIG): /dev/nvidia<minor>
+    attributes: dict[str, tuple[AttrKind, AttrValue]]
+    capacity: dict[str, int]
+    parent_uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def nvlink_domains(gpus: Iterable[GpuInfo]) -> dict[str, str]:
+    """Map GPU UUID → nvlinkDomain for GPUs joined by NVLink to at least one other GPU."""
+    gpus = list(gpus)
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for g in gpus:
+        find(g.pci_bus_id)
+        for remote in g.nvlink_remotes:
+            ra, rb = find(g.pci_bus_id), find(remote)
+            if ra != rb:
+                parent[ra] = rb
+    members: dict[str, list[GpuInfo]] = {}
+    for g in gpus:
+        if g.nvlink_remotes:
+            members.setdefault(find(g.pci_bus_id), []).append(g)
+    out: dict[str, str] = {}
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        digest = hashlib.sha256(",".join(sorted(g.uuid for g in group)).encode()).hexdigest()[:12]
+        for g in group:
+            out[g.uuid] = f"nvl-{digest}"
+    return out
+
+
+def _common(node: NodeGpus, gpu: GpuInfo) -> dict[str, tuple[AttrKind, AttrValue]]:
+    attrs: dict[str, tuple[AttrKind, AttrValue]] = {
+        "productName": ("string", gpu.name),
+        "brand": ("string", gpu.brand),
+        "architecture": ("string", gpu.architecture),
+        "cudaComputeCapability": ("version", coerce_semver(gpu.compute_capability)),
+        "driverVersion": ("version", coerce_semver(node.driver_version)),
+        "cudaDriverVersion": ("version", cuda_driver_version(node.cuda_driver_version)),
+        f"{K8S_DOMAIN}/pciBusID": ("string", gpu.pci_bus_id),
+    }
+    if gpu.pcie_root:
+        attrs[f"{K8S_DOMAIN}/pcieRoot"] = ("string", gpu.pcie_root)
+    if gpu.addressing_mode:
+        attrs["addressingMode"] = ("string", gpu.addressing_mode)
+    return attrs
+
+
+def _gpu_device(node: NodeGpus, gpu: GpuInfo, domain: str | None) -> DriverDevice:
+    attrs: dict[str, tuple[AttrKind, AttrValue]] = {"type": ("string", "gpu"), "uuid": ("string", gpu.uuid)}
+    attrs.update(_common(node, gpu))
+    if domain:
+        attrs["nvlinkDomain"] = ("string", domain)
+    cap = {"memory": gpu.memory_bytes} if gpu.memory_bytes is not None else {}
+    return DriverDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu.minor, attrs, cap)
+
+
+def _mig_device(node: NodeGpus, gpu: GpuInfo, mig: MigInfo) -> DriverDevice:
+    attrs: dict[str, tuple[AttrKind, AttrValue]] = {
+        "type": ("string", "mig"),
+        "uuid": ("string", mig.uuid),
+        "parentUUID": ("string", gpu.uuid),
+        "profile": ("string", mig.profile),
+    }
+    attrs.update(_common(node, gpu))
+    cap = {
+        "memory": mig.memory_bytes,
+        "multiprocessors": mig.multiprocessors,
+        "copyEngines": mig.copy_engines,
+        "decoders": mig.decoders,
+        "encoders": mig.encoders,
+        "jpegEngines": mig.jpeg_engines,
+        "ofaEngines": mig.ofa_engines,
+    }
+    for i in range(mig.placement_start, mig.placement_start + mig.placement_size):
+        cap[f"memorySlice{i}"] = 1
+    name = mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement_start)
+    return DriverDevice(name, "mig", mig.uuid, gpu.minor, attrs, cap, gpu.uuid, mig.gi_id, mig.ci_id)
+
+
+def build_devices(node: NodeGpus, driver_name: str = DRIVER_NAME) -> list[DriverDevice]:
+    """All allocatable devices of the node, sorted by name.
+
+    Keys without a domain belong to `driver_name`'s domain when published.
+    """
+    domains = nvlink_domains(node.gpus)
+    out: list[DriverDevice] = []
+    for gpu in node.gpus:
+        if gpu.mig_enabled:
+            out.extend(_mig_device(node, gpu, m) for m in gpu.migs)
+        else:
+            out.append(_gpu_device(node, gpu, domains.get(gpu.uuid)))
+    names = [d.name for d in out]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate device names from NVML: {', '.join(sorted(dupes))}")
+    return sorted(out, key=_sort_key)
+
+
+def _sort_key(d: DriverDevice) -> tuple[int, str]:
+    return (d.minor, d.name)

@@ -1,0 +1,328 @@
+"""Everything the driver reads from (or sets on) the GPUs, through NVML.
+
+This is the only module that calls pynvml (nvidia-ml-py). The same calls are answered by
+`driver.sim.SimulatedNvml` when a topology file is selected, so the code path is identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("draguard.driver.nvml")
+
+SIM_ENV = "DRAGUARD_NVML_SIM"
+
+# NVML return codes used here (nvml.h).
+ERR_NOT_SUPPORTED = 3
+ERR_NOT_FOUND = 6
+ERR_INVALID_ARGUMENT = 2
+ERR_FUNCTION_NOT_FOUND = 13
+MAX_NVLINKS = 18
+
+BRAND_NAMES = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}  # fmt: skip
+ARCH_NAMES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
+    9: "Hopper", 10: "Blackwell",
+}  # fmt: skip
+ADDRESSING_NAMES = {1: "HMM", 2: "ATS"}  # 0 = None: not published
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine (no library, no driver); the message says what to do."""
+
+
+class NvmlCallError(RuntimeError):
+    """An NVML call failed; `call` names it and `code` is NVML's return code."""
+
+    def __init__(self, call: str, code: int | None, detail: str) -> None:
+        self.call = call
+        self.code = code
+        super().__init__(f"NVML {call} failed: {detail}")
+
+
+class SharingUnsupported(RuntimeError):
+    """The requested sharing setting cannot be applied to this device."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    uuid: str
+    profile: str  # e.g. "3g.20gb" (or "1c.3g.20gb" when the CI is smaller than its GI)
+    gi_profile_id: int
+    gi_id: int
+    ci_id: int
+    placement_start: int
+    placement_size: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    minor: int
+    uuid: str
+    name: str
+    brand: str
+    architecture: str
+    compute_capability: str  # "<major>.<minor>"
+    memory_bytes: int | None  # None: NVML said NOT_SUPPORTED
+    pci_bus_id: str  # lowercase, 4-digit domain: 0000:3b:00.0
+    pcie_root: str | None
+    addressing_mode: str | None
+    mig_enabled: bool
+    migs: tuple[MigInfo, ...] = ()
+    nvlink_remotes: tuple[str, ...] = ()  # normalised PCI bus ids at the far end of each active link
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    driver_version: str
+    cuda_driver_version: int  # NVML form: 12040 = 12.4
+    gpus: tuple[GpuInfo, ...]
+    simulated: bool
+    source: str  # "nvml" or the topology path
+
+
+def normalize_pci_bus_id(raw: str | bytes) -> str:
+    """NVML's `00000000:3B:00.0` → Kubernetes' `0000:3b:00.0`."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = text.strip().lower()
+    if ":" not in text:
+        return text
+    domain, rest = text.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _code(exc: BaseException) -> int | None:
+    val = getattr(exc, "value", None)
+    return val if isinstance(val, int) else None
+
+
+@dataclass
+class Nvml:
+    """A handle on NVML (real or simulated). `lib` is the pynvml module or a SimulatedNvml."""
+
+    lib: Any
+    simulated: bool
+    source: str
+    sysfs_root: Path = Path("/sys/bus/pci/devices")
+    on_error: Callable[[str], None] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self.lib, name)(*args)
+        except Exception as exc:
+            code = _code(exc)
+            if code is None and not type(exc).__name__.startswith(("NVMLError", "SimNVMLError")):
+                raise
+            if self.on_error is not None and code not in (ERR_NOT_SUPPORTED, ERR_NOT_FOUND):
+                self.on_error(name)
+            raise NvmlCallError(name, code, str(exc)) from exc
+
+    def _optional(self, name: str, *args: Any) -> Any:
+        """A call whose NOT_SUPPORTED / NOT_FOUND / missing-function answer means "absent"."""
+        try:
+            return self._call(name, *args)
+        except NvmlCallError as exc:
+            if exc.code in (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT):
+                return None
+            raise
+        except AttributeError:
+            return None
+
+    def enumerate(self) -> NodeGpus:
+        """Read every GPU, its MIG devices and NVLink links."""
+        with self._lock:
+            self._call("nvmlInit")
+            try:
+                driver = _text(self._call("nvmlSystemGetDriverVersion"))
+                cuda = int(self._call("nvmlSystemGetCudaDriverVersion"))
+                count = int(self._call("nvmlDeviceGetCount"))
+                gpus = tuple(self._gpu(i) for i in range(count))
+            finally:
+                self._call("nvmlShutdown")
+        return NodeGpus(driver, cuda, gpus, self.simulated, self.source)
+
+    def _gpu(self, index: int) -> GpuInfo:
+        h = self._call("nvmlDeviceGetHandleByIndex", index)
+        major, minor_cc = self._call("nvmlDeviceGetCudaComputeCapability", h)
+        mem = self._optional("nvmlDeviceGetMemoryInfo", h)
+        pci = normalize_pci_bus_id(self._call("nvmlDeviceGetPciInfo", h).busId)
+        arch = self._optional("nvmlDeviceGetArchitecture", h)
+        mode = self._optional("nvmlDeviceGetAddressingMode", h)
+        mig_mode = self._optional("nvmlDeviceGetMigMode", h)
+        mig_enabled = bool(mig_mode and int(mig_mode[0]) == 1)
+        uuid = _text(self._call("nvmlDeviceGetUUID", h))
+        return GpuInfo(
+            index=index,
+            minor=int(self._call("nvmlDeviceGetMinorNumber", h)),
+            uuid=uuid,
+            name=_text(self._call("nvmlDeviceGetName", h)),
+            brand=BRAND_NAMES.get(int(self._call("nvmlDeviceGetBrand", h)), "Unknown"),
+            architecture=ARCH_NAMES.get(int(arch), "Unknown") if arch is not None else "Unknown",
+            compute_capability=f"{int(major)}.{int(minor_cc)}",
+            memory_bytes=int(mem.total) if mem is not None else None,
+            pci_bus_id=pci,
+            pcie_root=self._pcie_root(h, pci),
+            addressing_mode=ADDRESSING_NAMES.get(int(mode)) if mode is not None else None,
+            mig_enabled=mig_enabled,
+            migs=self._migs(h) if mig_enabled else (),
+            nvlink_remotes=self._nvlinks(h),
+        )
+
+    def _pcie_root(self, h: Any, pci: str) -> str | None:
+        if self.simulated:
+            root = getattr(h, "pcie_root", None)
+            return str(root) if root else None
+        # /sys/bus/pci/devices/<bdf> -> ../../../devices/pci0000:00/0000:00:01.0/<bdf>
+        try:
+            target = os.path.realpath(self.sysfs_root / pci)
+        except OSError:
+            return None
+        for part in Path(target).parts:
+            if part.startswith("pci") and ":" in part:
+                return part
+        return None
+
+    def _migs(self, parent: Any) -> tuple[MigInfo, ...]:
+        out: list[MigInfo] = []
+        for i in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", parent))):
+            mh = self._optional("nvmlDeviceGetMigDeviceHandleByIndex", parent, i)
+            if mh is None:
+                continue
+            attrs = self._call("nvmlDeviceGetAttributes", mh)
+            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mh))
+            ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mh))
+            gi_info = self._call(
+                "nvmlGpuInstanceGetInfo", self._call("nvmlDeviceGetGpuInstanceById", parent, gi_id)
+            )
+            prof = self._call("nvmlDeviceGetGpuInstanceProfileInfoById", parent, int(gi_info.profileId))
+            name = _text(prof.name).removeprefix("MIG ").strip()
+            gi_slices, ci_slices = int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount)
+            if ci_slices and ci_slices != gi_slices:
+                name = f"{ci_slices}c.{name}"
+            out.append(
+                MigInfo(
+                    uuid=_text(self._call("nvmlDeviceGetUUID", mh)),
+                    profile=name,
+                    gi_profile_id=int(gi_info.profileId),
+                    gi_id=gi_id,
+                    ci_id=ci_id,
+                    placement_start=int(gi_info.placement.start),
+                    placement_size=int(gi_info.placement.size),
+                    memory_bytes=int(attrs.memorySizeMB) * 2**20,
+                    multiprocessors=int(attrs.multiprocessorCount),
+                    copy_engines=int(attrs.sharedCopyEngineCount),
+                    decoders=int(attrs.sharedDecoderCount),
+                    encoders=int(attrs.sharedEncoderCount),
+                    jpeg_engines=int(attrs.sharedJpegCount),
+                    ofa_engines=int(attrs.sharedOfaCount),
+                )
+            )
+        return tuple(out)
+
+    def _nvlinks(self, h: Any) -> tuple[str, ...]:
+        remotes: list[str] = []
+        for link in range(MAX_NVLINKS):
+            state = self._optional("nvmlDeviceGetNvLinkState", h, link)
+            if state is None:
+                continue
+            if int(state) != 1:
+                continue
+            info = self._optional("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            if info is not None:
+                remotes.append(normalize_pci_bus_id(info.busId))
+        return tuple(remotes)
+
+    def set_time_slice(self, gpu_uuid: str, value: int) -> None:
+        """Set the compute time-slice of a full GPU (0=Default, 1=Short, 2=Medium, 3=Long).
+
+        pynvml exposes no compute time-slice call, so a real node uses `nvidia-smi compute-policy`
+        (what NVIDIA's own driver does); the simulator records the value.
+        """
+        if self.simulated:
+            with self._lock:
+                self._call("nvmlInit")
+                try:
+                    self._call("simSetComputeTimeslice", gpu_uuid, value)
+                except NvmlCallError as exc:
+                    if exc.code == ERR_NOT_SUPPORTED:
+                        raise SharingUnsupported(f"time-slicing is not supported on GPU {gpu_uuid}") from None
+                    raise
+                finally:
+                    self._call("nvmlShutdown")
+            return
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            raise SharingUnsupported("time-slicing needs nvidia-smi on the node (not found in PATH)")
+        proc = subprocess.run(  # fixed argv, no shell
+            [smi, "compute-policy", "-i", gpu_uuid, f"--set-timeslice={value}"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            if self.on_error is not None:
+                self.on_error("nvidia-smi compute-policy")
+            msg = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
+            raise SharingUnsupported(f"setting the time-slice on {gpu_uuid} failed: {msg}")
+
+
+def open_real(on_error: Callable[[str], None] | None = None) -> Nvml:
+    """NVML from nvidia-ml-py; raises NvmlUnavailable with a clear message when it cannot load."""
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable(
+            "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+        ) from None
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(
+            f"NVML is not usable on this machine ({exc}); run on a node with the NVIDIA driver installed, "
+            f"or use --sim TOPOLOGY.yaml (or {SIM_ENV}) for a simulated node"
+        ) from None
+    return Nvml(pynvml, simulated=False, source="nvml", on_error=on_error)
+
+
+def open_sim(path: str | Path, on_error: Callable[[str], None] | None = None) -> Nvml:
+    from driver.sim import load_topology
+
+    sim = load_topology(path)
+    return Nvml(sim, simulated=True, source=sim.source, on_error=on_error)
+
+
+def open_nvml(sim: str | None, real: bool, on_error: Callable[[str], None] | None = None) -> Nvml:
+    """Pick the backend: `--sim FILE`, else `DRAGUARD_NVML_SIM`, else real NVML.
+
+    `--real` wins over the environment variable, so a node can never be silently simulated.
+    """
+    if sim:
+        return open_sim(sim, on_error)
+    env = os.environ.get(SIM_ENV)
+    if env and not real:
+        return open_sim(env, on_error)
+    return open_real(on_error)

@@ -1,0 +1,413 @@
+"""A simulated NVML that answers the pynvml calls `driver/nvml.py` makes, from a YAML topology.
+
+Used only when `--sim FILE` or `DRAGUARD_NVML_SIM` selects it; every load logs a warning so a
+simulated node can never pass for a real one. Errors carry NVML's numeric codes in `.value`,
+like `pynvml.NVMLError`, so the code in `driver/nvml.py` handles both the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("draguard.driver.sim")
+
+TOPOLOGY_DIR = Path(__file__).parent / "topologies"
+
+# NVML return codes and enums (values as in nvml.h / pynvml).
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+BRANDS = {
+    "Unknown": 0, "Quadro": 1, "Tesla": 2, "NVS": 3, "Grid": 4, "GeForce": 5, "Titan": 6,
+    "NvidiaVApps": 7, "NvidiaVPC": 8, "NvidiaVCS": 9, "NvidiaVWS": 10, "NvidiaCloudGaming": 11,
+    "QuadroRTX": 12, "NvidiaRTX": 13, "Nvidia": 14, "GeForceRTX": 15, "TitanRTX": 16,
+}  # fmt: skip
+ARCHITECTURES = {
+    "Kepler": 2, "Maxwell": 3, "Pascal": 4, "Volta": 5, "Turing": 6, "Ampere": 7,
+    "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10, "Unknown": 0xFFFFFFFF,
+}  # fmt: skip
+ADDRESSING_MODES = {"None": 0, "HMM": 1, "ATS": 2}
+MAX_NVLINKS = 18
+
+
+class SimNVMLError(Exception):
+    """Same shape as `pynvml.NVMLError`: the NVML return code is in `.value`."""
+
+    def __init__(self, value: int, what: str = "") -> None:
+        self.value = value
+        super().__init__(f"NVML error {value}{': ' + what if what else ''} (simulated)")
+
+
+class TopologyError(ValueError):
+    """The topology file is unreadable or malformed; the message names the file and field."""
+
+
+@dataclass
+class _Mig:
+    uuid: str
+    profile: str
+    gi_profile_id: int
+    placement_start: int
+    placement_size: int
+    gi_id: int
+    ci_id: int
+    memory_mb: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    gi_slices: int
+    ci_slices: int
+
+
+@dataclass
+class _Gpu:
+    index: int
+    minor: int
+    name: str
+    uuid: str
+    brand: int
+    architecture: int
+    compute_capability: tuple[int, int]
+    memory_bytes: int | None
+    pci_bus_id: str
+    pcie_root: str | None
+    addressing_mode: int | None
+    time_slicing_supported: bool
+    mig_enabled: bool
+    max_mig_devices: int
+    migs: list[_Mig] = field(default_factory=list)
+    nvlinks: list[str] = field(default_factory=list)
+    timeslice: int | None = None
+
+
+@dataclass(frozen=True)
+class _MigHandle:
+    gpu: _Gpu
+    mig: _Mig
+
+
+@dataclass(frozen=True)
+class _GiHandle:
+    gpu: _Gpu
+    mig: _Mig
+
+
+def _req(d: dict[str, Any], key: str, where: str, typ: type | tuple[type, ...]) -> Any:
+    if key not in d:
+        raise TopologyError(f"{where}: missing required field '{key}'")
+    val = d[key]
+    if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise TopologyError(f"{where}.{key}: expected {tname}, got {val!r}")
+    return val
+
+
+def _enum(table: dict[str, int], val: str, where: str) -> int:
+    if val not in table:
+        raise TopologyError(f"{where}: unknown value {val!r} (allowed: {', '.join(table)})")
+    return table[val]
+
+
+def _parse_mig(raw: Any, where: str) -> _Mig:
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{where}: expected a mapping")
+    profile = _req(raw, "profile", where, str)
+    place = _req(raw, "placement", where, dict)
+    gi_slices = int(profile.split("g.")[0].split(".")[-1]) if "g." in profile else 1
+    return _Mig(
+        uuid=_req(raw, "uuid", where, str),
+        profile=profile,
+        gi_profile_id=_req(raw, "giProfileId", where, int),
+        placement_start=_req(place, "start", f"{where}.placement", int),
+        placement_size=_req(place, "size", f"{where}.placement", int),
+        gi_id=_req(raw, "gpuInstanceId", where, int),
+        ci_id=int(raw.get("computeInstanceId", 0)),
+        memory_mb=_req(raw, "memoryMB", where, int),
+        multiprocessors=_req(raw, "multiprocessors", where, int),
+        copy_engines=int(raw.get("copyEngines", 0)),
+        decoders=int(raw.get("decoders", 0)),
+        encoders=int(raw.get("encoders", 0)),
+        jpeg_engines=int(raw.get("jpegEngines", 0)),
+        ofa_engines=int(raw.get("ofaEngines", 0)),
+        gi_slices=gi_slices,
+        ci_slices=int(raw.get("computeInstanceSlices", gi_slices)),
+    )
+
+
+def _parse_gpu(raw: Any, where: str, index: int) -> _Gpu:
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{where}: expected a mapping")
+    cc = str(_req(raw, "computeCapability", where, (str, float)))
+    try:
+        major, minor = (int(p) for p in cc.split("."))
+    except ValueError:
+        raise TopologyError(f"{where}.computeCapability: expected '<major>.<minor>', got {cc!r}") from None
+    mig_raw = raw.get("mig") or {}
+    if not isinstance(mig_raw, dict):
+        raise TopologyError(f"{where}.mig: expected a mapping with 'enabled' and 'devices'")
+    migs = [_parse_mig(m, f"{where}.mig.devices[{i}]") for i, m in enumerate(mig_raw.get("devices") or [])]
+    links_raw = raw.get("nvlinks") or []
+    if not isinstance(links_raw, list) or len(links_raw) > MAX_NVLINKS:
+        raise TopologyError(f"{where}.nvlinks: expected a list of at most {MAX_NVLINKS} remote PCI bus ids")
+    mode = raw.get("addressingMode")
+    mem = raw.get("memoryBytes")
+    if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0):
+        raise TopologyError(
+            f"{where}.memoryBytes: expected a positive integer or null (NOT_SUPPORTED), got {mem!r}"
+        )
+    return _Gpu(
+        index=index,
+        minor=int(raw.get("minor", index)),
+        name=_req(raw, "name", where, str),
+        uuid=_req(raw, "uuid", where, str),
+        brand=_enum(BRANDS, str(raw.get("brand", "Tesla")), f"{where}.brand"),
+        architecture=_enum(
+            ARCHITECTURES, str(_req(raw, "architecture", where, str)), f"{where}.architecture"
+        ),
+        compute_capability=(major, minor),
+        memory_bytes=mem,
+        pci_bus_id=_req(raw, "pciBusId", where, str),
+        pcie_root=raw.get("pcieRoot"),
+        addressing_mode=None
+        if mode is None
+        else _enum(ADDRESSING_MODES, str(mode), f"{where}.addressingMode"),
+        time_slicing_supported=bool(raw.get("timeSlicingSupported", True)),
+        mig_enabled=bool(mig_raw.get("enabled", False)),
+        max_mig_devices=int(mig_raw.get("maxDevices", 7)),
+        migs=migs,
+        nvlinks=[str(x) for x in links_raw],
+    )
+
+
+class SimulatedNvml:
+    """Answers the subset of the pynvml API used by `driver/nvml.py`."""
+
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+
+    def __init__(self, topology: dict[str, Any], source: str) -> None:
+        self.source = source
+        where = source
+        if not isinstance(topology, dict):
+            raise TopologyError(f"{where}: expected a mapping at the top level")
+        self.driver_version = str(_req(topology, "driverVersion", where, (str, int, float)))
+        self.cuda_driver_version = _req(topology, "cudaDriverVersion", where, int)
+        gpus_raw = _req(topology, "gpus", where, list)
+        self.gpus = [_parse_gpu(g, f"{where}: gpus[{i}]", i) for i, g in enumerate(gpus_raw)]
+        seen: set[str] = set()
+        for g in self.gpus:
+            for ident in [g.uuid, g.pci_bus_id, *(m.uuid for m in g.migs)]:
+                if ident in seen:
+                    raise TopologyError(f"{where}: duplicate UUID or PCI bus id {ident!r}")
+                seen.add(ident)
+        self._initialised = 0
+        self._lock = threading.Lock()
+        self.calls = 0  # how many NVML calls were answered (tests and benchmarks read it)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        with self._lock:
+            self._initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            if self._initialised == 0:
+                raise SimNVMLError(NVML_ERROR_UNINITIALIZED, "nvmlShutdown without nvmlInit")
+            self._initialised -= 1
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self._initialised == 0:
+            raise SimNVMLError(NVML_ERROR_UNINITIALIZED, "NVML used before nvmlInit")
+
+    # --- system ----------------------------------------------------------------------------------
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check()
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check()
+        return int(self.cuda_driver_version)
+
+    # --- devices ---------------------------------------------------------------------------------
+    def nvmlDeviceGetCount(self) -> int:
+        self._check()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Gpu:
+        self._check()
+        if not 0 <= index < len(self.gpus):
+            raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"no GPU at index {index}")
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Gpu:
+        self._check()
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g
+        raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU with UUID {uuid}")
+
+    def nvmlDeviceGetName(self, h: _Gpu) -> str:
+        self._check()
+        return h.name
+
+    def nvmlDeviceGetUUID(self, h: _Gpu | _MigHandle) -> str:
+        self._check()
+        return h.mig.uuid if isinstance(h, _MigHandle) else h.uuid
+
+    def nvmlDeviceGetMinorNumber(self, h: _Gpu) -> int:
+        self._check()
+        return h.minor
+
+    def nvmlDeviceGetBrand(self, h: _Gpu) -> int:
+        self._check()
+        return h.brand
+
+    def nvmlDeviceGetArchitecture(self, h: _Gpu) -> int:
+        self._check()
+        return h.architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: _Gpu) -> tuple[int, int]:
+        self._check()
+        return h.compute_capability
+
+    def nvmlDeviceGetMemoryInfo(self, h: _Gpu | _MigHandle) -> SimpleNamespace:
+        self._check()
+        if isinstance(h, _MigHandle):
+            total = h.mig.memory_mb * 1024 * 1024
+        elif h.memory_bytes is None:
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, "memory info")
+        else:
+            total = h.memory_bytes
+        return SimpleNamespace(total=total, free=total, used=0)
+
+    def nvmlDeviceGetPciInfo(self, h: _Gpu) -> SimpleNamespace:
+        self._check()
+        return SimpleNamespace(busId=h.pci_bus_id, busIdLegacy=h.pci_bus_id)
+
+    def nvmlDeviceGetAddressingMode(self, h: _Gpu) -> int:
+        self._check()
+        if h.addressing_mode is None:
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, "addressing mode")
+        return h.addressing_mode
+
+    # --- MIG -------------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, h: _Gpu) -> list[int]:
+        self._check()
+        mode = 1 if h.mig_enabled else 0
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: _Gpu) -> int:
+        self._check()
+        return h.max_mig_devices if h.mig_enabled else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: _Gpu, index: int) -> _MigHandle:
+        self._check()
+        if not h.mig_enabled:
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, "MIG is disabled")
+        if not 0 <= index < len(h.migs):
+            raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no MIG device at index {index}")
+        return _MigHandle(h, h.migs[index])
+
+    def nvmlDeviceGetGpuInstanceId(self, mh: _MigHandle) -> int:
+        self._check()
+        return mh.mig.gi_id
+
+    def nvmlDeviceGetComputeInstanceId(self, mh: _MigHandle) -> int:
+        self._check()
+        return mh.mig.ci_id
+
+    def nvmlDeviceGetAttributes(self, mh: _MigHandle) -> SimpleNamespace:
+        self._check()
+        m = mh.mig
+        return SimpleNamespace(
+            multiprocessorCount=m.multiprocessors,
+            sharedCopyEngineCount=m.copy_engines,
+            sharedDecoderCount=m.decoders,
+            sharedEncoderCount=m.encoders,
+            sharedJpegCount=m.jpeg_engines,
+            sharedOfaCount=m.ofa_engines,
+            gpuInstanceSliceCount=m.gi_slices,
+            computeInstanceSliceCount=m.ci_slices,
+            memorySizeMB=m.memory_mb,
+        )
+
+    def nvmlDeviceGetGpuInstanceById(self, h: _Gpu, gi_id: int) -> _GiHandle:
+        self._check()
+        for m in h.migs:
+            if m.gi_id == gi_id:
+                return _GiHandle(h, m)
+        raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id}")
+
+    def nvmlGpuInstanceGetInfo(self, gi: _GiHandle) -> SimpleNamespace:
+        self._check()
+        return SimpleNamespace(
+            id=gi.mig.gi_id,
+            profileId=gi.mig.gi_profile_id,
+            placement=SimpleNamespace(start=gi.mig.placement_start, size=gi.mig.placement_size),
+        )
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, h: _Gpu, profile_id: int) -> SimpleNamespace:
+        self._check()
+        for m in h.migs:
+            if m.gi_profile_id == profile_id:
+                base = m.profile.split(".", 1)[1] if m.ci_slices != m.gi_slices else m.profile
+                return SimpleNamespace(id=profile_id, name=f"MIG {base}", sliceCount=m.gi_slices)
+        raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance profile {profile_id}")
+
+    # --- NVLink ----------------------------------------------------------------------------------
+    def nvmlDeviceGetNvLinkState(self, h: _Gpu, link: int) -> int:
+        self._check()
+        if not 0 <= link < MAX_NVLINKS:
+            raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"link {link}")
+        if link >= len(h.nvlinks):
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"link {link} not present")
+        return 1
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: _Gpu, link: int) -> SimpleNamespace:
+        self._check()
+        if not 0 <= link < len(h.nvlinks):
+            raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"link {link}")
+        return SimpleNamespace(busId=h.nvlinks[link])
+
+    # --- control (not part of pynvml; see driver/nvml.py for how the real node does it) ---------
+    def simSetComputeTimeslice(self, uuid: str, value: int) -> None:
+        """Record a time-slice setting; raises NOT_SUPPORTED where the topology says so."""
+        self._check()
+        gpu = self.nvmlDeviceGetHandleByUUID(uuid)
+        if not gpu.time_slicing_supported:
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"time-slicing on {gpu.name}")
+        gpu.timeslice = value
+
+
+def load_topology(path: str | Path) -> SimulatedNvml:
+    """Load a topology file (a path, or the name of a shipped topology such as `h100-8x-nvlink`)."""
+    p = Path(path)
+    if not p.exists() and not p.suffix:
+        shipped = TOPOLOGY_DIR / f"{p.name}.yaml"
+        if shipped.exists():
+            p = shipped
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        names = ", ".join(sorted(x.stem for x in TOPOLOGY_DIR.glob("*.yaml")))
+        raise TopologyError(
+            f"cannot read simulated NVML topology {p}: {exc.strerror}; shipped topologies: {names}"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{p}: not valid YAML: {exc}") from None
+    sim = SimulatedNvml(data, str(p))
+    log.warning("SIMULATED NVML in use: %d GPU(s) from topology %s; no real GPU is queried", len(sim.gpus), p)
+    return sim
