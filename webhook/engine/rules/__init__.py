@@ -1,0 +1,46 @@
+"""The rule registry: every module here exposes `RULES: tuple[Rule, ...]`."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cache
+
+from webhook.engine.rules.base import Rule
+
+RULE_MODULES: tuple[str, ...] = ("structure", "tier", "migrate", "quota", "cel_lint", "opaque")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleModule:
+    name: str
+    rules: tuple[Rule, ...]
+    # Set when the module failed to import; evaluate() reports it rather than skipping silently.
+    error: str | None = None
+
+
+@cache
+def registry() -> tuple[RuleModule, ...]:
+    """Every rule module, imported once. A module that does not exist yet is left out."""
+    out: list[RuleModule] = []
+    for name in RULE_MODULES:
+        full = f"{__name__}.{name}"
+        try:
+            mod = importlib.import_module(full)
+        except ModuleNotFoundError as e:
+            if e.name == full:
+                continue
+            out.append(RuleModule(name, (), f"{type(e).__name__}: {e}"))
+            continue
+        except Exception as e:  # a broken rule module must surface, not vanish
+            out.append(RuleModule(name, (), f"{type(e).__name__}: {e}"))
+            continue
+        rules = getattr(mod, "RULES", ())
+        out.append(RuleModule(name, tuple(rules)))
+    return tuple(out)
+
+
+def modules(names: tuple[str, ...] | None = None) -> tuple[RuleModule, ...]:
+    """The registry, optionally restricted to some module names."""
+    reg = registry()
+    return reg if names is None else tuple(m for m in reg if m.name in names)

@@ -1,0 +1,188 @@
+"""What the cluster has: published devices and DeviceClasses (plus known claims and templates).
+
+Built from objects as `kubectl get resourceslices,deviceclasses -o yaml` prints them (a `List`
+with `items`), any served `resource.k8s.io` version. `load_inventory` is the one reading edge.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from webhook.dra.device import Device
+from webhook.dra.objects import (
+    ClaimSpec,
+    DeviceClassSpec,
+    as_list,
+    as_map,
+    as_str,
+    claim_spec_of,
+    dra_version,
+    read_device_class,
+    read_slice_devices,
+)
+
+
+class InventoryError(ValueError):
+    """An inventory file that cannot be read; the message names the file and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A ResourceClaim or ResourceClaimTemplate known to the engine (input set or cluster)."""
+
+    kind: str
+    namespace: str
+    name: str
+    api_version: str
+    spec: ClaimSpec
+    obj: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+def claim_record(obj: Mapping[str, Any], default_namespace: str = "default") -> ClaimRecord | None:
+    """A ClaimRecord for a ResourceClaim/ResourceClaimTemplate object; None for other objects."""
+    read = claim_spec_of(obj)
+    if read is None:
+        return None
+    meta = as_map(obj.get("metadata"))
+    return ClaimRecord(
+        kind=str(obj.get("kind")),
+        namespace=as_str(meta.get("namespace")) or default_namespace,
+        name=as_str(meta.get("name")) or "",
+        api_version=str(obj.get("apiVersion")),
+        spec=read[0],
+        obj=obj,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    devices: tuple[Device, ...] = ()
+    classes: Mapping[str, DeviceClassSpec] = field(default_factory=dict)
+    # (namespace, name) -> record; filled when the cluster's claims/templates are known.
+    claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+
+    @staticmethod
+    def empty() -> Inventory:
+        return Inventory()
+
+    @property
+    def is_empty(self) -> bool:
+        """No devices published (rules that need capacity facts skip then)."""
+        return not self.devices
+
+    @staticmethod
+    def from_objects(objs: Iterable[Mapping[str, Any]]) -> Inventory:
+        """Slices, classes, claims and templates of any served version; `List` objects are unpacked."""
+        devices: list[Device] = []
+        classes: dict[str, DeviceClassSpec] = {}
+        claims: dict[tuple[str, str], ClaimRecord] = {}
+        templates: dict[tuple[str, str], ClaimRecord] = {}
+
+        def add(obj: Mapping[str, Any]) -> None:
+            kind = obj.get("kind")
+            if isinstance(kind, str) and kind.endswith("List") and "items" in obj:
+                for item in as_list(obj.get("items")):
+                    if isinstance(item, Mapping):
+                        add(item)
+                return
+            if dra_version(obj.get("apiVersion")) is None:
+                return
+            if kind == "ResourceSlice":
+                devices.extend(read_slice_devices(obj))
+            elif kind == "DeviceClass":
+                dc = read_device_class(obj)
+                if dc.name:
+                    classes[dc.name] = dc
+            else:
+                rec = claim_record(obj)
+                if rec is not None:
+                    target = claims if rec.kind == "ResourceClaim" else templates
+                    target[(rec.namespace, rec.name)] = rec
+
+        for o in objs:
+            if isinstance(o, Mapping):
+                add(o)
+        return Inventory(
+            devices=tuple(devices),
+            classes=MappingProxyType(classes),
+            claims=MappingProxyType(claims),
+            templates=MappingProxyType(templates),
+        )
+
+    def devices_by_node(self) -> dict[str | None, list[Device]]:
+        """Devices grouped by node name; None holds network-attached (allNodes/selector) devices."""
+        out: dict[str | None, list[Device]] = {}
+        for d in self.devices:
+            out.setdefault(d.node, []).append(d)
+        return out
+
+    def nodes(self) -> list[str]:
+        return sorted({d.node for d in self.devices if d.node is not None})
+
+    def published_attributes(self) -> frozenset[tuple[str, str]]:
+        """Every (domain, name) attribute some device publishes."""
+        return frozenset(
+            (dom, name) for d in self.devices for dom, attrs in d.attributes.items() for name in attrs
+        )
+
+    def merged(self, other: Inventory) -> Inventory:
+        """This inventory with `other`'s devices added and its classes/claims taking precedence."""
+        return Inventory(
+            devices=self.devices + other.devices,
+            classes=MappingProxyType({**self.classes, **other.classes}),
+            claims=MappingProxyType({**self.claims, **other.claims}),
+            templates=MappingProxyType({**self.templates, **other.templates}),
+        )
+
+
+def parse_inventory_text(text: str, source: str = "<inventory>") -> Inventory:
+    """Inventory from YAML (multi-document) or JSON text; InventoryError names `source` on failure."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise InventoryError(
+            f"{source}{where}: not valid YAML/JSON ({getattr(e, 'problem', None) or e}); "
+            "fix: pass the output of `kubectl get resourceslices,deviceclasses -o yaml`"
+        ) from None
+    objs = [d for d in docs if isinstance(d, Mapping)]
+    if docs and not objs:
+        raise InventoryError(
+            f"{source}: expected Kubernetes objects (mappings with apiVersion/kind), "
+            f"got {type(docs[0]).__name__}; "
+            "fix: pass the output of `kubectl get resourceslices,deviceclasses -o yaml`"
+        )
+    return Inventory.from_objects(objs)
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read an inventory file (YAML or JSON). A directory reads every *.yaml/*.yml/*.json in it."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+        inv = Inventory.empty()
+        for f in files:
+            inv = inv.merged(load_inventory(f))
+        return inv
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(f"{p}: inventory file not found; fix: check the --inventory path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InventoryError(f"{p}: cannot read inventory ({e})") from None
+    if p.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InventoryError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        return Inventory.from_objects(data if isinstance(data, list) else [data])
+    return parse_inventory_text(text, str(p))

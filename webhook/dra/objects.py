@@ -1,0 +1,485 @@
+"""One internal form for `resource.k8s.io` v1 / v1beta2 / v1beta1 claims, classes and slices.
+
+Readers are lenient: a field of the wrong type is treated as absent, never raised on, so that the
+engine can report what it understands about a malformed object. Writers produce the shape of the
+API version the user sent, so that patches apply to the object as sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.dra.device import AttrValue, Device, Version
+
+GROUP = "resource.k8s.io"
+VERSIONS: tuple[str, ...] = ("v1", "v1beta2", "v1beta1")
+DRA_KINDS: frozenset[str] = frozenset(
+    {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice"}
+)
+
+EXACT_COUNT = "ExactCount"
+ALL = "All"
+
+# Fields of a request we do not model but must carry through a rewrite unchanged.
+_PASSTHROUGH_REQUEST_FIELDS = ("tolerations", "capacity")
+
+
+# -- lenient accessors -------------------------------------------------------------------------
+
+
+def as_map(value: object) -> Mapping[str, Any]:
+    """`value` if it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> Sequence[Any]:
+    """`value` if it is a list, else an empty one."""
+    return value if isinstance(value, list | tuple) else ()
+
+
+def as_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def esc(token: str) -> str:
+    """Escape one JSON pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def split_api_version(api_version: object) -> tuple[str, str]:
+    """("resource.k8s.io", "v1beta1") from "resource.k8s.io/v1beta1"; ("", "v1") for the core group."""
+    text = as_str(api_version) or ""
+    group, sep, version = text.rpartition("/")
+    return (group, version) if sep else ("", text)
+
+
+def dra_version(api_version: object) -> str | None:
+    """The `resource.k8s.io` version ("v1", "v1beta2", "v1beta1") or None for anything else."""
+    group, version = split_api_version(api_version)
+    if group != GROUP:
+        return None
+    return version if version in VERSIONS else None
+
+
+def is_flat(api_version: object) -> bool:
+    """v1beta1 has flat requests (no `exactly`) and the `basic` wrapper on slice devices."""
+    return dra_version(api_version) == "v1beta1"
+
+
+# -- internal form -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    expression: str
+    pointer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSubRequest:
+    name: str
+    device_class: str | None
+    selectors: tuple[Selector, ...] = ()
+    allocation_mode: str = EXACT_COUNT
+    count: int = 1
+    pointer: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """A request; either a single choice (device_class/selectors/count) or `first_available`."""
+
+    name: str
+    device_class: str | None
+    selectors: tuple[Selector, ...] = ()
+    allocation_mode: str = EXACT_COUNT
+    count: int = 1
+    admin_access: bool = False
+    first_available: tuple[DeviceSubRequest, ...] = ()
+    pointer: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def alternatives(self) -> tuple[tuple[str | None, tuple[Selector, ...], str, int, str], ...]:
+        """(device_class, selectors, allocation_mode, count, pointer) for each way it can be satisfied."""
+        if self.first_available:
+            return tuple(
+                (s.device_class, s.selectors, s.allocation_mode, s.count, s.pointer)
+                for s in self.first_available
+            )
+        return ((self.device_class, self.selectors, self.allocation_mode, self.count, self.pointer),)
+
+    def device_classes(self) -> tuple[str, ...]:
+        return tuple(c for c, *_ in self.alternatives() if c)
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    requests: tuple[str, ...] = ()
+    match_attribute: str | None = None
+    pointer: str = ""
+    distinct_attribute: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueConfig:
+    requests: tuple[str, ...]
+    driver: str | None
+    parameters: Mapping[str, Any]
+    pointer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    requests: tuple[DeviceRequest, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    config: tuple[OpaqueConfig, ...] = ()
+    pointer: str = ""
+
+    def request(self, name: str) -> DeviceRequest | None:
+        for r in self.requests:
+            if r.name == name:
+                return r
+        return None
+
+    def covers(self, constraint_requests: Sequence[str]) -> tuple[DeviceRequest, ...]:
+        """Requests a constraint/config applies to (all when its list is empty)."""
+        if not constraint_requests:
+            return self.requests
+        wanted = {r.split("/", 1)[0] for r in constraint_requests}
+        return tuple(r for r in self.requests if r.name in wanted)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClassSpec:
+    name: str
+    selectors: tuple[Selector, ...] = ()
+    config: tuple[OpaqueConfig, ...] = ()
+    extended_resource_name: str | None = None
+    api_version: str = f"{GROUP}/v1"
+
+
+# -- readers -----------------------------------------------------------------------------------
+
+
+def _read_selectors(raw: object, pointer: str) -> tuple[Selector, ...]:
+    out: list[Selector] = []
+    for i, sel in enumerate(as_list(raw)):
+        expr = as_str(as_map(as_map(sel).get("cel")).get("expression"))
+        if expr is not None:
+            out.append(Selector(expr, f"{pointer}/{i}/cel/expression"))
+    return tuple(out)
+
+
+def _count(raw: Mapping[str, Any], mode: str) -> int:
+    count = as_int(raw.get("count"))
+    if count is None:
+        return 0 if mode == ALL else 1
+    return count
+
+
+def _extra(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: raw[k] for k in _PASSTHROUGH_REQUEST_FIELDS if k in raw}
+
+
+def _read_subrequests(raw: object, pointer: str) -> tuple[DeviceSubRequest, ...]:
+    out: list[DeviceSubRequest] = []
+    for i, item in enumerate(as_list(raw)):
+        sub = as_map(item)
+        p = f"{pointer}/{i}"
+        mode = as_str(sub.get("allocationMode")) or EXACT_COUNT
+        out.append(
+            DeviceSubRequest(
+                name=as_str(sub.get("name")) or "",
+                device_class=as_str(sub.get("deviceClassName")),
+                selectors=_read_selectors(sub.get("selectors"), f"{p}/selectors"),
+                allocation_mode=mode,
+                count=_count(sub, mode),
+                pointer=p,
+                extra=_extra(sub),
+            )
+        )
+    return tuple(out)
+
+
+def _read_request(raw: Mapping[str, Any], flat: bool, p: str) -> DeviceRequest:
+    name = as_str(raw.get("name")) or ""
+    if "firstAvailable" in raw:
+        return DeviceRequest(
+            name=name,
+            device_class=None,
+            first_available=_read_subrequests(raw.get("firstAvailable"), f"{p}/firstAvailable"),
+            pointer=p,
+        )
+    # v1/v1beta2 put the single choice under `exactly`; accept the flat form there too (it is what
+    # v1beta1 users paste), so the engine still sees the request.
+    body: Mapping[str, Any]
+    bp: str
+    if not flat and isinstance(raw.get("exactly"), Mapping):
+        body, bp = raw["exactly"], f"{p}/exactly"
+    else:
+        body, bp = raw, p
+    mode = as_str(body.get("allocationMode")) or EXACT_COUNT
+    return DeviceRequest(
+        name=name,
+        device_class=as_str(body.get("deviceClassName")),
+        selectors=_read_selectors(body.get("selectors"), f"{bp}/selectors"),
+        allocation_mode=mode,
+        count=_count(body, mode),
+        admin_access=body.get("adminAccess") is True,
+        pointer=bp,
+        extra=_extra(body),
+    )
+
+
+def _read_configs(raw: object, pointer: str) -> tuple[OpaqueConfig, ...]:
+    out: list[OpaqueConfig] = []
+    for i, item in enumerate(as_list(raw)):
+        cfg = as_map(item)
+        opaque = cfg.get("opaque")
+        if not isinstance(opaque, Mapping):
+            continue
+        out.append(
+            OpaqueConfig(
+                requests=tuple(r for r in as_list(cfg.get("requests")) if isinstance(r, str)),
+                driver=as_str(opaque.get("driver")),
+                parameters=as_map(opaque.get("parameters")),
+                pointer=f"{pointer}/{i}/opaque",
+            )
+        )
+    return tuple(out)
+
+
+def read_claim_spec(spec: object, api_version: object, pointer_prefix: str = "/spec") -> ClaimSpec:
+    """Read a ResourceClaimSpec (`{devices: {...}}`) of any served version."""
+    flat = is_flat(api_version)
+    devices = as_map(as_map(spec).get("devices"))
+    dp = f"{pointer_prefix}/devices"
+    requests = tuple(
+        _read_request(as_map(r), flat, f"{dp}/requests/{i}")
+        for i, r in enumerate(as_list(devices.get("requests")))
+    )
+    constraints: list[Constraint] = []
+    for i, item in enumerate(as_list(devices.get("constraints"))):
+        c = as_map(item)
+        constraints.append(
+            Constraint(
+                requests=tuple(r for r in as_list(c.get("requests")) if isinstance(r, str)),
+                match_attribute=as_str(c.get("matchAttribute")),
+                pointer=f"{dp}/constraints/{i}",
+                distinct_attribute=as_str(c.get("distinctAttribute")),
+            )
+        )
+    return ClaimSpec(
+        requests=requests,
+        constraints=tuple(constraints),
+        config=_read_configs(devices.get("config"), f"{dp}/config"),
+        pointer=pointer_prefix,
+    )
+
+
+def claim_spec_of(obj: Mapping[str, Any]) -> tuple[ClaimSpec, str] | None:
+    """The claim spec of a ResourceClaim or ResourceClaimTemplate, with its pointer; None otherwise."""
+    kind = obj.get("kind")
+    if dra_version(obj.get("apiVersion")) is None:
+        return None
+    if kind == "ResourceClaim":
+        return read_claim_spec(obj.get("spec"), obj.get("apiVersion"), "/spec"), "/spec"
+    if kind == "ResourceClaimTemplate":
+        inner = as_map(obj.get("spec")).get("spec")
+        return read_claim_spec(inner, obj.get("apiVersion"), "/spec/spec"), "/spec/spec"
+    return None
+
+
+def read_device_class(obj: Mapping[str, Any]) -> DeviceClassSpec:
+    """Read a DeviceClass of any served version."""
+    spec = as_map(obj.get("spec"))
+    return DeviceClassSpec(
+        name=as_str(as_map(obj.get("metadata")).get("name")) or "",
+        selectors=_read_selectors(spec.get("selectors"), "/spec/selectors"),
+        config=_read_configs(spec.get("config"), "/spec/config"),
+        extended_resource_name=as_str(spec.get("extendedResourceName")),
+        api_version=as_str(obj.get("apiVersion")) or f"{GROUP}/v1",
+    )
+
+
+_ATTR_KEYS: tuple[tuple[str, str], ...] = (
+    ("string", "string"),
+    ("int", "int"),
+    ("bool", "bool"),
+    ("version", "version"),
+    # The pre-1.31 spelling some tools still print (and the seed's jq examples use).
+    ("stringValue", "string"),
+    ("intValue", "int"),
+    ("boolValue", "bool"),
+    ("versionValue", "version"),
+)
+
+
+def _attr_value(raw: object) -> AttrValue | None:
+    m = as_map(raw)
+    for key, typ in _ATTR_KEYS:
+        if key not in m:
+            continue
+        v = m[key]
+        if typ == "string" and isinstance(v, str):
+            return v
+        if typ == "int" and as_int(v) is not None:
+            return int(v)
+        if typ == "bool" and isinstance(v, bool):
+            return v
+        if typ == "version" and isinstance(v, str):
+            return Version(v)
+    return None
+
+
+def qualify(key: str, driver: str) -> tuple[str, str]:
+    """(domain, name) of an attribute key; a key without a domain belongs to the driver."""
+    domain, sep, name = key.rpartition("/")
+    return (domain, name) if sep else (driver, key)
+
+
+def read_slice_devices(obj: Mapping[str, Any]) -> list[Device]:
+    """Devices of a ResourceSlice of any served version (v1beta1 `basic` wrapper included)."""
+    spec = as_map(obj.get("spec"))
+    driver = as_str(spec.get("driver")) or ""
+    pool = as_str(as_map(spec.get("pool")).get("name")) or ""
+    slice_node = as_str(spec.get("nodeName"))
+    out: list[Device] = []
+    for item in as_list(spec.get("devices")):
+        entry = as_map(item)
+        body = as_map(entry.get("basic")) if "basic" in entry else entry
+        attributes: dict[str, dict[str, AttrValue]] = {}
+        for key, raw in as_map(body.get("attributes")).items():
+            value = _attr_value(raw)
+            if value is None or not isinstance(key, str):
+                continue
+            domain, name = qualify(key, driver)
+            attributes.setdefault(domain, {})[name] = value
+        capacity: dict[str, dict[str, str]] = {}
+        for key, raw in as_map(body.get("capacity")).items():
+            if not isinstance(key, str):
+                continue
+            # {value: q} since v1beta1; a bare quantity in v1alpha3-era output.
+            q = raw.get("value") if isinstance(raw, Mapping) else raw
+            if isinstance(q, int | float) and not isinstance(q, bool):
+                q = str(q)
+            if isinstance(q, str):
+                domain, name = qualify(key, driver)
+                capacity.setdefault(domain, {})[name] = q
+        node = slice_node if slice_node is not None else as_str(body.get("nodeName"))
+        out.append(
+            Device(
+                driver=driver,
+                pool=pool,
+                name=as_str(entry.get("name")) or "",
+                node=node,
+                attributes=attributes,
+                capacity=capacity,
+            )
+        )
+    return out
+
+
+# -- writers -----------------------------------------------------------------------------------
+
+
+def _write_selectors(selectors: Sequence[Selector]) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": s.expression}} for s in selectors]
+
+
+def _write_choice(
+    device_class: str | None, selectors: Sequence[Selector], mode: str, count: int, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if device_class is not None:
+        out["deviceClassName"] = device_class
+    if selectors:
+        out["selectors"] = _write_selectors(selectors)
+    if mode != EXACT_COUNT:
+        out["allocationMode"] = mode
+    if mode == EXACT_COUNT:
+        out["count"] = count
+    out.update(extra)
+    return out
+
+
+def write_request(req: DeviceRequest, api_version: str) -> dict[str, Any]:
+    flat = is_flat(api_version)
+    out: dict[str, Any] = {"name": req.name}
+    if req.first_available:
+        subs = []
+        for s in req.first_available:
+            sub = {"name": s.name}
+            sub.update(_write_choice(s.device_class, s.selectors, s.allocation_mode, s.count, s.extra))
+            subs.append(sub)
+        out["firstAvailable"] = subs
+        return out
+    body = _write_choice(req.device_class, req.selectors, req.allocation_mode, req.count, req.extra)
+    if req.admin_access:
+        body["adminAccess"] = True
+    if flat:
+        out.update(body)
+    else:
+        out["exactly"] = body
+    return out
+
+
+def write_claim_spec(spec: ClaimSpec, api_version: str) -> dict[str, Any]:
+    """A ResourceClaimSpec dict (`{devices: {...}}`) in the shape of `api_version`."""
+    devices: dict[str, Any] = {"requests": [write_request(r, api_version) for r in spec.requests]}
+    if spec.constraints:
+        cons = []
+        for c in spec.constraints:
+            entry: dict[str, Any] = {}
+            if c.requests:
+                entry["requests"] = list(c.requests)
+            if c.match_attribute is not None:
+                entry["matchAttribute"] = c.match_attribute
+            if c.distinct_attribute is not None:
+                entry["distinctAttribute"] = c.distinct_attribute
+            cons.append(entry)
+        devices["constraints"] = cons
+    if spec.config:
+        cfgs = []
+        for cfg in spec.config:
+            e: dict[str, Any] = {}
+            if cfg.requests:
+                e["requests"] = list(cfg.requests)
+            e["opaque"] = {"driver": cfg.driver, "parameters": dict(cfg.parameters)}
+            cfgs.append(e)
+        devices["config"] = cfgs
+    return {"devices": devices}
+
+
+def claim_template(
+    name: str,
+    namespace: str | None,
+    spec: ClaimSpec,
+    api_version: str,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A complete ResourceClaimTemplate object in `api_version`."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/managed-by": "draguard", **(labels or {})}
+    return {
+        "apiVersion": api_version,
+        "kind": "ResourceClaimTemplate",
+        "metadata": meta,
+        "spec": {"spec": write_claim_spec(spec, api_version)},
+    }
+
+
+def convert_claim_spec(raw_spec: object, from_version: str, to_version: str) -> dict[str, Any]:
+    """Rewrite a raw ResourceClaimSpec from one served version's shape to another's."""
+    return write_claim_spec(read_claim_spec(raw_spec, from_version, ""), to_version)

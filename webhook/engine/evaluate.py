@@ -1,0 +1,137 @@
+"""Run every rule over an input set: objects + policies + inventory -> Report. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from webhook.dra.inventory import Inventory
+from webhook.dra.objects import DRA_KINDS
+from webhook.dra.workloads import WORKLOAD_KINDS
+from webhook.engine.context import Context, SourceObject
+from webhook.engine.findings import Finding, Mode, ObjectRef, Report, Severity
+from webhook.engine.rules import RuleModule, modules
+from webhook.engine.rules.base import RuleContext
+from webhook.policy.model import API_VERSION, PolicyException, PolicySet
+
+EXCEPTION_EXPIRED = "exception/expired"
+KNOWN_KINDS: frozenset[str] = DRA_KINDS | WORKLOAD_KINDS
+
+
+def evaluate(
+    objects: Sequence[SourceObject],
+    policies: PolicySet,
+    inventory: Inventory,
+    ctx: Context | None = None,
+    *,
+    rule_modules: tuple[str, ...] | None = None,
+) -> Report:
+    """Findings of every rule on every object, with PolicyExceptions applied.
+
+    Never raises on bad objects: a rule that fails becomes an `internal/<module>` finding on the
+    object it failed on. `rule_modules` restricts the run to some rule modules (tests, benches).
+    """
+    ctx = ctx if ctx is not None else Context()
+    items = [o for o in objects if isinstance(o, SourceObject) and isinstance(o.obj, Mapping)]
+    report = Report(objects=len(objects))
+    report.ignored = len(objects) - len(items)
+    rc = RuleContext.build(items, policies, inventory, ctx)
+    mods = modules(rule_modules)
+    findings: list[Finding] = []
+    for mod in mods:
+        if mod.error is not None:
+            findings.append(_broken_module(mod))
+    for item in items:
+        if item.obj.get("kind") not in KNOWN_KINDS:
+            report.ignored += 1
+        for mod in mods:
+            for rule in mod.rules:
+                try:
+                    findings.extend(rule.check(item, rc))
+                except Exception as e:  # one bad object or rule must not hide the others' verdicts
+                    findings.append(_internal(mod.name, rule.id_prefix, item, rc, e))
+    report.findings = apply_exceptions(findings, policies.exceptions, ctx)
+    return report
+
+
+def _broken_module(mod: RuleModule) -> Finding:
+    return Finding(
+        rule=f"internal/{mod.name}",
+        severity=Severity.ERROR,
+        mode=Mode.ENFORCE,
+        object=ObjectRef("draguard", "RuleModule", None, mod.name),
+        message=f"rule module {mod.name!r} could not be loaded ({mod.error}); its checks did not run",
+        fix="this is a draguard bug: report it with the message above",
+    )
+
+
+def _internal(module: str, rule_id: str, item: SourceObject, rc: RuleContext, e: Exception) -> Finding:
+    try:
+        ref = rc.ref(item)
+    except Exception:
+        ref = ObjectRef("", "", None, "<unreadable>")
+    return Finding(
+        rule=f"internal/{module}",
+        severity=Severity.ERROR,
+        mode=Mode.ENFORCE,
+        object=ref,
+        message=f"rule {rule_id!r} failed on this object ({type(e).__name__}: {e}); its verdict is unknown",
+        fix="check the object for malformed fields; if it is valid Kubernetes, this is a draguard bug",
+        file=item.file,
+        line=item.line,
+    )
+
+
+def apply_exceptions(
+    findings: Sequence[Finding], exceptions: Sequence[PolicyException], ctx: Context
+) -> list[Finding]:
+    """Findings covered by a live exception become audit records; expired exceptions are reported.
+
+    In review (not admission) every expired exception is reported; in admission only those that
+    would have covered a finding of this request, so one stale exception does not flood each reply.
+    """
+    live = [e for e in exceptions if not e.expired(ctx.today)]
+    expired = [e for e in exceptions if e.expired(ctx.today)]
+    out: list[Finding] = []
+    expired_hit: set[str] = set()
+    for f in findings:
+        if f.rule.startswith("internal/"):
+            out.append(f)
+            continue
+        for e in expired:
+            if e.covers(f):
+                expired_hit.add(e.name)
+        exc = next((e for e in live if e.covers(f)), None)
+        if exc is None:
+            out.append(f)
+            continue
+        until = exc.expires.isoformat()
+        out.append(
+            dataclasses.replace(
+                f,
+                mode=Mode.AUDIT,
+                severity=Severity.INFO,
+                message=f"{f.message} [excepted by PolicyException {exc.name} until {until}]",
+                patch=None,
+                generated=(),
+            )
+        )
+    for e in expired:
+        if ctx.admission and e.name not in expired_hit:
+            continue
+        out.append(
+            Finding(
+                rule=EXCEPTION_EXPIRED,
+                severity=Severity.WARNING,
+                mode=Mode.AUDIT,
+                object=ObjectRef(API_VERSION, "PolicyException", None, e.name),
+                message=(
+                    f"PolicyException {e.name} expired on {e.expires.isoformat()} and no longer applies"
+                    + (" (it would have covered findings here)" if e.name in expired_hit else "")
+                ),
+                fix=f"renew it with a new spec.expires date or delete it from {e.source or 'the policies'}",
+                file=e.source,
+                line=e.line,
+            )
+        )
+    return out

@@ -1,0 +1,166 @@
+"""Pod -> claim/template -> DeviceClass, across the input set and the inventory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
+from webhook.dra.objects import (
+    ClaimSpec,
+    DeviceClassSpec,
+    as_list,
+    as_map,
+    as_str,
+    dra_version,
+    read_claim_spec,
+    read_device_class,
+)
+from webhook.dra.workloads import pod_spec_of
+from webhook.engine.context import SourceObject
+
+CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
+    {
+        "DeviceClass",
+        "ResourceSlice",
+        "Namespace",
+        "Node",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DeviceTaintRule",
+    }
+)
+
+
+def namespace_of(obj: Mapping[str, Any], default_namespace: str = "default") -> str | None:
+    """The object's namespace; the default for namespaced objects without one; None if cluster-scoped."""
+    if obj.get("kind") in CLUSTER_SCOPED_KINDS:
+        return None
+    return as_str(as_map(obj.get("metadata")).get("namespace")) or default_namespace
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """Claims, templates and classes from the input set (first) and the inventory (second)."""
+
+    claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    classes: Mapping[str, DeviceClassSpec] = field(default_factory=dict)
+    # (kind, namespace or "", name) -> the input object it came from.
+    sources: Mapping[tuple[str, str, str], SourceObject] = field(default_factory=dict)
+
+    @staticmethod
+    def build(
+        objects: Iterable[SourceObject], inventory: Inventory, default_namespace: str = "default"
+    ) -> Index:
+        claims: dict[tuple[str, str], ClaimRecord] = dict(inventory.claims)
+        templates: dict[tuple[str, str], ClaimRecord] = dict(inventory.templates)
+        classes: dict[str, DeviceClassSpec] = dict(inventory.classes)
+        sources: dict[tuple[str, str, str], SourceObject] = {}
+        for item in objects:
+            obj = item.obj
+            if not isinstance(obj, Mapping) or dra_version(obj.get("apiVersion")) is None:
+                continue
+            kind = obj.get("kind")
+            if kind == "DeviceClass":
+                dc = read_device_class(obj)
+                if dc.name:
+                    classes[dc.name] = dc
+                    sources[("DeviceClass", "", dc.name)] = item
+                continue
+            rec = claim_record(obj, default_namespace)
+            if rec is None:
+                continue
+            (claims if rec.kind == "ResourceClaim" else templates)[(rec.namespace, rec.name)] = rec
+            sources[(rec.kind, rec.namespace, rec.name)] = item
+        return Index(claims, templates, classes, sources)
+
+    def source_of(self, record: ClaimRecord) -> SourceObject | None:
+        return self.sources.get((record.kind, record.namespace, record.name))
+
+
+PodClaimKind = Literal["template", "claim", "inline", "invalid"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaim:
+    """One `spec.resourceClaims[]` entry of a pod spec and what it resolves to."""
+
+    name: str
+    pointer: str
+    kind: PodClaimKind
+    target: str | None  # template/claim name
+    record: ClaimRecord | None  # None when not found (or inline)
+    spec: ClaimSpec | None  # the claim spec the pod gets, when known
+    source: SourceObject | None  # the input object holding the spec, when it is in the input set
+    spec_pointer_base: str = ""  # pointer prefix of `spec` inside its own object
+
+    @property
+    def resolved(self) -> bool:
+        return self.spec is not None
+
+
+def pod_claims(obj: Mapping[str, Any], index: Index, namespace: str) -> list[PodClaim]:
+    """Resolve every `resourceClaims[]` entry of a workload's pod spec (empty for non-workloads)."""
+    found = pod_spec_of(obj)
+    if found is None:
+        return []
+    pp, spec = found
+    out: list[PodClaim] = []
+    for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
+        entry = as_map(raw)
+        p = f"{pp}/resourceClaims/{i}"
+        name = as_str(entry.get("name")) or ""
+        tmpl = as_str(entry.get("resourceClaimTemplateName")) or None
+        claim = as_str(entry.get("resourceClaimName")) or None
+        source = entry.get("source")
+        if tmpl is None and claim is None and isinstance(source, Mapping):
+            # The pre-1.31 `source` wrapper: it held one of the two names, or (as some guides
+            # show) an inline claim spec that was never part of the API.
+            tmpl = as_str(source.get("resourceClaimTemplateName")) or None
+            claim = as_str(source.get("resourceClaimName")) or None
+            if tmpl is None and claim is None:
+                inline = read_claim_spec(source, "resource.k8s.io/v1beta1", f"{p}/source")
+                out.append(PodClaim(name, p, "inline", None, None, inline, None, f"{p}/source"))
+                continue
+        if tmpl is not None:
+            rec = index.templates.get((namespace, tmpl))
+            out.append(_pod_claim(name, p, "template", tmpl, rec, index))
+        elif claim is not None:
+            rec = index.claims.get((namespace, claim))
+            out.append(_pod_claim(name, p, "claim", claim, rec, index))
+        else:
+            out.append(PodClaim(name, p, "invalid", None, None, None, None))
+    return out
+
+
+def _pod_claim(
+    name: str, p: str, kind: PodClaimKind, target: str, rec: ClaimRecord | None, index: Index
+) -> PodClaim:
+    if rec is None:
+        return PodClaim(name, p, kind, target, None, None, None)
+    base = "/spec/spec" if rec.kind == "ResourceClaimTemplate" else "/spec"
+    return PodClaim(name, p, kind, target, rec, rec.spec, index.source_of(rec), base)
+
+
+def requested_classes(spec: ClaimSpec) -> list[tuple[str, str]]:
+    """(device class, pointer of the request/subrequest naming it) for every alternative."""
+    out: list[tuple[str, str]] = []
+    for r in spec.requests:
+        for cls, _sel, _mode, _count, ptr in r.alternatives():
+            if cls:
+                out.append((cls, ptr))
+    return out
+
+
+def claim_names_used(spec_obj: Mapping[str, Any], pod_pointer: str) -> Sequence[tuple[str, str]]:
+    """(claim name, pointer) of every `resources.claims[]` entry in the pod's containers."""
+    out: list[tuple[str, str]] = []
+    for key in ("initContainers", "containers"):
+        for ci, c in enumerate(as_list(spec_obj.get(key))):
+            for ri, ref in enumerate(as_list(as_map(as_map(c).get("resources")).get("claims"))):
+                n = as_str(as_map(ref).get("name"))
+                if n is not None:
+                    out.append((n, f"{pod_pointer}/{key}/{ci}/resources/claims/{ri}"))
+    return out

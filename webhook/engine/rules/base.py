@@ -1,0 +1,120 @@
+"""What every rule sees (RuleContext) and what a rule is (Rule)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from webhook.dra.inventory import Inventory
+from webhook.dra.objects import as_map, as_str
+from webhook.engine.context import Context, SourceObject
+from webhook.engine.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
+from webhook.engine.resolve import Index, PodClaim, namespace_of, pod_claims
+from webhook.policy.model import PolicySet
+
+
+class Rule(Protocol):
+    """A check over one object. `id_prefix` is the rule id or its family (`tier/`, `cel/`)."""
+
+    @property
+    def id_prefix(self) -> str: ...
+
+    def check(self, item: SourceObject, rc: RuleContext) -> Iterable[Finding]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionRule:
+    """A Rule made from a plain function."""
+
+    id_prefix: str
+    fn: Callable[[SourceObject, RuleContext], Iterable[Finding]]
+
+    def check(self, item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
+        return self.fn(item, rc)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """Everything a rule may consult besides the object: pure data, built once per evaluation."""
+
+    policies: PolicySet
+    inventory: Inventory
+    ctx: Context
+    index: Index
+    objects: Sequence[SourceObject] = ()
+    _claims_cache: dict[int, list[PodClaim]] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def build(
+        objects: Sequence[SourceObject], policies: PolicySet, inventory: Inventory, ctx: Context
+    ) -> RuleContext:
+        return RuleContext(
+            policies, inventory, ctx, Index.build(objects, inventory, ctx.default_namespace), objects
+        )
+
+    # -- facts about objects -------------------------------------------------------------------
+
+    def namespace(self, item: SourceObject) -> str | None:
+        return namespace_of(item.obj, self.ctx.default_namespace)
+
+    def namespace_labels(self, namespace: str | None) -> Mapping[str, str] | None:
+        """Labels of a namespace, or None when admission/review does not know them."""
+        if namespace is None:
+            return None
+        labels = self.ctx.namespace_labels.get(namespace)
+        return labels if labels is not None else None
+
+    def ref(self, item: SourceObject) -> ObjectRef:
+        obj = item.obj
+        meta = as_map(obj.get("metadata"))
+        name = as_str(meta.get("name")) or as_str(meta.get("generateName")) or "<unnamed>"
+        return ObjectRef(
+            api_version=as_str(obj.get("apiVersion")) or "",
+            kind=as_str(obj.get("kind")) or "",
+            namespace=self.namespace(item),
+            name=name,
+        )
+
+    def pod_claims(self, item: SourceObject) -> list[PodClaim]:
+        """The workload's resourceClaims resolved (cached per object)."""
+        key = id(item)
+        hit = self._claims_cache.get(key)
+        if hit is None:
+            hit = pod_claims(item.obj, self.index, self.namespace(item) or self.ctx.default_namespace)
+            self._claims_cache[key] = hit
+        return hit
+
+    # -- building findings ---------------------------------------------------------------------
+
+    def finding(
+        self,
+        item: SourceObject,
+        rule: str,
+        severity: Severity,
+        mode: Mode,
+        message: str,
+        *,
+        fix: str = "",
+        pointer: str = "",
+        patch: JsonPatch | None = None,
+        generated: tuple[dict[str, Any], ...] = (),
+    ) -> Finding:
+        """A Finding on `item` with file and line filled from `pointer`."""
+        return Finding(
+            rule=rule,
+            severity=severity,
+            mode=mode,
+            object=self.ref(item),
+            message=message,
+            fix=fix,
+            file=item.file,
+            line=item.line_of(pointer) if pointer else item.line,
+            patch=patch,
+            generated=generated,
+        )
+
+
+def severity_for(mode: Mode) -> Severity:
+    """The usual severity of a finding in a mode: deny -> error, warn -> warning, audit -> info."""
+    return {Mode.ENFORCE: Severity.ERROR, Mode.WARN: Severity.WARNING, Mode.AUDIT: Severity.INFO}[mode]

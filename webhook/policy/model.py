@@ -1,0 +1,361 @@
+"""Policy documents (`policy.draguard.io/v1alpha1`) as plain, immutable data.
+
+Parsing and validation live in `load.py`; this module only holds the shapes and the small,
+pure questions rules ask of them (which class is this workload, which mode for this namespace).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from webhook.engine.findings import Finding, Mode
+
+API_VERSION = "policy.draguard.io/v1alpha1"
+KINDS: tuple[str, ...] = (
+    "GpuTierPolicy",
+    "GpuQuotaPolicy",
+    "CelLintPolicy",
+    "MigrationPolicy",
+    "PolicyException",
+)
+
+MIGRATION_MODE_LABEL = "draguard.io/migration-mode"
+TEAM_LABEL = "draguard.io/team"
+WORKLOAD_CLASS_LABEL = "draguard.io/workload-class"
+
+
+def glob_match(pattern: str, value: str) -> bool:
+    """Shell-style match (`*`, `?`, `[..]`), case-sensitive."""
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def any_glob(patterns: Iterable[str], value: str) -> bool:
+    return any(glob_match(p, value) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceScope:
+    """Which namespaces a policy applies to: `namespaces` (globs, empty = all) minus `exclude`."""
+
+    namespaces: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def applies(self, namespace: str, labels: Mapping[str, str] | None = None) -> bool:
+        if any_glob(self.exclude, namespace):
+            return False
+        if self.namespaces and not any_glob(self.namespaces, namespace):
+            return False
+        if self.match_labels:
+            # Unknown labels (offline review without namespace facts) cannot rule a namespace in.
+            if labels is None:
+                return False
+            return all(labels.get(k) == v for k, v in self.match_labels.items())
+        return True
+
+
+# -- GpuTierPolicy -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadMatch:
+    """How a workload is recognised. Label/annotation values and images/commands are globs.
+
+    `labels` / `annotations`: every listed pair must be present. `images`: any container image
+    matches any pattern. `commands`: any command/args token (or its basename) matches any pattern.
+    A class matches when any of its non-empty matchers matches.
+    """
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    images: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TierClass:
+    name: str
+    match: WorkloadMatch
+    device_classes: tuple[str, ...]  # allowed DeviceClass names (globs)
+
+    def allows(self, device_class: str) -> bool:
+        return any_glob(self.device_classes, device_class)
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    tier: TierClass
+    reason: str  # e.g. 'label app=llm-inference', 'image "vllm/vllm-openai:v0.6"', 'command "torchrun"'
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadFacts:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    images: tuple[str, ...]
+    command_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTierPolicy:
+    name: str
+    classes: tuple[TierClass, ...]
+    mode: Mode = Mode.ENFORCE
+    scope: NamespaceScope = field(default_factory=NamespaceScope)
+    source: str | None = None
+    line: int | None = None
+
+    def classify(self, facts: WorkloadFacts) -> Classification | None:
+        """The workload's class. Explicit declarations (labels, annotations) win over images,
+        images over commands; within one kind of evidence, the first class listed wins."""
+        for c in self.classes:
+            lm = c.match.labels
+            if lm and all(k in facts.labels and glob_match(v, facts.labels[k]) for k, v in lm.items()):
+                k0 = next(iter(lm))
+                return Classification(c, f"label {k0}={facts.labels[k0]}")
+        for c in self.classes:
+            am = c.match.annotations
+            if am and all(
+                k in facts.annotations and glob_match(v, facts.annotations[k]) for k, v in am.items()
+            ):
+                k0 = next(iter(am))
+                return Classification(c, f"annotation {k0}={facts.annotations[k0]}")
+        for c in self.classes:
+            for img in facts.images:
+                if any_glob(c.match.images, img):
+                    return Classification(c, f'image "{img}"')
+        for c in self.classes:
+            for tok in facts.command_tokens:
+                base = tok.rsplit("/", 1)[-1]
+                if any_glob(c.match.commands, tok) or any_glob(c.match.commands, base):
+                    return Classification(c, f'command "{tok}"')
+        return None
+
+
+# -- GpuQuotaPolicy ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaBudget:
+    """One budget. `scope` "namespace": `name` is a namespace glob (each matching namespace gets
+    its own budget); scope "team": `name` is a team label value (`*` = each team), summed over
+    every namespace carrying that team label."""
+
+    scope: str  # "namespace" | "team"
+    name: str
+    device_classes: Mapping[str, int] = field(default_factory=dict)
+    gpu_equivalents: float | None = None
+    claims: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuQuotaPolicy:
+    name: str
+    budgets: tuple[QuotaBudget, ...]
+    mode: Mode = Mode.ENFORCE
+    team_label: str = TEAM_LABEL
+    source: str | None = None
+    line: int | None = None
+
+
+# -- CelLintPolicy -----------------------------------------------------------------------------
+
+CEL_CHECKS: tuple[str, ...] = (
+    "cel/syntax",
+    "cel/type",
+    "cel/unknown-attribute",
+    "cel/no-match",
+    "cel/limits",
+    "cel/driver-guard",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CelCheckSetting:
+    enabled: bool = True
+    mode: Mode | None = None  # None: the policy's mode
+    severity: str | None = None  # "error" | "warning" | "info"; None: the check's own
+
+
+@dataclass(frozen=True, slots=True)
+class CelLintPolicy:
+    name: str
+    mode: Mode = Mode.WARN
+    checks: Mapping[str, CelCheckSetting] = field(default_factory=dict)
+    scope: NamespaceScope = field(default_factory=NamespaceScope)
+    source: str | None = None
+    line: int | None = None
+
+    def setting(self, check: str) -> CelCheckSetting | None:
+        """The effective setting of one check; None when the check is switched off."""
+        s = self.checks.get(check, CelCheckSetting())
+        if not s.enabled:
+            return None
+        return CelCheckSetting(True, s.mode or self.mode, s.severity)
+
+
+# -- MigrationPolicy ---------------------------------------------------------------------------
+
+
+class MigrationMode(StrEnum):
+    OBSERVE = "observe"
+    WARN = "warn"
+    MIGRATE = "migrate"
+    ENFORCE = "enforce"
+
+    @property
+    def finding_mode(self) -> Mode:
+        """observe -> audit, warn and migrate -> warn (migrate adds a patch), enforce -> deny."""
+        return {
+            MigrationMode.OBSERVE: Mode.AUDIT,
+            MigrationMode.WARN: Mode.WARN,
+            MigrationMode.MIGRATE: Mode.WARN,
+            MigrationMode.ENFORCE: Mode.ENFORCE,
+        }[self]
+
+
+class MigrationStrategy(StrEnum):
+    CLAIM_TEMPLATE = "claim-template"
+    EXTENDED_RESOURCE = "extended-resource"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceMapping:
+    """A legacy extended resource (+ optional pod nodeSelector) and the DeviceClass that replaces it."""
+
+    resource: str
+    device_class: str
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    selectors: tuple[str, ...] = ()  # extra CEL selectors for the generated request
+
+    def matches(self, resource: str, node_selector: Mapping[str, str]) -> bool:
+        if not glob_match(self.resource, resource):
+            return False
+        return all(node_selector.get(k) == v for k, v in self.node_selector.items())
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationPolicy:
+    name: str
+    mappings: tuple[ResourceMapping, ...]
+    default_mode: MigrationMode = MigrationMode.WARN
+    namespaces: Mapping[str, MigrationMode] = field(default_factory=dict)  # namespace glob -> mode
+    label_modes: Mapping[str, MigrationMode] = field(default_factory=dict)  # "key=value" -> mode
+    strategy: MigrationStrategy = MigrationStrategy.CLAIM_TEMPLATE
+    claim_api_version: str = "resource.k8s.io/v1"
+    scope: NamespaceScope = field(default_factory=NamespaceScope)
+    source: str | None = None
+    line: int | None = None
+
+    def mode_for(self, namespace: str, labels: Mapping[str, str] | None = None) -> MigrationMode:
+        """Namespace label `draguard.io/migration-mode` wins, then labelled modes, then namespace
+        globs (first listed), then the default."""
+        labels = labels or {}
+        override = labels.get(MIGRATION_MODE_LABEL)
+        if override is not None and override in MigrationMode._value2member_map_:
+            return MigrationMode(override)
+        for sel, mode in self.label_modes.items():
+            k, _, v = sel.partition("=")
+            if labels.get(k) == v:
+                return mode
+        for pattern, mode in self.namespaces.items():
+            if glob_match(pattern, namespace):
+                return mode
+        return self.default_mode
+
+    def mapping_for(self, resource: str, node_selector: Mapping[str, str]) -> ResourceMapping | None:
+        """The most specific mapping (most nodeSelector keys) for a resource; None if unmapped."""
+        best: ResourceMapping | None = None
+        for m in self.mappings:
+            if m.matches(resource, node_selector) and (
+                best is None or len(m.node_selector) > len(best.node_selector)
+            ):
+                best = m
+        return best
+
+    def legacy_resources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(m.resource for m in self.mappings))
+
+
+# -- PolicyException ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSelector:
+    kind: str = "*"
+    name: str = "*"
+    namespace: str = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyException:
+    """Exempts findings of `rules` (globs, empty = all) on objects in scope until `expires` (inclusive)."""
+
+    name: str
+    expires: dt.date
+    rules: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()  # globs; empty = any
+    objects: tuple[ObjectSelector, ...] = ()  # empty = any object in the namespaces
+    reason: str = ""
+    source: str | None = None
+    line: int | None = None
+
+    def expired(self, today: dt.date) -> bool:
+        return today > self.expires
+
+    def covers(self, finding: Finding) -> bool:
+        """Scope check only (expiry is the caller's concern)."""
+        if self.rules and not any_glob(self.rules, finding.rule):
+            return False
+        ns = finding.object.namespace or ""
+        if self.namespaces and not any_glob(self.namespaces, ns):
+            return False
+        if self.objects:
+            return any(
+                glob_match(o.kind, finding.object.kind)
+                and glob_match(o.name, finding.object.name)
+                and glob_match(o.namespace, ns)
+                for o in self.objects
+            )
+        return True
+
+
+# -- the set -----------------------------------------------------------------------------------
+
+Policy = GpuTierPolicy | GpuQuotaPolicy | CelLintPolicy | MigrationPolicy | PolicyException
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    tier: tuple[GpuTierPolicy, ...] = ()
+    quota: tuple[GpuQuotaPolicy, ...] = ()
+    cel_lint: tuple[CelLintPolicy, ...] = ()
+    migration: tuple[MigrationPolicy, ...] = ()
+    exceptions: tuple[PolicyException, ...] = ()
+
+    @staticmethod
+    def empty() -> PolicySet:
+        return PolicySet()
+
+    @staticmethod
+    def of(policies: Sequence[Policy]) -> PolicySet:
+        return PolicySet(
+            tier=tuple(p for p in policies if isinstance(p, GpuTierPolicy)),
+            quota=tuple(p for p in policies if isinstance(p, GpuQuotaPolicy)),
+            cel_lint=tuple(p for p in policies if isinstance(p, CelLintPolicy)),
+            migration=tuple(p for p in policies if isinstance(p, MigrationPolicy)),
+            exceptions=tuple(p for p in policies if isinstance(p, PolicyException)),
+        )
+
+    def all(self) -> tuple[Policy, ...]:
+        return (*self.tier, *self.quota, *self.cel_lint, *self.migration, *self.exceptions)
+
+    def __len__(self) -> int:
+        return len(self.all())
+
+    def merged(self, other: PolicySet) -> PolicySet:
+        return PolicySet.of([*self.all(), *other.all()])
