@@ -9,18 +9,18 @@ rewritten workload references. Used by the `migrate/legacy-gpu` rule (admission 
 from __future__ import annotations
 
 import copy
-import fnmatch
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
-from webhook.dra.objects import ClaimSpec, DeviceRequest, claim_template, esc
+from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, claim_template, esc
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.findings import JsonPatch
+from webhook.policy.model import MigrationPolicy, ResourceMapping
 
 LEGACY_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -59,20 +59,6 @@ def dns_label(text: str, max_len: int = _DNS_LABEL_MAX) -> str:
 def template_name(device_class: str, count: int) -> str:
     """Name of the generated ResourceClaimTemplate: `draguard-<class-sanitized>-<count>`."""
     return dns_label(f"draguard-{device_class}-{count}", _DNS_SUBDOMAIN_MAX)
-
-
-@dataclass(frozen=True, slots=True)
-class ClassMapping:
-    """One MigrationPolicy mapping: a legacy resource (glob allowed) plus node labels -> DeviceClass."""
-
-    resource: str
-    device_class: str
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-
-    def matches(self, resource: str, node_labels: Mapping[str, str]) -> bool:
-        if not fnmatch.fnmatchcase(resource, self.resource):
-            return False
-        return all(node_labels.get(k) == v for k, v in self.node_selector.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,27 +192,25 @@ def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
-def choose_class(
-    resource: str, node_labels: Mapping[str, str], mappings: Sequence[ClassMapping]
-) -> str | None:
-    """The DeviceClass for a resource: the matching mapping with the most node-label conditions
-    wins (an H100-pinned pod beats the catch-all); ties go to the earlier mapping."""
-    best: tuple[int, int, str] | None = None
-    for pos, m in enumerate(mappings):
-        if m.matches(resource, node_labels):
-            key = (-len(m.node_selector), pos, m.device_class)
-            if best is None or key < best:
-                best = key
-    return best[2] if best else None
+def template_name_for(mapping: ResourceMapping, count: int) -> str:
+    """Deterministic template name; mappings that add selectors get a hash of them appended so
+    that two mappings onto the same class never share a template."""
+    if not mapping.selectors:
+        return template_name(mapping.device_class, count)
+    digest = hashlib.sha256("\n".join(mapping.selectors).encode()).hexdigest()[:6]
+    return dns_label(f"draguard-{mapping.device_class}-{count}-{digest}", _DNS_SUBDOMAIN_MAX)
 
 
 def claim_template_for(
-    name: str, namespace: str | None, device_class: str, count: int, resource: str,
+    name: str, namespace: str | None, mapping: ResourceMapping, count: int, resource: str,
     api_version: str = DEFAULT_CLAIM_API_VERSION,
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate asking for exactly `count` devices of `device_class`."""
+    """A ResourceClaimTemplate asking for exactly `count` devices of the mapping's DeviceClass."""
     request = DeviceRequest(
-        name="mig" if mig_profile_of(resource) else "gpu", device_class=device_class, count=count
+        name="mig" if mig_profile_of(resource) else "gpu",
+        device_class=mapping.device_class,
+        selectors=tuple(Selector(e) for e in mapping.selectors),
+        count=count,
     )
     return claim_template(name, namespace, ClaimSpec(requests=(request,)), api_version)
 
@@ -240,10 +224,10 @@ def plan_pod_spec(
     obj: Mapping[str, Any],
     pod_spec_pointer: str,
     podspec: Mapping[str, Any],
-    mappings: Sequence[ClassMapping],
+    policy: MigrationPolicy,
     *,
     namespace: str | None,
-    api_version: str = DEFAULT_CLAIM_API_VERSION,
+    api_version: str | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`)."""
     uses = find_legacy(podspec, pod_spec_pointer)
@@ -257,8 +241,8 @@ def plan_pod_spec(
     unmapped: list[LegacyUse] = []
     templates: dict[str, dict[str, Any]] = {}
     for use in uses:
-        cls = choose_class(use.resource, node_labels, mappings)
-        if cls is None or use.count <= 0:
+        mapping = policy.mapping_for(use.resource, node_labels)
+        if mapping is None or use.count <= 0:
             unmapped.append(use)
             continue
         base = dns_label(f"{use.container}-{_claim_short(use.resource)}")
@@ -268,11 +252,14 @@ def plan_pod_spec(
             name = dns_label(base[: _DNS_LABEL_MAX - len(suffix)] + suffix)
             n += 1
         taken.add(name)
-        tname = template_name(cls, use.count)
+        tname = template_name_for(mapping, use.count)
         templates.setdefault(
-            tname, claim_template_for(tname, namespace, cls, use.count, use.resource, api_version)
+            tname,
+            claim_template_for(
+                tname, namespace, mapping, use.count, use.resource, api_version or policy.claim_api_version
+            ),
         )
-        edits.append(ClaimEdit(use=use, device_class=cls, claim_name=name, template=tname))
+        edits.append(ClaimEdit(use=use, device_class=mapping.device_class, claim_name=name, template=tname))
 
     patch = _build_patch(podspec, pod_spec_pointer, edits)
     rewritten = jsonpatch.apply_patch(copy.deepcopy(dict(obj)), patch) if patch else copy.deepcopy(dict(obj))
@@ -326,10 +313,10 @@ def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit
 
 def plan_workload(
     obj: Mapping[str, Any],
-    mappings: Sequence[ClassMapping],
+    policy: MigrationPolicy,
     *,
     namespace: str | None = None,
-    api_version: str = DEFAULT_CLAIM_API_VERSION,
+    api_version: str | None = None,
 ) -> MigrationPlan | None:
     """Plan the rewrite of any workload kind; None when the object has no pod spec."""
     found = pod_spec_of(obj)
@@ -340,4 +327,22 @@ def plan_workload(
         meta = obj.get("metadata")
         ns = meta.get("namespace") if isinstance(meta, Mapping) else None
         namespace = ns if isinstance(ns, str) and ns else None
-    return plan_pod_spec(obj, pointer, podspec, mappings, namespace=namespace, api_version=api_version)
+    return plan_pod_spec(obj, pointer, podspec, policy, namespace=namespace, api_version=api_version)
+
+
+def rewrite(
+    obj: Mapping[str, Any],
+    policy: MigrationPolicy,
+    *,
+    namespace: str | None = None,
+    api_version: str | None = None,
+) -> tuple[JsonPatch, dict[str, Any], list[dict[str, Any]]]:
+    """(patch, rewritten object, ResourceClaimTemplates) for `draguard migrate`.
+
+    Objects without legacy GPU resources, or whose resources no mapping covers, come back unchanged
+    with an empty patch; `plan_workload` tells which resources were left unmapped.
+    """
+    plan = plan_workload(obj, policy, namespace=namespace, api_version=api_version)
+    if plan is None:
+        return [], copy.deepcopy(dict(obj)), []
+    return plan.patch, plan.rewritten, plan.templates

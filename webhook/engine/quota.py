@@ -1,0 +1,216 @@
+"""Quota arithmetic: how many devices a claim charges per DeviceClass, and what that is in GPUs.
+
+Counting follows the Kubernetes ResourceQuota evaluator for `<class>.deviceclass.resource.k8s.io/devices`
+with one deliberate difference for `allocationMode: All`:
+
+- `ExactCount` is charged `count`.
+- `All` is charged the largest number of devices that class (and the request's selectors) match on
+  any single node of the inventory, because an All request takes every matching device of the
+  node it lands on. Without an inventory that knows the class, it is charged 32
+  (`AllocationResultsMaxSize`), which is what the API server's quota evaluator charges.
+- `firstAvailable`: each class is charged the maximum over the subrequests that use it.
+- Unknown allocation modes are charged 0.
+
+GPU-equivalents: a full GPU is 1, a MIG device its compute-slice fraction of the parent
+(3g.20gb = 3/7 on A100/H100; A30 profiles are out of 4).
+
+Pure: the server feeds cached claims to `compute_usage`; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from webhook.dra.device import Device
+from webhook.dra.inventory import Inventory
+from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, Selector, as_map, as_str, claim_spec_of
+from webhook.engine.context import QuotaUsage
+
+ALL_MODE_CHARGE = 32
+"""What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
+
+TEAM_LABEL = "draguard.io/team"
+QUOTA_DEVICES_KEY = "{cls}.deviceclass.resource.k8s.io/devices"
+QUOTA_CLAIMS_KEY = "count/resourceclaims.resource.k8s.io"
+
+# "<compute slices>g.<memory>gb", optionally with a suffix like "+me" or "-me".
+_MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
+# Class names cannot contain '.' inside the profile in every spelling: "mig-3g20gb", "mig-3g.20gb".
+_MIG_IN_NAME = re.compile(r"(?:^|[^0-9])([1-8])g\.?(\d+)gb")
+
+
+def team_scope(team: str) -> str:
+    """The QuotaUsage scope key of a team label value."""
+    return f"team:{team}"
+
+
+def mig_fraction(profile: str, product: str | None = None) -> Fraction | None:
+    """Share of the parent GPU a MIG profile gets: compute slices / slices of the parent.
+
+    A30 GPUs have 4 slices; every other MIG-capable GPU (A100, H100, H200, B200, GH200) has 7.
+    """
+    m = _MIG_PROFILE.search(profile)
+    if m is None:
+        return None
+    total = 4 if product and "A30" in product else 7
+    return min(Fraction(int(m.group(1)), total), Fraction(1))
+
+
+def device_fraction(device: Device) -> Fraction:
+    """GPU-equivalents of one device: 1 for a full GPU, the slice fraction for a MIG device."""
+    attrs = device.attributes.get(device.driver, {})
+    profile = attrs.get("profile")
+    if attrs.get("type") == "mig" or isinstance(profile, str):
+        product = attrs.get("productName")
+        frac = mig_fraction(str(profile or ""), product if isinstance(product, str) else None)
+        if frac is not None:
+            return frac
+    return Fraction(1)
+
+
+def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
+    """Devices for which every expression is true; evaluation errors count as no match."""
+    if not devices:
+        return []
+    from webhook.cel.match import match_devices  # the CEL environment is heavier; load on first use
+
+    return list(match_devices(list(expressions), list(devices)).matched)
+
+
+@dataclass
+class QuotaCalculator:
+    """Per-inventory cache of class matches, so that counting many claims stays cheap."""
+
+    inventory: Inventory
+    _matches: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict)
+    _fractions: dict[str, Fraction] = field(default_factory=dict)
+
+    def matching(self, class_name: str, selectors: Sequence[Selector] = ()) -> list[Device] | None:
+        """Devices the class (plus request selectors) can get; None when the class is unknown."""
+        cls = self.inventory.classes.get(class_name)
+        if cls is None:
+            return None
+        exprs = tuple(s.expression for s in (*cls.selectors, *selectors))
+        key = (class_name, exprs)
+        if key not in self._matches:
+            self._matches[key] = _match(exprs, self.inventory.devices)
+        return self._matches[key]
+
+    def per_node_max(self, class_name: str, selectors: Sequence[Selector] = ()) -> int | None:
+        """Most devices of the class on one node (network-attached devices count as one node)."""
+        devs = self.matching(class_name, selectors)
+        if not devs:
+            return None
+        per_node: dict[str | None, int] = {}
+        for d in devs:
+            per_node[d.node] = per_node.get(d.node, 0) + 1
+        return max(per_node.values())
+
+    def charge(self, class_name: str, selectors: Sequence[Selector], mode: str, count: int) -> int:
+        """Devices one request (or subrequest) charges to its class."""
+        if mode == EXACT_COUNT:
+            return max(count, 0)
+        if mode == ALL:
+            n = self.per_node_max(class_name, selectors)
+            return n if n is not None else ALL_MODE_CHARGE
+        return 0
+
+    def claim_demand(self, spec: ClaimSpec) -> dict[str, int]:
+        """Devices per DeviceClass one claim charges."""
+        total: dict[str, int] = {}
+        for req in spec.requests:
+            per_req: dict[str, int] = {}
+            for cls, selectors, mode, count, _ptr in req.alternatives():
+                if not cls:
+                    continue
+                per_req[cls] = max(per_req.get(cls, 0), self.charge(cls, selectors, mode, count))
+            for cls, n in per_req.items():
+                total[cls] = total.get(cls, 0) + n
+        return total
+
+    def class_fraction(self, class_name: str) -> Fraction:
+        """GPU-equivalents per device of a class.
+
+        From the inventory: the largest fraction among the devices the class matches (a request may
+        land on the biggest). Without devices: a MIG profile named in the class's selectors, then
+        in the class name (`...-mig-3g20gb`), else a full GPU.
+        """
+        if class_name in self._fractions:
+            return self._fractions[class_name]
+        frac: Fraction | None = None
+        devs = self.matching(class_name)
+        if devs:
+            frac = max(device_fraction(d) for d in devs)
+        if frac is None:
+            cls = self.inventory.classes.get(class_name)
+            for sel in cls.selectors if cls else ():
+                m = _MIG_PROFILE.search(sel.expression)
+                if m:
+                    frac = mig_fraction(m.group(0))
+                    break
+        if frac is None:
+            m2 = _MIG_IN_NAME.search(class_name.lower())
+            if m2:
+                frac = mig_fraction(f"{m2.group(1)}g.{m2.group(2)}gb")
+        result = frac if frac is not None else Fraction(1)
+        self._fractions[class_name] = result
+        return result
+
+    def gpu_equivalents(self, demand: Mapping[str, int]) -> Fraction:
+        return sum((self.class_fraction(c) * n for c, n in demand.items()), Fraction(0))
+
+
+def claim_demand(spec: ClaimSpec, inventory: Inventory) -> dict[str, int]:
+    """Devices per DeviceClass a claim charges (see the module docstring for the counting rules)."""
+    return QuotaCalculator(inventory).claim_demand(spec)
+
+
+def gpu_equivalents(class_name: str, devices: int, inventory: Inventory) -> float:
+    """`devices` devices of `class_name` in GPU-equivalents (3 x 3g.20gb = 9/7)."""
+    return float(QuotaCalculator(inventory).class_fraction(class_name) * devices)
+
+
+def scopes_of(namespace: str, namespace_labels: Mapping[str, Mapping[str, str]],
+              team_label: str = TEAM_LABEL) -> list[str]:
+    """Usage scopes a namespace's consumption counts toward: itself, and its team if labelled."""
+    out = [namespace]
+    team = namespace_labels.get(namespace, {}).get(team_label)
+    if team:
+        out.append(team_scope(team))
+    return out
+
+
+def compute_usage(
+    claims: Iterable[Mapping[str, Any]],
+    namespace_labels: Mapping[str, Mapping[str, str]],
+    policies: object = None,
+    inventory: Inventory | None = None,
+    *,
+    team_label: str = TEAM_LABEL,
+) -> QuotaUsage:
+    """Live usage from ResourceClaim objects (as cached by the server), per namespace and per team.
+
+    Every existing claim counts, allocated or not, like a ResourceQuota does. `policies` is accepted
+    for the contract's signature; counting does not depend on which budgets exist.
+    """
+    calc = QuotaCalculator(inventory or Inventory.empty())
+    devices: dict[tuple[str, str], int] = {}
+    geq: dict[str, Fraction] = {}
+    for obj in claims:
+        if not isinstance(obj, Mapping) or obj.get("kind") not in (None, "ResourceClaim"):
+            continue
+        read = claim_spec_of({**obj, "kind": "ResourceClaim"})
+        if read is None:
+            continue
+        ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
+        demand = calc.claim_demand(read[0])
+        ge = calc.gpu_equivalents(demand)
+        for scope in scopes_of(ns, namespace_labels, team_label):
+            for cls, n in demand.items():
+                devices[(scope, cls)] = devices.get((scope, cls), 0) + n
+            geq[scope] = geq.get(scope, Fraction(0)) + ge
+    return QuotaUsage(devices=devices, gpu_equivalents={k: float(v) for k, v in geq.items()})
