@@ -1,0 +1,89 @@
+"""Output formats of `draguard review`: one function per format, `render(result) -> str`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from webhook.engine.findings import Finding, Mode, ObjectRef, Report
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewedObject:
+    """One object the review read, and where (JUnit needs the objects without findings too)."""
+
+    ref: ObjectRef
+    file: str | None
+    line: int | None
+
+
+@dataclass(slots=True)
+class ReviewResult:
+    """What every format renders: the engine's report plus what the reader saw."""
+
+    report: Report
+    files: list[str] = field(default_factory=list)
+    objects: list[ReviewedObject] = field(default_factory=list)
+    # Documents that are not Kubernetes objects, plus objects of kinds no rule looks at.
+    ignored: int = 0
+    # Set by `--base`: a one-line note on what the report was compared with.
+    title: str = "draguard review"
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.report.findings, key=finding_sort_key)
+
+
+def finding_sort_key(f: Finding) -> tuple[str, int, str, str, str]:
+    return (f.file or "", f.line or 0, f.rule, str(f.object), f.message)
+
+
+MODE_ORDER = {Mode.ENFORCE: 0, Mode.WARN: 1, Mode.AUDIT: 2}
+
+# Help text per rule id (or id prefix before "/"): SARIF `help`, Markdown and JUnit use it.
+RULE_HELP: dict[str, str] = {
+    "tier": "GpuTierPolicy: the DeviceClasses, device counts and selectors a namespace or team may request.",
+    "quota": "GpuQuotaPolicy: the devices (or GPU-equivalents) a namespace or team may hold across claims.",
+    "cel/syntax": "A CEL selector does not parse; the API server would reject the object.",
+    "cel/type": "A CEL selector does not type-check (e.g. a quantity compared with a string).",
+    "cel/unknown-attribute": "A selector reads an attribute the driver never publishes: it never matches.",
+    "cel/no-match": "A CEL selector matches no device of the inventory: the claim would stay pending.",
+    "cel/limits": "A CEL selector exceeds the API server's cost or length limits.",
+    "cel/driver-guard": "A selector reads a driver's attributes without checking `device.driver` first.",
+    "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
+    "`draguard migrate` rewrites it to a DRA claim.",
+    "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",
+    "structure/undeclared-claim": "A container names a claim missing from the pod's `spec.resourceClaims`.",
+    "structure/deprecated-version": "The object uses a `resource.k8s.io` version the cluster does not serve.",
+    "structure/unsatisfiable": "No node of the inventory can satisfy the request (class, count, selectors).",
+    "structure/interconnect": "A multi-GPU request has no constraint keeping the GPUs on one NVLink domain.",
+    "structure/admin-access": "adminAccess needs the namespace label "
+    '`resource.kubernetes.io/admin-access: "true"`.',
+    "config/opaque": "Opaque driver configuration does not validate against the driver's schema.",
+    "internal": "A rule failed on this object; the message names the rule. Please report it.",
+}
+
+
+def rule_help(rule: str) -> str:
+    if rule in RULE_HELP:
+        return RULE_HELP[rule]
+    prefix = rule.split("/", 1)[0]
+    return RULE_HELP.get(prefix, "draguard policy check.")
+
+
+Renderer = Callable[[ReviewResult], str]
+
+
+def renderers() -> dict[str, Renderer]:
+    from webhook.review.formats import github, json, junit, markdown, sarif, text
+
+    return {
+        "text": text.render,
+        "json": json.render,
+        "markdown": markdown.render,
+        "sarif": sarif.render,
+        "junit": junit.render,
+        "github": github.render,
+    }
+
+
+FORMATS = ("text", "json", "markdown", "sarif", "junit", "github")

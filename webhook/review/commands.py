@@ -1,0 +1,282 @@
+"""Offline commands: review, test, lint-cel, migrate, schema, explain.
+
+Each command reads files, calls the engine the webhook uses, and prints; exit codes are 0 (clean),
+1 (enforce-mode findings, failed tests, rewrites pending) and 2 (usage error or unreadable input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from webhook.review.formats import FORMATS, ReviewResult, renderers
+from webhook.review.pipeline import DEFAULT_POLICIES, Progress, ReviewError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+
+def _fail(command: str, message: str) -> int:
+    # One line, never a traceback: the first line of the message is what the user needs.
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    print(f"draguard {command}: {first}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _use_color(stream: TextIO) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def _write(text: str, output: str | None, command: str) -> int | None:
+    """Write to --output or stdout; an exit code on failure, None on success."""
+    if output and output != "-":
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            return _fail(command, f"{output}: cannot write: {exc.strerror or exc}")
+        return None
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return None
+
+
+def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
+    if fmt == "text":
+        from webhook.review.formats import text
+
+        return text.render(result, color=color)
+    return renderers()[fmt](result)
+
+
+# --------------------------------------------------------------------------- review
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    paths: list[str] = args.paths or ["."]
+    to_stdout = not args.output or args.output == "-"
+    progress = Progress((args.progress or sys.stderr.isatty()) and not args.no_progress)
+    policies_required = args.policies != DEFAULT_POLICIES
+    try:
+        if args.base:
+            from webhook.review import diff
+
+            impact = diff.impact(
+                paths,
+                base=args.base,
+                policies=args.policies,
+                inventory=args.inventory,
+                namespace=args.namespace,
+                progress=progress,
+            )
+            text = diff.render(impact, args.format, color=to_stdout and _use_color(sys.stdout))
+            err = _write(text, args.output, "review")
+            if err is not None:
+                return err
+            return EXIT_FINDINGS if impact.newly_denied else EXIT_OK
+        from webhook.review.pipeline import review
+
+        reviewed = review(
+            paths,
+            policies=args.policies,
+            policies_required=policies_required,
+            inventory=args.inventory,
+            namespace=args.namespace,
+            progress=progress,
+        )
+    except ReviewError as exc:
+        return _fail("review", str(exc))
+    result = reviewed.result
+    text = render(result, args.format, color=to_stdout and _use_color(sys.stdout))
+    err = _write(text, args.output, "review")
+    if err is not None:
+        return err
+    return EXIT_FINDINGS if result.report.denied else EXIT_OK
+
+
+# --------------------------------------------------------------------------- test
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from webhook.review import suites
+
+    try:
+        outcome = suites.run_suites(
+            Path(args.dir), policies=args.policies, case_filter=args.run, verbose=args.verbose
+        )
+    except suites.SuiteError as exc:
+        return _fail("test", str(exc))
+    sys.stdout.write(suites.render_text(outcome, color=_use_color(sys.stdout)))
+    if args.junit:
+        try:
+            Path(args.junit).write_text(suites.render_junit(outcome), encoding="utf-8")
+        except OSError as exc:
+            return _fail("test", f"{args.junit}: cannot write: {exc.strerror or exc}")
+    return EXIT_FINDINGS if outcome.failed else EXIT_OK
+
+
+# --------------------------------------------------------------------------- lint-cel
+
+
+def cmd_lint_cel(args: argparse.Namespace) -> int:
+    from webhook.review import celtools
+
+    try:
+        text, code = celtools.lint(args.expression, inventory=args.inventory, driver=args.driver)
+    except ReviewError as exc:
+        return _fail("lint-cel", str(exc))
+    sys.stdout.write(text)
+    return code
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from webhook.review import rewrite
+
+    try:
+        outcome = rewrite.migrate_paths(
+            args.paths,
+            policies=args.policies,
+            policies_required=args.policies != DEFAULT_POLICIES,
+            strategy=args.strategy,
+            write=args.write,
+        )
+    except (ReviewError, rewrite.RewriteError) as exc:
+        return _fail("migrate", str(exc))
+    sys.stdout.write(outcome.output)
+    for note in outcome.notes:
+        print(f"draguard migrate: {note}", file=sys.stderr)
+    if args.write:
+        return EXIT_OK
+    # Like `diff`: 1 when something would change, so CI can require migrated manifests.
+    return EXIT_FINDINGS if outcome.changed else EXIT_OK
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import importlib.resources
+
+    try:
+        text = importlib.resources.files("webhook.policy").joinpath("schema.json").read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError) as exc:
+        return _fail("schema", f"policy schema not found in the package: {exc}")
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from webhook.review import celtools
+
+    try:
+        text = celtools.explain_paths(
+            args.paths, inventory=args.inventory, namespace=args.namespace, fmt=args.format
+        )
+    except ReviewError as exc:
+        return _fail("explain", str(exc))
+    sys.stdout.write(text)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _add(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help_text: str, description: str
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.set_defaults(func=func)
+    return p
+
+
+def register(subparsers: Any) -> None:
+    p = _add(
+        subparsers,
+        "review",
+        cmd_review,
+        "review manifests against GPU policies offline (files, dirs, kustomizations, stdin)",
+        "Review Kubernetes manifests with the webhook's engine, offline.\n\n"
+        "PATH is a file, a directory (walked recursively; kustomization directories are built),\n"
+        "or - for stdin. Exit status: 0 no enforce-mode findings, 1 enforce-mode findings,\n"
+        "2 usage error or unreadable input. With --base REF, exit 1 only for newly denied objects.",
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files, directories or - (default: .)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="DIR", help="policy directory or file")
+    p.add_argument(
+        "--inventory", metavar="FILE", help="ResourceSlices and DeviceClasses, as kubectl get -o yaml"
+    )
+    p.add_argument("--namespace", default="default", help="namespace for objects that set none")
+    p.add_argument("--format", "-f", choices=FORMATS, default="text")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
+    p.add_argument("--base", metavar="REF", help="git ref to compare with: report only verdicts that changed")
+    p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
+    p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
+
+    t = _add(
+        subparsers,
+        "test",
+        cmd_test,
+        "run policy test suites (suite.yaml files)",
+        "Run policy test suites: every suite.yaml under DIR lists cases (inputs and expected findings).",
+    )
+    t.add_argument("dir", nargs="?", default="policies/tests", metavar="DIR")
+    t.add_argument("--policies", default=None, metavar="DIR", help="policies to test (default: the suite's)")
+    t.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
+    t.add_argument("--run", metavar="TEXT", help="only cases whose name contains TEXT")
+    t.add_argument("--verbose", "-v", action="store_true", help="show the findings of every case")
+
+    c = _add(
+        subparsers,
+        "lint-cel",
+        cmd_lint_cel,
+        "compile and check one DRA device selector",
+        "Compile and check one CEL device selector; with --inventory, count matching devices.",
+    )
+    c.add_argument("expression", metavar="EXPR")
+    c.add_argument("--inventory", metavar="FILE")
+    c.add_argument("--driver", metavar="NAME", help="driver the selector is meant for (e.g. gpu.nvidia.com)")
+
+    m = _add(
+        subparsers,
+        "migrate",
+        cmd_migrate,
+        "rewrite legacy nvidia.com/gpu requests into DRA claims",
+        "Rewrite nvidia.com/gpu (and nvidia.com/mig-*) requests into DRA. Prints a unified diff;\n"
+        "--write edits the files in place, keeping comments and key order. Exit 1 when a diff\n"
+        "is printed (something to migrate), 0 when nothing would change.",
+    )
+    m.add_argument("paths", nargs="+", metavar="PATH")
+    m.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
+    m.add_argument("--strategy", choices=("claim-template", "extended-resource"), default=None)
+    m.add_argument("--policies", default=DEFAULT_POLICIES, metavar="DIR", help="MigrationPolicy mappings")
+
+    _add(subparsers, "schema", cmd_schema, "print the policy JSON Schema", "Print the policy JSON Schema.")
+
+    e = _add(
+        subparsers,
+        "explain",
+        cmd_explain,
+        "show which devices each claim or workload request would get",
+        "For each claim or workload request: its DeviceClass, the inventory devices that match,\n"
+        "and why none would (class missing, selector, count, constraint).",
+    )
+    e.add_argument("paths", nargs="+", metavar="PATH")
+    e.add_argument("--inventory", metavar="FILE")
+    e.add_argument("--namespace", default="default")
+    e.add_argument("--format", "-f", choices=("text", "json"), default="text")

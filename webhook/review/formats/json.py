@@ -1,0 +1,15 @@
+"""Machine-readable JSON: `{"findings": [...], "summary": {...}}`."""
+
+from __future__ import annotations
+
+import json
+
+from webhook.review.formats import ReviewResult
+
+
+def render(result: ReviewResult) -> str:
+    doc = {
+        "findings": [f.to_json() for f in result.sorted_findings()],
+        "summary": result.report.summary(),
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,50 @@
+"""Plain text for terminals: findings grouped by file, one summary line at the end."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+from webhook.engine.findings import Mode
+from webhook.review.formats import ReviewResult
+
+_COLOURS = {Mode.ENFORCE: "\033[31m", Mode.WARN: "\033[33m", Mode.AUDIT: "\033[36m"}
+_BOLD = "\033[1m"
+_DIM = "\033[2m"
+_RESET = "\033[0m"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary_line(result: ReviewResult) -> str:
+    s = result.report.summary()
+    reviewed = f"{_plural(s['objects'], 'object')} in {_plural(len(set(result.files)), 'file')}"
+    if result.ignored:
+        reviewed += f" ({result.ignored} ignored: kinds no rule reads)"
+    counts = (
+        f"{_plural(s['errors'], 'error')} (enforce), {_plural(s['warnings'], 'warning')}, "
+        f"{_plural(s['audits'], 'audit finding')}"
+    )
+    return f"{reviewed}: {counts}"
+
+
+def render(result: ReviewResult, *, color: bool = False) -> str:
+    def paint(text: str, code: str) -> str:
+        return f"{code}{text}{_RESET}" if color else text
+
+    out: list[str] = []
+    findings = result.sorted_findings()
+    for file, group in groupby(findings, key=lambda f: f.file or "<input>"):
+        out.append(paint(file, _BOLD))
+        for f in group:
+            where = f"{file}:{f.line}" if f.line else file
+            mode = paint(f.mode.value, _COLOURS[f.mode])
+            out.append(f"  {where}  {mode}  {f.rule}  {f.object}")
+            for line in f.message.splitlines() or [""]:
+                out.append(f"      {line}")
+            if f.fix:
+                out.append(paint(f"      fix: {f.fix}", _DIM))
+        out.append("")
+    out.append(summary_line(result))
+    return "\n".join(out) + "\n"

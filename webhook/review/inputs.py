@@ -1,0 +1,347 @@
+"""Read review inputs: files, directories, stdin and kustomizations, keeping the line of every field.
+
+Every object becomes a `SourceObject` whose `lines` maps JSON pointers to 1-based lines, so a
+finding on `/spec/devices/requests/0` points at that line of the file the user wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.engine.context import SourceObject
+
+try:  # libyaml is much faster on large inputs; the pure-Python loader is the fallback.
+    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
+except AttributeError:  # pragma: no cover - depends on how PyYAML was built
+    _Loader = yaml.SafeLoader
+
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
+KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+STDIN = "-"
+
+
+class InputError(Exception):
+    """An input that cannot be read; `str()` is one line naming the file and the reason."""
+
+    def __init__(self, file: str, reason: str, line: int | None = None, column: int | None = None) -> None:
+        self.file = file
+        self.reason = reason
+        self.line = line
+        self.column = column
+        where = file
+        if line is not None:
+            where += f":{line}"
+            if column is not None:
+                where += f":{column}"
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A document that is not a Kubernetes object (no kind), counted but never reviewed."""
+
+    file: str
+    line: int | None
+    reason: str
+
+
+@dataclass(slots=True)
+class Inputs:
+    """Everything read from the paths given on the command line."""
+
+    objects: list[SourceObject] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def extend(self, other: Inputs) -> None:
+        self.objects.extend(other.objects)
+        self.skipped.extend(other.skipped)
+        self.files.extend(other.files)
+
+
+def display_path(path: Path | str) -> str:
+    """A path as the user should see it: relative to the working directory when below it."""
+    p = Path(path)
+    try:
+        rel = p.resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return str(path)
+    return rel.as_posix() if str(rel) != "." else "."
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int]) -> None:
+    """Record the line of every value below `node` (a key's line for mapping values)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            child = f"{pointer}/{_escape(str(key_node.value))}"
+            out[child] = key_node.start_mark.line + 1
+            _walk_lines(value_node, child, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            child = f"{pointer}/{i}"
+            out[child] = item.start_mark.line + 1
+            _walk_lines(item, child, out)
+
+
+def _first_line(node: yaml.Node) -> int:
+    """Line of the document's first key (what `SourceObject.line` promises)."""
+    if isinstance(node, yaml.MappingNode) and node.value:
+        return int(node.value[0][0].start_mark.line) + 1
+    return int(node.start_mark.line) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One parsed document: its data, first line and pointer -> line map."""
+
+    data: Any
+    line: int
+    lines: dict[str, int]
+    index: int
+
+
+def parse_yaml_documents(text: str, file: str) -> list[Document]:
+    """Parse a (multi-document) YAML or JSON stream, keeping lines; raise `InputError` with line:column."""
+    loader = _Loader(text)
+    docs: list[Document] = []
+    try:
+        index = 0
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:  # pragma: no cover - check_node said there is one
+                break
+            data = loader.construct_document(node)
+            lines: dict[str, int] = {}
+            _walk_lines(node, "", lines)
+            docs.append(Document(data, _first_line(node), lines, index))
+            index += 1
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        if mark is not None:
+            raise InputError(file, f"invalid YAML: {problem}", mark.line + 1, mark.column + 1) from None
+        raise InputError(file, f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(file, f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    return docs
+
+
+def parse_text(text: str, file: str) -> list[Document]:
+    """YAML first (it keeps lines, and JSON is YAML); JSON files YAML rejects fall back to `json`."""
+    try:
+        return parse_yaml_documents(text, file)
+    except InputError as yaml_error:
+        if not file.endswith(".json") and not text.lstrip().startswith(("{", "[")):
+            raise
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(file, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
+        except RecursionError:
+            raise yaml_error from None
+        return [Document(data, 1, {}, 0)]
+
+
+# --------------------------------------------------------------------------- documents -> objects
+
+
+def _sub_lines(lines: Mapping[str, int], prefix: str) -> dict[str, int]:
+    """The line map of a `List` item, re-rooted so its pointers start at the item."""
+    out: dict[str, int] = {}
+    n = len(prefix)
+    for pointer, line in lines.items():
+        if pointer.startswith(prefix + "/"):
+            out[pointer[n:]] = line
+    return out
+
+
+def objects_of(
+    docs: Iterable[Document], file: str, *, origin: str | None = None
+) -> tuple[list[SourceObject], list[Skipped]]:
+    """Turn parsed documents into objects, expanding `List` kinds; non-objects are skipped."""
+    objects: list[SourceObject] = []
+    skipped: list[Skipped] = []
+    for doc in docs:
+        data = doc.data
+        if data is None:
+            continue  # an empty document (e.g. a trailing `---`)
+        if not isinstance(data, Mapping) or not isinstance(data.get("kind"), str):
+            skipped.append(Skipped(file, doc.line, "not a Kubernetes object (no kind)"))
+            continue
+        kind = data["kind"]
+        if kind.endswith("List") and isinstance(data.get("items"), list):
+            for i, item in enumerate(data["items"]):
+                prefix = f"/items/{i}"
+                if not isinstance(item, Mapping) or not isinstance(item.get("kind"), str):
+                    skipped.append(Skipped(file, doc.lines.get(prefix, doc.line), "List item without kind"))
+                    continue
+                objects.append(
+                    SourceObject(
+                        obj=item,
+                        file=file,
+                        line=doc.lines.get(prefix + "/apiVersion", doc.lines.get(prefix, doc.line)),
+                        doc_index=doc.index,
+                        lines=_sub_lines(doc.lines, prefix),
+                    )
+                )
+            continue
+        objects.append(SourceObject(obj=data, file=file, line=doc.line, doc_index=doc.index, lines=doc.lines))
+    return objects, skipped
+
+
+# --------------------------------------------------------------------------- files and directories
+
+
+def read_text(path: Path, shown: str) -> str:
+    """Read one file as UTF-8 text, with a one-line error for every way that can fail."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(shown, "no such file or directory") from None
+    except IsADirectoryError:
+        raise InputError(shown, "is a directory") from None
+    except PermissionError:
+        raise InputError(shown, "permission denied (cannot read the file)") from None
+    except OSError as exc:
+        raise InputError(shown, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(shown, f"not UTF-8 text (byte {exc.start}); review reads YAML or JSON") from None
+
+
+def read_file(path: Path, shown: str | None = None) -> Inputs:
+    shown = shown or display_path(path)
+    docs = parse_text(read_text(path, shown), shown)
+    objs, skipped = objects_of(docs, shown)
+    return Inputs(objs, skipped, [shown])
+
+
+def read_stdin(stream: Any = None) -> Inputs:
+    stream = stream if stream is not None else sys.stdin
+    try:
+        text = stream.read()
+    except UnicodeDecodeError:
+        raise InputError("<stdin>", "not UTF-8 text; review reads YAML or JSON") from None
+    except OSError as exc:
+        raise InputError("<stdin>", f"cannot read: {exc}") from None
+    objs, skipped = objects_of(parse_text(text, "<stdin>"), "<stdin>")
+    return Inputs(objs, skipped, ["<stdin>"])
+
+
+def is_kustomization_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in KUSTOMIZATION_FILES)
+
+
+def walk(root: Path, exclude: Sequence[Path] = ()) -> Iterator[Path]:
+    """Files and kustomization directories under `root`, sorted, skipping hidden entries.
+
+    A directory holding a kustomization is yielded itself and not descended into: its files are
+    the kustomization's resources and patches, which only make sense once built.
+    """
+    excluded = {p.resolve() for p in exclude}
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except PermissionError:
+        raise InputError(display_path(root), "permission denied (cannot list the directory)") from None
+    except OSError as exc:
+        raise InputError(display_path(root), f"cannot list: {exc.strerror or exc}") from None
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        path = Path(entry.path)
+        if path.resolve() in excluded:
+            continue
+        if entry.is_dir():
+            if is_kustomization_dir(path):
+                yield path
+            else:
+                yield from walk(path, exclude)
+        elif entry.name.endswith(YAML_SUFFIXES):
+            yield path
+
+
+def _referenced_kustomizations(dirs: Sequence[Path]) -> set[Path]:
+    """Kustomization directories that another one in `dirs` lists as a resource or component."""
+    found = {d.resolve() for d in dirs}
+    referenced: set[Path] = set()
+    for d in dirs:
+        for name in KUSTOMIZATION_FILES:
+            kfile = d / name
+            if not kfile.is_file():
+                continue
+            try:
+                data = yaml.load(kfile.read_text(encoding="utf-8"), Loader=_Loader)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                break  # the build reports it properly
+            if not isinstance(data, Mapping):
+                break
+            for key in ("resources", "bases", "components"):
+                entries = data.get(key)
+                if not isinstance(entries, list):
+                    continue
+                for entry in entries:
+                    if isinstance(entry, str) and "://" not in entry:
+                        target = (d / entry).resolve()
+                        if target in found and target != d.resolve():
+                            referenced.add(target)
+            break
+    return referenced
+
+
+def read_paths(
+    paths: Sequence[str],
+    *,
+    exclude: Sequence[Path] = (),
+    stdin: Any = None,
+) -> Inputs:
+    """Read every path the user named; directories are walked, `-` is stdin.
+
+    `exclude` lists paths skipped while walking directories (the policy directory and the
+    inventory file), never when named explicitly.
+    """
+    from webhook.review import kustomize  # local: kustomize imports this module
+
+    result = Inputs()
+    for raw in paths:
+        if raw == STDIN:
+            result.extend(read_stdin(stdin))
+            continue
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(raw, "no such file or directory")
+        if path.is_dir():
+            if is_kustomization_dir(path):
+                result.extend(kustomize.build(path))
+                continue
+            items = list(walk(path, exclude))
+            referenced = _referenced_kustomizations([i for i in items if i.is_dir()])
+            for item in items:
+                if item.is_dir() and item.resolve() in referenced:
+                    continue  # built as part of the overlay that uses it
+                if item.is_dir():
+                    result.extend(kustomize.build(item))
+                else:
+                    result.extend(read_file(item))
+        else:
+            result.extend(read_file(path, display_path(path)))
+    return result

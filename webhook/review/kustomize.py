@@ -1,0 +1,213 @@
+"""Build kustomization directories with the real `kustomize` (or `kubectl kustomize`).
+
+Findings should point at the file the user edits, not at the build output. The build runs through
+a throw-away kustomization (in a temporary directory) that lists the user's directory as its only
+resource and turns on kustomize's origin annotations; each built object is then matched to its
+document in the origin file, whose line map it borrows. When that wrapper cannot be built the
+plain build is used and findings point at the kustomization file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.engine.context import SourceObject
+from webhook.review.inputs import (
+    KUSTOMIZATION_FILES,
+    Document,
+    InputError,
+    Inputs,
+    display_path,
+    objects_of,
+    parse_text,
+    read_text,
+)
+
+ORIGIN_ANNOTATION = "config.kubernetes.io/origin"
+BUILD_TIMEOUT_S = 120
+
+
+def kustomize_command() -> list[str] | None:
+    """`kustomize build` when the standalone binary is on PATH, else `kubectl kustomize`."""
+    override = os.environ.get("DRAGUARD_KUSTOMIZE")  # e.g. "kubectl kustomize" to force the fallback
+    if override:
+        return override.split()
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def _error_line(stderr: str) -> str:
+    """Kustomize's error as one line: the `Error:` line when there is one, else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("Error:"):
+            return ln[len("Error:") :].strip()
+    for ln in lines:
+        if "err=" in ln:  # kubectl's klog form: ... "command failed" err="..."
+            return ln.split("err=", 1)[1].strip().strip('"')
+    return lines[-1] if lines else "build failed"
+
+
+def run_build(directory: Path, shown: str) -> str:
+    """Run the build; raise `InputError` with kustomize's own message on failure."""
+    cmd = kustomize_command()
+    if cmd is None:
+        raise InputError(shown, "is a kustomization; install kustomize or kubectl to build it")
+    try:
+        proc = subprocess.run(
+            [*cmd, str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise InputError(shown, f"kustomize build did not finish in {BUILD_TIMEOUT_S}s") from None
+    except OSError as exc:
+        raise InputError(shown, f"cannot run {cmd[0]}: {exc}") from None
+    if proc.returncode != 0:
+        raise InputError(shown, f"kustomize build failed: {_error_line(proc.stderr)}")
+    return proc.stdout
+
+
+def _build_with_origins(directory: Path) -> tuple[str, Path] | None:
+    """Build through a wrapper that adds origin annotations; None when the wrapper fails.
+
+    Returns the output and the wrapper's directory, which origin paths are relative to (the
+    directory is gone by then; only its name is needed to resolve them).
+    """
+    cmd = kustomize_command()
+    if cmd is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="draguard-kustomize-") as tmp:
+        base = Path(tmp).resolve()
+        rel = os.path.relpath(directory.resolve(), base)
+        (base / "kustomization.yaml").write_text(
+            yaml.safe_dump({"resources": [rel], "buildMetadata": ["originAnnotations"]})
+        )
+        try:
+            proc = subprocess.run(
+                [*cmd, str(base)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            )
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+        if proc.returncode != 0:
+            return None
+        return proc.stdout, base
+
+
+def _strip_origin(obj: Mapping[str, Any], base: Path) -> tuple[dict[str, Any], str | None]:
+    """The object without the origin annotation we added, and the origin file path."""
+    data = dict(obj)
+    meta = dict(data.get("metadata") or {})
+    annotations = dict(meta.get("annotations") or {})
+    origin_text = annotations.pop(ORIGIN_ANNOTATION, None)
+    path: str | None = None
+    if isinstance(origin_text, str):
+        try:
+            origin = yaml.safe_load(origin_text)
+        except yaml.YAMLError:
+            origin = None
+        # Remote resources carry `repo`; their paths are not files here.
+        if isinstance(origin, Mapping) and isinstance(origin.get("path"), str) and not origin.get("repo"):
+            path = os.path.normpath(base / origin["path"])
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    data["metadata"] = meta
+    return data, path
+
+
+class _SourceIndex:
+    """Parsed origin files, cached, to find the document an object was built from."""
+
+    def __init__(self) -> None:
+        self._docs: dict[str, list[Document]] = {}
+
+    def docs(self, path: str) -> list[Document]:
+        if path not in self._docs:
+            try:
+                self._docs[path] = parse_text(read_text(Path(path), path), path)
+            except InputError:
+                self._docs[path] = []
+        return self._docs[path]
+
+    def find(self, path: str, obj: Mapping[str, Any]) -> Document | None:
+        kind = obj.get("kind")
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        candidates = [
+            d for d in self.docs(path) if isinstance(d.data, Mapping) and d.data.get("kind") == kind
+        ]
+        if not candidates:
+            return None
+        best: Document | None = None
+        best_len = -1
+        for d in candidates:
+            src_name = str((d.data.get("metadata") or {}).get("name", ""))
+            if src_name == name:
+                return d
+            # namePrefix / nameSuffix keep the original name inside the built one.
+            if src_name and src_name in name and len(src_name) > best_len:
+                best, best_len = d, len(src_name)
+        if best is None and len(candidates) == 1:
+            return candidates[0]
+        return best
+
+
+def _kustomization_file(directory: Path) -> Path:
+    for name in KUSTOMIZATION_FILES:
+        if (directory / name).is_file():
+            return directory / name
+    return directory
+
+
+def build(directory: Path) -> Inputs:
+    """Build one kustomization directory into review inputs."""
+    shown_dir = display_path(directory)
+    kfile = display_path(_kustomization_file(directory))
+    built = _build_with_origins(directory)
+    if built is None:
+        # Either the wrapper is unsupported or the kustomization itself is broken: the plain
+        # build gives the user kustomize's own error message about their own files.
+        plain = run_build(directory, shown_dir)
+        objs, skipped = objects_of(parse_text(plain, kfile), kfile)
+        return Inputs(
+            [SourceObject(obj=o.obj, file=kfile, line=1, doc_index=o.doc_index) for o in objs],
+            skipped,
+            [kfile],
+        )
+    text, base = built
+    built_docs = parse_text(text, kfile)
+    index = _SourceIndex()
+    objects: list[SourceObject] = []
+    skipped_all = []
+    files: list[str] = [kfile]
+    for doc in built_docs:
+        objs, skipped = objects_of([doc], kfile)
+        skipped_all.extend(skipped)
+        for o in objs:
+            data, origin = _strip_origin(o.obj, base)
+            src = index.find(origin, data) if origin else None
+            if origin and src is not None:
+                shown = display_path(origin)
+                if shown not in files:
+                    files.append(shown)
+                objects.append(
+                    SourceObject(obj=data, file=shown, line=src.line, doc_index=src.index, lines=src.lines)
+                )
+            else:
+                # Generated objects (configMapGenerator, ...) have no file of their own.
+                objects.append(SourceObject(obj=data, file=kfile, line=1, doc_index=o.doc_index))
+    return Inputs(objects, skipped_all, files)

@@ -1,0 +1,154 @@
+"""The review pipeline: read inputs, load policies and inventory, call the engine (the same one the
+webhook calls), and gather what the formats need. Every failure is a `ReviewError` (exit 2)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from webhook.engine.context import Context, SourceObject
+from webhook.engine.findings import ObjectRef
+from webhook.review.formats import ReviewedObject, ReviewResult
+from webhook.review.inputs import InputError, Inputs, display_path, read_paths
+
+if TYPE_CHECKING:
+    from webhook.dra.inventory import Inventory
+    from webhook.policy.model import PolicySet
+
+DEFAULT_POLICIES = "policies"
+PROGRESS_THRESHOLD = 200  # documents; below this a run is quick enough to need no progress
+
+
+class ReviewError(Exception):
+    """A usage error or unreadable input: one line, exit code 2."""
+
+
+def load_policy_set(path: str | Path | None, *, required: bool) -> PolicySet:
+    """Policies from a directory or file. A missing default directory means built-in checks only."""
+    from webhook.policy.load import PolicyError, load_policies
+    from webhook.policy.model import PolicySet
+
+    if path is None:
+        return PolicySet.empty()
+    p = Path(path)
+    if not p.exists():
+        if required:
+            raise ReviewError(f"{path}: policy directory not found (fix: pass --policies DIR)")
+        return PolicySet.empty()
+    try:
+        return load_policies(p)
+    except PolicyError as exc:
+        raise ReviewError(str(exc)) from None
+    except OSError as exc:
+        raise ReviewError(f"{path}: cannot read policies: {exc.strerror or exc}") from None
+
+
+def load_inventory_file(path: str | None) -> Inventory:
+    from webhook.dra.inventory import Inventory, InventoryError, load_inventory
+
+    if not path:
+        return Inventory.empty()
+    if not Path(path).exists():
+        raise ReviewError(f"{path}: inventory file not found (fix: check --inventory)")
+    try:
+        return load_inventory(path)
+    except InventoryError as exc:
+        raise ReviewError(str(exc)) from None
+
+
+def object_ref(item: SourceObject) -> ObjectRef:
+    meta = item.obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    ns = meta.get("namespace")
+    return ObjectRef(
+        api_version=str(item.obj.get("apiVersion") or ""),
+        kind=str(item.obj.get("kind") or ""),
+        namespace=ns if isinstance(ns, str) and ns else None,
+        name=str(meta.get("name") or meta.get("generateName") or "<unnamed>"),
+    )
+
+
+class Progress:
+    """Progress lines on stderr for long runs; silent unless enabled."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.start = time.monotonic()
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            print(f"draguard: {text}", file=self.stream, flush=True)
+
+
+@dataclass(slots=True)
+class Reviewed:
+    result: ReviewResult
+    inputs: Inputs
+
+
+def evaluate_inputs(
+    inputs: Inputs,
+    policies: PolicySet,
+    inventory: Inventory,
+    *,
+    namespace: str = "default",
+    progress: Progress | None = None,
+) -> ReviewResult:
+    from webhook.engine.evaluate import evaluate
+
+    n = len(inputs.objects)
+    if progress is not None and n > PROGRESS_THRESHOLD:
+        progress.say(f"evaluating {n} documents from {len(set(inputs.files))} files")
+    t0 = time.monotonic()
+    report = evaluate(inputs.objects, policies, inventory, Context(default_namespace=namespace))
+    if progress is not None and n > PROGRESS_THRESHOLD:
+        dt = time.monotonic() - t0
+        progress.say(f"evaluated {n} documents in {dt:.1f}s ({n / dt if dt else n:.0f}/s)")
+    return ReviewResult(
+        report=report,
+        files=list(dict.fromkeys(inputs.files)),
+        objects=[ReviewedObject(object_ref(o), o.file, o.line) for o in inputs.objects],
+        ignored=report.ignored + len(inputs.skipped),
+    )
+
+
+def review(
+    paths: Sequence[str],
+    *,
+    policies: str | None = DEFAULT_POLICIES,
+    policies_required: bool = False,
+    inventory: str | None = None,
+    namespace: str = "default",
+    progress: Progress | None = None,
+    stdin: Any = None,
+) -> Reviewed:
+    """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
+    policy_set = load_policy_set(policies, required=policies_required)
+    inv = load_inventory_file(inventory)
+    exclude = [Path(p) for p in (policies, inventory) if p]
+    try:
+        inputs = read_paths(paths, exclude=exclude, stdin=stdin)
+    except InputError as exc:
+        raise ReviewError(str(exc)) from None
+    if progress is not None and len(inputs.objects) > PROGRESS_THRESHOLD:
+        progress.say(f"read {len(inputs.objects)} documents from {len(set(inputs.files))} files")
+    result = evaluate_inputs(inputs, policy_set, inv, namespace=namespace, progress=progress)
+    return Reviewed(result, inputs)
+
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Progress",
+    "ReviewError",
+    "Reviewed",
+    "display_path",
+    "evaluate_inputs",
+    "load_inventory_file",
+    "load_policy_set",
+    "review",
+]
