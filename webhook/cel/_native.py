@@ -1,0 +1,122 @@
+"""The one place that talks to the native CEL runtime (`cel_expr_python`).
+
+The extension ships loose stubs, so its objects are `Any` here and nowhere else; everything this
+module returns is a plain Python value.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from cel_expr_python import cel as _cel
+from cel_expr_python.ext import ext_bindings as _bindings
+from cel_expr_python.ext import ext_optional as _optional
+from cel_expr_python.ext import ext_strings as _strings
+
+from webhook.cel.library import FUNCTIONS
+
+_T: Any = _cel.Type
+_TYPES: dict[str, Any] = {
+    "string": _T.STRING,
+    "int": _T.INT,
+    "bool": _T.BOOL,
+    "double": _T.DOUBLE,
+    "tagged": _T.Map(_T.STRING, _T.STRING),
+}
+
+_STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
+_STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
+_MISSING_KEY = re.compile(r'^Key not found in map : "?(.*?)"?$')
+_NO_OVERLOAD = re.compile(r"^No matching overloads found : (.*)$")
+
+
+class CompileFailure(Exception):
+    """The runtime rejected an expression; `message` is in cel-go's `ERROR: <input>:L:C: ...` form."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NativeExpression:
+    """A compiled expression (opaque handle plus facts read off it once)."""
+
+    __slots__ = ("_handle", "return_type", "serialized")
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.return_type: str = str(handle.return_type().name()).lower()
+        self.serialized: bytes = bytes(handle.serialize())
+
+    def evaluate(self, data: dict[str, object]) -> tuple[bool, object]:
+        """(True, value) or (False, error message in cel-go's wording)."""
+        result: Any = self._handle.eval(data=data)
+        kind = str(result.type().name())
+        if kind == "BOOL":
+            return True, bool(result.value())
+        if kind == "ERROR":
+            return False, runtime_message(str(result.value()))
+        plain: object = result.plain_value()
+        return True, plain
+
+
+def runtime_message(raw: str) -> str:
+    """Translate the runtime's status text into cel-go's wording ("no such key: x", ...)."""
+    text = _STATUS_PREFIX.sub("", raw.strip())
+    missing = _MISSING_KEY.match(text)
+    if missing:
+        return f"no such key: {missing.group(1)}"
+    overload = _NO_OVERLOAD.match(text)
+    if overload:
+        return f"no such overload: {overload.group(1)}"
+    return text
+
+
+def _build_env() -> Any:
+    decls: dict[str, list[Any]] = {}
+    for spec in FUNCTIONS:
+        overload = _cel.Overload(
+            spec.overload_id,
+            _TYPES[spec.result],
+            [_TYPES[p] for p in spec.params],
+            is_member=spec.member,
+            impl=spec.impl,
+        )
+        decls.setdefault(spec.name, []).append(overload)
+    functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()]
+    return _cel.NewEnv(
+        variables={"device": _T.Map(_T.STRING, _T.DYN)},
+        extensions=[_strings.ExtStrings(), _bindings.ExtBindings(), _optional.ExtOptional()],
+        functions=functions,
+    )
+
+
+_ENV: Any = None
+_ENV_LOCK = threading.Lock()
+
+
+def _env() -> Any:
+    global _ENV
+    if _ENV is None:
+        with _ENV_LOCK:
+            if _ENV is None:
+                _ENV = _build_env()
+    return _ENV
+
+
+def compile_expression(text: str) -> NativeExpression:
+    """Parse and type-check; raises CompileFailure with cel-go style text."""
+    env = _env()
+    with _ENV_LOCK:
+        try:
+            handle = env.compile(text)
+        except RuntimeError as exc:
+            raise CompileFailure(compile_message(str(exc))) from None
+    return NativeExpression(handle)
+
+
+def compile_message(raw: str) -> str:
+    text = _STATUS_PREFIX.sub("", raw.strip())
+    return _STATUS_SUFFIX.sub("", text)

@@ -1,0 +1,182 @@
+"""The Kubernetes-compatible CEL environment for DRA device selectors.
+
+`compile_selector(text)` compiles once per distinct text (cached) and rejects what the API server
+rejects at create time: syntax and type errors, a non-bool result, more than 10 KiB of text and an
+estimated cost over 1,000,000 (see `analysis.estimate_cost`; the limit is checked statically, not
+counted at run time — device data is bounded, so the estimate bounds the run).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from webhook.cel import _native
+from webhook.cel.analysis import MAX_COST, Analysis, analyse
+from webhook.cel.ast import CheckedAst, decode_checked
+from webhook.cel.issues import CelIssue
+from webhook.cel.library import cel_type_name, describe_value, device_data
+from webhook.dra.device import Device
+from webhook.engine.findings import Severity
+
+MAX_EXPRESSION_LENGTH = 10 * 1024
+"""CELSelectorExpressionMaxLength: 10 KiB of UTF-8."""
+
+_CACHE_SIZE = 4096
+_LOCATION = re.compile(r"<input>:(\d+):(\d+):")
+_STANDARD_DOMAINS = frozenset({"gpu.nvidia.com", "resource.kubernetes.io"})
+
+
+class CelCompileError(ValueError):
+    """An expression the API server would refuse; `issue` says which check and where."""
+
+    def __init__(self, issue: CelIssue) -> None:
+        super().__init__(issue.message)
+        self.issue = issue
+
+
+class CelEvalError(Exception):
+    """Evaluating a selector against one device failed (cel-go wording, e.g. "no such key: profile").
+
+    `missing_key` is set when a lookup named a key the device does not publish.
+    """
+
+    def __init__(self, message: str, *, missing_key: str | None = None, type_error: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.missing_key = missing_key
+        self.type_error = type_error
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CompiledSelector:
+    expression: str
+    native: _native.NativeExpression
+    ast: CheckedAst
+    analysis: Analysis
+    # Domains the expression may look up; absent ones are given as empty maps (Kubernetes semantics).
+    empty_domains: frozenset[str]
+
+    @property
+    def return_type(self) -> str:
+        return self.native.return_type
+
+    def device_data(self, device: Device) -> dict[str, object]:
+        return device_data(device, self.empty_domains)
+
+    def evaluate(self, device: Device) -> bool:
+        """True when the device is selected; raises CelEvalError as the API server's evaluation would fail."""
+        return self.evaluate_data(self.device_data(device))
+
+    def evaluate_data(self, data: dict[str, object]) -> bool:
+        ok, value = self.native.evaluate({"device": data})
+        if not ok:
+            message = str(value)
+            missing = message[len("no such key: "):] if message.startswith("no such key: ") else None
+            raise CelEvalError(message, missing_key=missing, type_error=message.startswith("no such overload"))
+        if not isinstance(value, bool):
+            raise CelEvalError(
+                f"must evaluate to bool, but {describe_value(value)} is {cel_type_name(value)}",
+                type_error=True,
+            )
+        return value
+
+
+def _location(message: str) -> tuple[int | None, int | None]:
+    found = _LOCATION.search(message)
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
+
+
+def _error(check: str, message: str, fix: str = "", line: int | None = None, column: int | None = None) -> CelIssue:
+    return CelIssue(check, Severity.ERROR, message, fix, line, column)
+
+
+def _too_long(expression: str) -> CelIssue | None:
+    size = len(expression.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_EXPRESSION_LENGTH:
+        return _error(
+            "cel/limits",
+            f"expression is {size} bytes long; the limit is {MAX_EXPRESSION_LENGTH} (10 KiB)",
+            "split the condition over several selectors (all must match) or simplify it",
+        )
+    return None
+
+
+def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
+    issue = _too_long(expression)
+    if issue is not None:
+        return issue
+    try:
+        native = _native.compile_expression(expression)
+    except _native.CompileFailure as exc:
+        check = "cel/syntax" if "Syntax error" in exc.message else "cel/type"
+        line, column = _location(exc.message)
+        return _error(check, exc.message, "", line, column)
+    try:
+        ast = decode_checked(native.serialized)
+        analysis = analyse(ast)
+    except RecursionError:
+        return _error("cel/limits", "expression is nested too deeply to analyse",
+                      "flatten the expression, e.g. split it over several selectors")
+    for name, node_id in analysis.unknown_fields:
+        line, column = ast.location(node_id)
+        return _error(
+            "cel/type",
+            f"ERROR: <input>:{line}:{(column or 0) + 1}: undefined field '{name}'",
+            "device has only driver, attributes and capacity (and allowMultipleAllocations)",
+            line, None if column is None else column + 1,
+        )
+    root = analysis.root
+    if root is not None and (root.level in ("device", "root", "domain") or root.kind == "capacity"):
+        what = "a Quantity" if root.kind == "capacity" and root.level == "value" else "a map"
+        return _error(
+            "cel/type",
+            f"expression must evaluate to bool, but it returns {what}",
+            "compare it, e.g. `device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0`",
+            1, 1,
+        )
+    if native.return_type not in ("bool", "dyn"):
+        return _error(
+            "cel/type",
+            f"expression must evaluate to bool, but its type is {native.return_type}",
+            "compare the value, e.g. `... == 'x'`, or use a function that returns bool",
+            1, 1,
+        )
+    if analysis.cost > MAX_COST:
+        return _error(
+            "cel/limits",
+            f"estimated cost {analysis.cost} exceeds the limit of {MAX_COST}",
+            "avoid nested comprehensions (exists/all/map/filter) over large lists",
+        )
+    domains = {a.domain for a in analysis.accesses}
+    domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
+    return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
+
+
+_cache: OrderedDict[str, CompiledSelector | CelIssue] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def compile_or_issue(expression: str) -> CompiledSelector | CelIssue:
+    """Compile (cached by text): the selector, or the CelIssue the API server would reject it with."""
+    with _cache_lock:
+        hit = _cache.get(expression)
+        if hit is not None:
+            _cache.move_to_end(expression)
+            return hit
+    result = _compile_uncached(expression)
+    with _cache_lock:
+        _cache[expression] = result
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return result
+
+
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile (cached by text); raises CelCompileError carrying the CelIssue."""
+    result = compile_or_issue(expression)
+    if isinstance(result, CelIssue):
+        raise CelCompileError(result)
+    return result

@@ -1,0 +1,247 @@
+"""The Kubernetes CEL library functions DRA selectors use: Quantity and Semver.
+
+The native runtime cannot declare opaque types, so a Quantity or Semver travels through CEL as a
+one-entry tagged map, `{"@quantity": "<exact value>"}` / `{"@semver": "<version>"}`, and the
+member functions are overloads on that map type. The tag holds a canonical form, so CEL `==`
+compares values the way Kubernetes does (`quantity('1Gi') == quantity('1024Mi')`).
+
+Everything here is plain Python; `webhook/cel/_native.py` turns `FUNCTIONS` into runtime
+declarations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from webhook.dra.device import AttrValue, Device, Version
+from webhook.dra.quantity import Quantity
+from webhook.dra.semver import Semver, coerce_semver, is_semver
+
+QUANTITY_TAG = "@quantity"
+SEMVER_TAG = "@semver"
+
+# Parameter/return type names understood by `_native`: "tagged" is the tagged map.
+TypeName = str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """One overload of a library function."""
+
+    name: str
+    overload_id: str
+    params: tuple[TypeName, ...]
+    result: TypeName
+    member: bool
+    impl: Callable[..., Any]
+
+
+class LibraryError(ValueError):
+    """A library function was applied to a value it does not accept."""
+
+
+# ---- tagged values -------------------------------------------------------------------------------
+
+def quantity_value(q: Quantity) -> dict[str, str]:
+    return {QUANTITY_TAG: q.canonical_key()}
+
+
+def semver_value(v: Semver) -> dict[str, str]:
+    return {SEMVER_TAG: str(v)}
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, Mapping) and len(value) == 1:
+        if QUANTITY_TAG in value:
+            return "Quantity"
+        if SEMVER_TAG in value:
+            return "Semver"
+    return type(value).__name__
+
+
+def _as_quantity(value: object, function: str) -> Quantity:
+    if isinstance(value, Mapping) and len(value) == 1 and QUANTITY_TAG in value:
+        return Quantity(Fraction(str(value[QUANTITY_TAG])))
+    raise LibraryError(f"no such overload: {function} applied to {_kind(value)} (expects Quantity)")
+
+
+def _as_semver(value: object, function: str) -> Semver:
+    if isinstance(value, Mapping) and len(value) == 1 and SEMVER_TAG in value:
+        return Semver.parse(str(value[SEMVER_TAG]))
+    raise LibraryError(f"no such overload: {function} applied to {_kind(value)} (expects Semver)")
+
+
+def _pair(left: object, right: object, function: str) -> tuple[Quantity, Quantity] | tuple[Semver, Semver]:
+    kind = _kind(left)
+    if kind == "Quantity":
+        return _as_quantity(left, function), _as_quantity(right, f"Quantity.{function}")
+    if kind == "Semver":
+        return _as_semver(left, function), _as_semver(right, f"Semver.{function}")
+    raise LibraryError(f"no such overload: {function} applied to {kind} (expects Quantity or Semver)")
+
+
+def _compare(left: object, right: object, function: str) -> int:
+    a, b = _pair(left, right, function)
+    return a.compare(b)  # type: ignore[arg-type]  # _pair returns two values of one type
+
+
+# ---- function implementations --------------------------------------------------------------------
+
+def _quantity(text: str) -> dict[str, str]:
+    return quantity_value(Quantity.parse(text))
+
+
+def _is_quantity(text: str) -> bool:
+    try:
+        Quantity.parse(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _semver(text: str) -> dict[str, str]:
+    return semver_value(Semver.parse(text))
+
+
+def _semver_normalize(text: str, normalize: bool) -> dict[str, str]:
+    return semver_value(Semver.parse(coerce_semver(text) if normalize else text))
+
+
+def _is_semver(text: str) -> bool:
+    return is_semver(text)
+
+
+def _is_semver_normalize(text: str, normalize: bool) -> bool:
+    if not normalize:
+        return is_semver(text)
+    try:
+        Semver.parse(coerce_semver(text))
+    except ValueError:
+        return False
+    return True
+
+
+def _add(left: object, right: object) -> dict[str, str]:
+    if isinstance(right, int) and not isinstance(right, bool):
+        return quantity_value(_as_quantity(left, "add").add(right))
+    return quantity_value(_as_quantity(left, "add").add(_as_quantity(right, "Quantity.add")))
+
+
+def _sub(left: object, right: object) -> dict[str, str]:
+    if isinstance(right, int) and not isinstance(right, bool):
+        return quantity_value(_as_quantity(left, "sub").sub(right))
+    return quantity_value(_as_quantity(left, "sub").sub(_as_quantity(right, "Quantity.sub")))
+
+
+def _spec(name: str, params: tuple[TypeName, ...], result: TypeName, impl: Callable[..., Any],
+          *, member: bool = False) -> FunctionSpec:
+    overload = "_".join((name, *params)) if not member else f"{params[0]}_{name}_" + "_".join(params[1:])
+    return FunctionSpec(name, overload, params, result, member, impl)
+
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("quantity", ("string",), "tagged", _quantity),
+    _spec("isQuantity", ("string",), "bool", _is_quantity),
+    _spec("semver", ("string",), "tagged", _semver),
+    _spec("semver", ("string", "bool"), "tagged", _semver_normalize),
+    _spec("isSemver", ("string",), "bool", _is_semver),
+    _spec("isSemver", ("string", "bool"), "bool", _is_semver_normalize),
+    _spec("compareTo", ("tagged", "tagged"), "int", lambda a, b: _compare(a, b, "compareTo"), member=True),
+    _spec("isGreaterThan", ("tagged", "tagged"), "bool", lambda a, b: _compare(a, b, "isGreaterThan") > 0,
+          member=True),
+    _spec("isLessThan", ("tagged", "tagged"), "bool", lambda a, b: _compare(a, b, "isLessThan") < 0,
+          member=True),
+    _spec("add", ("tagged", "tagged"), "tagged", _add, member=True),
+    _spec("add", ("tagged", "int"), "tagged", _add, member=True),
+    _spec("sub", ("tagged", "tagged"), "tagged", _sub, member=True),
+    _spec("sub", ("tagged", "int"), "tagged", _sub, member=True),
+    _spec("asInteger", ("tagged",), "int", lambda q: _as_quantity(q, "asInteger").as_integer(), member=True),
+    _spec("isInteger", ("tagged",), "bool", lambda q: _as_quantity(q, "isInteger").is_integer(), member=True),
+    _spec("asApproximateFloat", ("tagged",), "double",
+          lambda q: _as_quantity(q, "asApproximateFloat").as_approximate_float(), member=True),
+    _spec("sign", ("tagged",), "int", lambda q: _as_quantity(q, "sign").sign(), member=True),
+    _spec("major", ("tagged",), "int", lambda v: _as_semver(v, "major").major, member=True),
+    _spec("minor", ("tagged",), "int", lambda v: _as_semver(v, "minor").minor, member=True),
+    _spec("patch", ("tagged",), "int", lambda v: _as_semver(v, "patch").patch, member=True),
+)
+
+# Names of the functions above (for the linter's cost model and error mapping).
+FUNCTION_NAMES: frozenset[str] = frozenset(f.name for f in FUNCTIONS)
+
+
+# ---- device conversion ---------------------------------------------------------------------------
+
+def attribute_value(value: AttrValue) -> object:
+    """An attribute as CEL sees it: versions become Semver values, the rest stay as they are."""
+    if isinstance(value, Version):
+        try:
+            return semver_value(Semver.parse(str(value)))
+        except ValueError:
+            # Not valid semver: the API server would not have stored it; keep the text under the tag
+            # so that library functions report it instead of silently comparing.
+            return {SEMVER_TAG: str(value)}
+    return value
+
+
+def capacity_value(text: str) -> object:
+    try:
+        return quantity_value(Quantity.parse(text))
+    except ValueError:
+        return {QUANTITY_TAG: text}
+
+
+def device_data(device: Device, empty_domains: frozenset[str] = frozenset()) -> dict[str, object]:
+    """The `device` variable for one device.
+
+    `empty_domains` are domains the expression may look up: those the device does not publish are
+    present as empty maps, because Kubernetes answers an unknown domain with an empty map, not an error.
+    """
+    attributes: dict[str, object] = {d: {} for d in empty_domains}
+    for domain, values in device.attributes.items():
+        attributes[domain] = {name: attribute_value(v) for name, v in values.items()}
+    capacity: dict[str, object] = {d: {} for d in empty_domains}
+    for domain, caps in device.capacity.items():
+        capacity[domain] = {name: capacity_value(v) for name, v in caps.items()}
+    return {
+        "driver": device.driver,
+        "attributes": attributes,
+        "capacity": capacity,
+        "allowMultipleAllocations": False,
+    }
+
+
+def describe_value(value: object) -> str:
+    """A short CEL-ish rendering of a result value, for messages."""
+    kind = _kind(value)
+    if kind == "Quantity" and isinstance(value, Mapping):
+        return f"quantity({value[QUANTITY_TAG]!s})"
+    if kind == "Semver" and isinstance(value, Mapping):
+        return f"semver({value[SEMVER_TAG]!s})"
+    return repr(value)
+
+
+def cel_type_name(value: object) -> str:
+    """The CEL type name of a Python value returned by the runtime."""
+    kind = _kind(value)
+    if kind in ("Quantity", "Semver"):
+        return kind
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bytes):
+        return "bytes"
+    if value is None:
+        return "null_type"
+    if isinstance(value, Mapping):
+        return "map"
+    if isinstance(value, list | tuple):
+        return "list"
+    return type(value).__name__
