@@ -40,6 +40,8 @@ class QuotaUsage:
 
     devices: Mapping[tuple[str, str], int] = field(default_factory=dict)
     gpu_equivalents: Mapping[str, float] = field(default_factory=dict)
+    # scope -> number of ResourceClaim objects (for `count/resourceclaims.resource.k8s.io`-style budgets).
+    claims: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, Selector, as_map, as_str, claim_spec_of
 from webhook.engine.context import QuotaUsage
+from webhook.policy.model import GpuQuotaPolicy, PolicySet, glob_match
 
 ALL_MODE_CHARGE = 32
 """What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
@@ -175,31 +176,33 @@ def gpu_equivalents(class_name: str, devices: int, inventory: Inventory) -> floa
 
 
 def scopes_of(namespace: str, namespace_labels: Mapping[str, Mapping[str, str]],
-              team_label: str = TEAM_LABEL) -> list[str]:
-    """Usage scopes a namespace's consumption counts toward: itself, and its team if labelled."""
+              team_labels: Iterable[str] = (TEAM_LABEL,)) -> list[str]:
+    """Usage scopes a namespace's consumption counts toward: itself, and its team(s) if labelled."""
     out = [namespace]
-    team = namespace_labels.get(namespace, {}).get(team_label)
-    if team:
-        out.append(team_scope(team))
+    labels = namespace_labels.get(namespace, {})
+    for key in team_labels:
+        team = labels.get(key)
+        if team and team_scope(team) not in out:
+            out.append(team_scope(team))
     return out
 
 
 def compute_usage(
     claims: Iterable[Mapping[str, Any]],
     namespace_labels: Mapping[str, Mapping[str, str]],
-    policies: object = None,
+    policies: PolicySet | None = None,
     inventory: Inventory | None = None,
-    *,
-    team_label: str = TEAM_LABEL,
 ) -> QuotaUsage:
     """Live usage from ResourceClaim objects (as cached by the server), per namespace and per team.
 
-    Every existing claim counts, allocated or not, like a ResourceQuota does. `policies` is accepted
-    for the contract's signature; counting does not depend on which budgets exist.
+    Every existing claim counts, allocated or not, like a ResourceQuota does. Teams are read from
+    the team label of each GpuQuotaPolicy (default `draguard.io/team`).
     """
+    team_labels = sorted({p.team_label for p in policies.quota} if policies else set()) or [TEAM_LABEL]
     calc = QuotaCalculator(inventory or Inventory.empty())
     devices: dict[tuple[str, str], int] = {}
     geq: dict[str, Fraction] = {}
+    count: dict[str, int] = {}
     for obj in claims:
         if not isinstance(obj, Mapping) or obj.get("kind") not in (None, "ResourceClaim"):
             continue
@@ -209,8 +212,85 @@ def compute_usage(
         ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
         demand = calc.claim_demand(read[0])
         ge = calc.gpu_equivalents(demand)
-        for scope in scopes_of(ns, namespace_labels, team_label):
+        for scope in scopes_of(ns, namespace_labels, team_labels):
             for cls, n in demand.items():
                 devices[(scope, cls)] = devices.get((scope, cls), 0) + n
             geq[scope] = geq.get(scope, Fraction(0)) + ge
-    return QuotaUsage(devices=devices, gpu_equivalents={k: float(v) for k, v in geq.items()})
+            count[scope] = count.get(scope, 0) + 1
+    return QuotaUsage(devices=devices, gpu_equivalents={k: float(v) for k, v in geq.items()}, claims=count)
+
+
+def _is_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def render_resource_quotas(
+    policies: PolicySet | Sequence[GpuQuotaPolicy], namespaces: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
+    """Native ResourceQuota objects for the namespace budgets of GpuQuotaPolicies.
+
+    Each namespace budget becomes `draguard-<policy>` in that namespace with
+    `<class>.deviceclass.resource.k8s.io/devices` per class and `count/resourceclaims.resource.k8s.io`.
+    A namespace glob is expanded over `namespaces` when given (else skipped). What a ResourceQuota
+    cannot express (team budgets, GPU-equivalents, class globs) stays with the webhook; see
+    `unrenderable()` for the list.
+    """
+    quota_policies = policies.quota if isinstance(policies, PolicySet) else tuple(policies)
+    known = sorted(set(namespaces or ()))
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for pol in quota_policies:
+        for b in pol.budgets:
+            if b.scope != "namespace":
+                continue
+            targets = [n for n in known if glob_match(b.name, n)] if _is_glob(b.name) else [b.name]
+            hard: dict[str, str] = {}
+            for cls, n in sorted(b.device_classes.items()):
+                if not _is_glob(cls):
+                    hard[QUOTA_DEVICES_KEY.format(cls=cls)] = str(n)
+            if b.claims is not None:
+                hard[QUOTA_CLAIMS_KEY] = str(b.claims)
+            if not hard:
+                continue
+            for ns in targets:
+                name = f"draguard-{pol.name}"
+                rq = out.setdefault((ns, name), {
+                    "apiVersion": "v1",
+                    "kind": "ResourceQuota",
+                    "metadata": {
+                        "name": name,
+                        "namespace": ns,
+                        "labels": {"app.kubernetes.io/managed-by": "draguard"},
+                        "annotations": {"draguard.io/policy": pol.name},
+                    },
+                    "spec": {"hard": {}},
+                })
+                current = rq["spec"]["hard"]
+                for key, val in hard.items():
+                    # Several budgets on one namespace: the tighter one wins, as two quotas would.
+                    current[key] = str(min(int(current[key]), int(val))) if key in current else val
+                if b.gpu_equivalents is not None:
+                    rq["metadata"]["annotations"]["draguard.io/gpu-equivalents"] = f"{b.gpu_equivalents:g}"
+    return [out[k] for k in sorted(out)]
+
+
+def unrenderable(
+    policies: PolicySet | Sequence[GpuQuotaPolicy], namespaces: Iterable[str] | None = None
+) -> list[str]:
+    """Budget parts `render_resource_quotas` leaves to the webhook, one line each."""
+    quota_policies = policies.quota if isinstance(policies, PolicySet) else tuple(policies)
+    known = set(namespaces or ())
+    notes: list[str] = []
+    for pol in quota_policies:
+        for b in pol.budgets:
+            where = f"GpuQuotaPolicy {pol.name} budget {b.scope}/{b.name}"
+            if b.scope != "namespace":
+                notes.append(f"{where}: team budgets span namespaces; a ResourceQuota cannot express them")
+                continue
+            if _is_glob(b.name) and not any(glob_match(b.name, n) for n in known):
+                notes.append(f"{where}: namespace pattern matched no namespace given (pass --namespace)")
+            for cls in b.device_classes:
+                if _is_glob(cls):
+                    notes.append(f"{where}: class pattern {cls!r} has no ResourceQuota key")
+            if b.gpu_equivalents is not None:
+                notes.append(f"{where}: gpuEquivalents {b.gpu_equivalents:g} is enforced by the webhook only")
+    return notes

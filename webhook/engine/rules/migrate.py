@@ -1,0 +1,182 @@
+"""`migrate/legacy-gpu`: workloads still asking for device-plugin GPUs (`nvidia.com/gpu`, MIG).
+
+Per namespace the MigrationPolicy picks a mode (the namespace label `draguard.io/migration-mode`
+overrides it): observe records, warn warns, migrate warns and patches the object into DRA claims,
+enforce denies with the rewrite in the message. Strategy `extended-resource` (KEP-5004) keeps the
+limit and instead requires a DeviceClass that serves the resource name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from webhook.dra.objects import esc
+from webhook.dra.workloads import pod_spec_of
+from webhook.engine.context import SourceObject
+from webhook.engine.findings import Finding, Mode, Severity
+from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
+from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy
+
+RULE_ID = "migrate/legacy-gpu"
+_VERSION_ORDER = ("v1", "v1beta2", "v1beta1")
+
+
+def _severity(mode: MigrationMode) -> Severity:
+    return {
+        MigrationMode.OBSERVE: Severity.INFO,
+        MigrationMode.WARN: Severity.WARNING,
+        MigrationMode.MIGRATE: Severity.WARNING,
+        MigrationMode.ENFORCE: Severity.ERROR,
+    }[mode]
+
+
+def _policy_for(rc: RuleContext, namespace: str, labels: Mapping[str, str] | None) -> MigrationPolicy | None:
+    """The first MigrationPolicy whose scope covers the namespace."""
+    for p in rc.policies.migration:
+        if p.scope.applies(namespace, labels):
+            return p
+    return None
+
+
+def claim_api_version(policy: MigrationPolicy, served: frozenset[str]) -> str:
+    """The policy's claim version if the cluster serves it, else the newest served one."""
+    group, _, version = policy.claim_api_version.rpartition("/")
+    if version in served:
+        return policy.claim_api_version
+    for v in _VERSION_ORDER:
+        if v in served:
+            return f"{group or 'resource.k8s.io'}/{v}"
+    return policy.claim_api_version
+
+
+def _use_pointer(use: LegacyUse) -> str:
+    part = "limits" if use.in_limits else "requests"
+    return f"{use.pointer}/resources/{part}/{esc(use.resource)}"
+
+
+def _what(use: LegacyUse) -> str:
+    shown = use.bad_count if use.bad_count is not None else use.count
+    return f"{use.section}[{use.container}] asks for {use.resource}: {shown} (device-plugin resource)"
+
+
+def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
+    found = pod_spec_of(item.obj)
+    if found is None:
+        return
+    pointer, podspec = found
+    uses = find_legacy(podspec, pointer)
+    if not uses:
+        return
+    namespace = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(namespace)
+    policy = _policy_for(rc, namespace, labels)
+    if policy is None:
+        return
+    mmode = policy.mode_for(namespace, labels)
+    if policy.strategy is MigrationStrategy.EXTENDED_RESOURCE:
+        yield from _extended_resource(item, rc, uses, policy, mmode)
+        return
+    plan = plan_pod_spec(
+        item.obj, pointer, podspec, policy, namespace=namespace,
+        api_version=claim_api_version(policy, rc.ctx.served_versions),
+    )
+    yield from _claim_template(item, rc, plan, policy, mmode, namespace)
+
+
+def _claim_template(
+    item: SourceObject, rc: RuleContext, plan: MigrationPlan, policy: MigrationPolicy,
+    mmode: MigrationMode, namespace: str,
+) -> Iterable[Finding]:
+    mode, severity = mmode.finding_mode, _severity(mmode)
+    where = f"namespace {namespace} (migration mode {mmode.value}, MigrationPolicy {policy.name})"
+    for use in plan.unmapped:
+        if use.bad_count is not None:
+            why = f"the count {use.bad_count!r} is not a positive whole number"
+            fix = f"set {use.resource} to a whole number of devices, then migrate to a DRA claim"
+        else:
+            why = f"MigrationPolicy {policy.name} has no mapping for {use.resource} on this pod's nodes"
+            fix = (
+                f"add a mapping for {use.resource} (spec.mappings[].resource / deviceClass) to "
+                f"MigrationPolicy {policy.name}, or request the device through a ResourceClaimTemplate"
+            )
+        yield rc.finding(
+            item, RULE_ID, severity, mode, f"{_what(use)} in {where}; no automatic rewrite: {why}",
+            fix=fix, pointer=_use_pointer(use),
+        )
+    if not plan.edits:
+        return
+    first = plan.edits[0].use
+    uses_text = "; ".join(_what(e.use) for e in plan.edits)
+    rewrite_text = plan.describe()
+    templates = ", ".join(t["metadata"]["name"] for t in plan.templates)
+    fix = (
+        "run `draguard migrate <file>` to rewrite the manifest and write the ResourceClaimTemplates "
+        f"({templates}), or label the namespace draguard.io/migration-mode=migrate to have admission do it"
+    )
+    if mmode is MigrationMode.MIGRATE:
+        # Pods cannot change claims or extended resources after creation: only mutate on CREATE
+        # or when the object is a controller whose template may change.
+        if item.obj.get("kind") == "Pod" and rc.ctx.operation == "UPDATE":
+            yield rc.finding(
+                item, RULE_ID, severity, mode,
+                f"{uses_text} in {where}; a running Pod cannot be rewritten in place: {rewrite_text}",
+                fix=fix, pointer=_use_pointer(first),
+            )
+            return
+        yield rc.finding(
+            item, RULE_ID, severity, Mode.WARN,
+            f"{uses_text} in {where}; draguard rewrites it to DRA: {rewrite_text}; "
+            f"ResourceClaimTemplate(s) created: {templates}",
+            fix="commit the rewritten manifest (`draguard migrate <file>`) so the source matches the cluster",
+            pointer=_use_pointer(first), patch=plan.patch, generated=tuple(plan.templates),
+        )
+        return
+    verb = "denied" if mmode is MigrationMode.ENFORCE else "use DRA instead"
+    yield rc.finding(
+        item, RULE_ID, severity, mode, f"{uses_text} in {where}; {verb}: rewrite: {rewrite_text}",
+        fix=fix, pointer=_use_pointer(first),
+    )
+
+
+def _extended_resource(
+    item: SourceObject, rc: RuleContext, uses: list[LegacyUse], policy: MigrationPolicy, mmode: MigrationMode,
+) -> Iterable[Finding]:
+    """KEP-5004: the legacy limit stays; a DeviceClass must declare `extendedResourceName`."""
+    mode, severity = mmode.finding_mode, _severity(mmode)
+    serving: dict[str, list[str]] = {}
+    for cls in rc.index.classes.values():
+        if cls.extended_resource_name:
+            serving.setdefault(cls.extended_resource_name, []).append(cls.name)
+    reported: set[str] = set()
+    for use in uses:
+        classes = sorted(serving.get(use.resource, ()))
+        if len(classes) > 1 and use.resource not in reported:
+            reported.add(use.resource)
+            # Not a reason to deny: the scheduler picks one (the newest), but the choice is implicit.
+            lesser = Mode.AUDIT if mode is Mode.AUDIT else Mode.WARN
+            yield rc.finding(
+                item, RULE_ID, Severity.WARNING, lesser,
+                f"{_what(use)}: DeviceClasses {', '.join(classes)} all declare extendedResourceName "
+                f"{use.resource}; the scheduler uses the most recently created one",
+                fix=f"keep extendedResourceName: {use.resource} on exactly one DeviceClass",
+                pointer=_use_pointer(use),
+            )
+        if classes:
+            continue
+        mapping = policy.mapping_for(use.resource, {})
+        example = mapping.device_class if mapping else "<device-class>"
+        yield rc.finding(
+            item, RULE_ID, severity, mode,
+            f"{_what(use)} in namespace {rc.namespace(item)} (migration mode {mmode.value}, strategy "
+            f"extended-resource, MigrationPolicy {policy.name}); no DeviceClass in the inventory or input "
+            f"declares extendedResourceName: {use.resource}, so DRA cannot serve it",
+            fix=(
+                f"set spec.extendedResourceName: {use.resource} on DeviceClass {example} (needs the "
+                "DRAExtendedResource feature gate, beta from Kubernetes 1.36), or use strategy claim-template"
+            ),
+            pointer=_use_pointer(use),
+        )
+
+
+RULES = (FunctionRule(RULE_ID, _check),)

@@ -1,0 +1,206 @@
+"""`quota/<policy>`: GPU budgets per namespace or team, per DeviceClass, in GPU-equivalents and claims.
+
+Static: one object alone over a budget (a Deployment counts replicas x devices per pod, a Job its
+parallelism). Live (admission, `ctx.usage` from the server's claim cache): what is in use plus
+this object's demand must stay within the budget. Live checks skip UPDATEs: a claim's spec is
+immutable and a workload's existing pods are already in the usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from webhook.dra.objects import as_map, as_str, claim_spec_of
+from webhook.dra.workloads import containers_of, pod_spec_of, replicas_of
+from webhook.engine.context import QuotaUsage, SourceObject
+from webhook.engine.findings import Finding
+from webhook.engine.quota import QuotaCalculator, team_scope
+from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
+from webhook.policy.model import GpuQuotaPolicy, QuotaBudget, glob_match
+
+RULE_PREFIX = "quota/"
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+_EPSILON = 1e-9
+
+
+@dataclass
+class Demand:
+    """What one object would consume: devices per class, GPU-equivalents, ResourceClaim objects."""
+
+    devices: dict[str, int] = field(default_factory=dict)
+    gpu_equivalents: Fraction = Fraction(0)
+    claims: int = 0
+    pods: int = 1
+    pointer: str = ""
+    # Human-readable origin per class, e.g. "6 pods x 1 (template mig-inference-template)".
+    origin: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, cls: str, n: int, why: str) -> None:
+        self.devices[cls] = self.devices.get(cls, 0) + n
+        self.origin.setdefault(cls, []).append(why)
+
+
+# The last inventory's calculator: class matches are computed once per inventory, not per object.
+# Inventories are immutable, and holding the object keeps its identity from being reused.
+_LAST: list[QuotaCalculator] = []
+
+
+def _calculator(rc: RuleContext) -> QuotaCalculator:
+    if _LAST and _LAST[0].inventory is rc.inventory:
+        return _LAST[0]
+    calc = QuotaCalculator(rc.inventory)
+    _LAST[:] = [calc]
+    return calc
+
+
+def _extended_class(rc: RuleContext, resource: str) -> str | None:
+    """The DeviceClass that serves an extended resource through DRA (KEP-5004), if any."""
+    if resource.startswith(IMPLICIT_CLASS_PREFIX):
+        return resource[len(IMPLICIT_CLASS_PREFIX):] or None
+    names = sorted(c.name for c in rc.index.classes.values() if c.extended_resource_name == resource)
+    return names[0] if names else None
+
+
+def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
+    """The demand of a ResourceClaim or a workload; None for objects that consume nothing."""
+    calc = _calculator(rc)
+    obj = item.obj
+    read = claim_spec_of(obj)
+    if read is not None:
+        if obj.get("kind") != "ResourceClaim":
+            return None  # a template consumes nothing until a pod uses it
+        spec, ptr = read
+        d = Demand(claims=1, pointer=f"{ptr}/devices/requests")
+        for cls, n in calc.claim_demand(spec).items():
+            d.add(cls, n, f"{n} (claim)")
+        d.gpu_equivalents = calc.gpu_equivalents(d.devices)
+        return d
+    found = pod_spec_of(obj)
+    if found is None:
+        return None
+    pod_ptr, podspec = found
+    pods = replicas_of(obj)
+    if obj.get("kind") == "DaemonSet":
+        # One pod per node: count the GPU nodes the inventory knows (1 without an inventory).
+        pods = max(len(rc.inventory.nodes()), 1)
+    unit = "pod" if pods == 1 else "pods"
+    d = Demand(pods=pods, pointer="/spec/replicas" if "replicas" in as_map(obj.get("spec")) else pod_ptr)
+    for pc in rc.pod_claims(item):
+        if pc.kind == "claim" or pc.spec is None:
+            continue  # a shared ResourceClaim is charged once, as its own object
+        d.claims += pods
+        label = f"template {pc.target}" if pc.kind == "template" else "inline claim"
+        for cls, n in calc.claim_demand(pc.spec).items():
+            d.add(cls, n * pods, f"{pods} {unit} x {n} ({label})")
+    extended = False
+    for cref in containers_of(pod_ptr, podspec):
+        limits = as_map(as_map(cref.container.get("resources")).get("limits"))
+        for res, raw in limits.items():
+            ext_cls = _extended_class(rc, str(res))
+            count = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+            if count is None and isinstance(raw, str) and raw.isdigit():
+                count = int(raw)
+            if ext_cls is None or not count:
+                continue
+            extended = True
+            cname = as_str(cref.container.get("name")) or "?"
+            d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res} in {cname})")
+    if extended:
+        d.claims += pods  # the scheduler creates one claim per pod for extended resources
+    d.gpu_equivalents = calc.gpu_equivalents(d.devices)
+    return d
+
+
+def _applies(b: QuotaBudget, pol: GpuQuotaPolicy, namespace: str,
+             labels: Mapping[str, str] | None) -> str | None:
+    """The usage scope a budget charges for this namespace, or None when it does not apply."""
+    if b.scope == "namespace":
+        return namespace if glob_match(b.name, namespace) else None
+    team = (labels or {}).get(pol.team_label)
+    if team and (b.name == "*" or glob_match(b.name, team)):
+        return team_scope(team)
+    return None
+
+
+def _used(usage: QuotaUsage, scope: str, pattern: str) -> int:
+    return sum(n for (s, cls), n in usage.devices.items() if s == scope and glob_match(pattern, cls))
+
+
+def _fmt(x: float | Fraction) -> str:
+    return f"{float(x):.2f}".rstrip("0").rstrip(".")
+
+
+def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
+    if not rc.policies.quota:
+        return
+    demand = demand_of(item, rc)
+    if demand is None or (not demand.devices and not demand.claims):
+        return
+    namespace = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(namespace)
+    usage = rc.ctx.usage if rc.ctx.operation != "UPDATE" else None
+    for pol in rc.policies.quota:
+        for b in pol.budgets:
+            scope = _applies(b, pol, namespace, labels)
+            if scope is None:
+                continue
+            where = f"{'namespace' if b.scope == 'namespace' else 'team'} {scope.removeprefix('team:')}"
+            for pattern, limit in b.device_classes.items():
+                want = sum(n for c, n in demand.devices.items() if glob_match(pattern, c))
+                if want == 0:
+                    continue
+                origin = "; ".join(
+                    f"{c}: {', '.join(demand.origin[c])}" for c in demand.devices if glob_match(pattern, c)
+                )
+                used = _used(usage, scope, pattern) if usage is not None else 0
+                yield from _over(item, rc, pol, where, f"devices of class {pattern}", want, used, limit,
+                                 origin, demand, usage is not None)
+            if b.gpu_equivalents is not None and demand.gpu_equivalents > 0:
+                used_ge = usage.gpu_equivalents.get(scope, 0.0) if usage is not None else 0.0
+                calc = _calculator(rc)
+                ge_origin = ", ".join(
+                    f"{n} x {c} at {calc.class_fraction(c)}" for c, n in sorted(demand.devices.items())
+                )
+                yield from _over(item, rc, pol, where, "GPU-equivalents", demand.gpu_equivalents, used_ge,
+                                 b.gpu_equivalents, ge_origin, demand, usage is not None)
+            if b.claims is not None and demand.claims > 0:
+                used_c = usage.claims.get(scope, 0) if usage is not None else 0
+                yield from _over(item, rc, pol, where, "ResourceClaims", demand.claims, used_c, b.claims,
+                                 f"{demand.pods} pod(s)", demand, usage is not None)
+
+
+def _over(
+    item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, what: str,
+    want: float | Fraction, used: float, limit: float, origin: str, demand: Demand, live: bool,
+) -> Iterable[Finding]:
+    mode = pol.mode
+    if float(want) > limit + _EPSILON:
+        yield rc.finding(
+            item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
+            f"asks for {_fmt(want)} {what} ({origin}) but the budget of {where} in GpuQuotaPolicy "
+            f"{pol.name} is {_fmt(limit)}",
+            fix=_fix(item, demand, what, limit, pol),
+            pointer=demand.pointer,
+        )
+    elif live and float(want) + used > limit + _EPSILON:
+        yield rc.finding(
+            item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
+            f"would bring {where} to {_fmt(float(want) + used)} {what} (in use {_fmt(used)} + this "
+            f"{_fmt(want)}: {origin}); the budget in GpuQuotaPolicy {pol.name} is {_fmt(limit)}",
+            fix=f"free {_fmt(float(want) + used - limit)} {what} in {where} first, or raise the budget",
+            pointer=demand.pointer,
+        )
+
+
+def _fix(item: SourceObject, demand: Demand, what: str, limit: float, pol: GpuQuotaPolicy) -> str:
+    if demand.pods > 1:
+        return (
+            f"lower the replica count/parallelism ({demand.pods} now) or the devices per pod so the total "
+            f"stays within {_fmt(limit)} {what}, or raise the budget in GpuQuotaPolicy {pol.name}"
+        )
+    return f"request at most {_fmt(limit)} {what}, or raise the budget in GpuQuotaPolicy {pol.name}"
+
+
+RULES = (FunctionRule(RULE_PREFIX, _check),)
