@@ -144,13 +144,13 @@ def _pod_claim(
     return PodClaim(name, p, kind, target, rec, rec.spec, index.source_of(rec), base)
 
 
-def requested_classes(spec: ClaimSpec) -> list[tuple[str, str]]:
-    """(device class, pointer of the request/subrequest naming it) for every alternative."""
-    out: list[tuple[str, str]] = []
+def requested_classes(spec: ClaimSpec) -> list[tuple[str, str, str]]:
+    """(device class, pointer of the request/subrequest naming it, request name) for every alternative."""
+    out: list[tuple[str, str, str]] = []
     for r in spec.requests:
         for cls, _sel, _mode, _count, ptr in r.alternatives():
             if cls:
-                out.append((cls, ptr))
+                out.append((cls, ptr, r.name))
     return out
 
 

@@ -65,7 +65,7 @@ class NamespaceScope:
 class WorkloadMatch:
     """How a workload is recognised. Label/annotation values and images/commands are globs.
 
-    `labels` / `annotations`: every listed pair must be present. `images`: any container image
+    `labels` / `annotations`: any listed pair present (value glob) matches. `images`: any container image
     matches any pattern. `commands`: any command/args token (or its basename) matches any pattern.
     A class matches when any of its non-empty matchers matches.
     """
@@ -113,17 +113,13 @@ class GpuTierPolicy:
         """The workload's class. Explicit declarations (labels, annotations) win over images,
         images over commands; within one kind of evidence, the first class listed wins."""
         for c in self.classes:
-            lm = c.match.labels
-            if lm and all(k in facts.labels and glob_match(v, facts.labels[k]) for k, v in lm.items()):
-                k0 = next(iter(lm))
-                return Classification(c, f"label {k0}={facts.labels[k0]}")
+            for k, v in c.match.labels.items():
+                if k in facts.labels and glob_match(v, facts.labels[k]):
+                    return Classification(c, f"label {k}={facts.labels[k]}")
         for c in self.classes:
-            am = c.match.annotations
-            if am and all(
-                k in facts.annotations and glob_match(v, facts.annotations[k]) for k, v in am.items()
-            ):
-                k0 = next(iter(am))
-                return Classification(c, f"annotation {k0}={facts.annotations[k0]}")
+            for k, v in c.match.annotations.items():
+                if k in facts.annotations and glob_match(v, facts.annotations[k]):
+                    return Classification(c, f"annotation {k}={facts.annotations[k]}")
         for c in self.classes:
             for img in facts.images:
                 if any_glob(c.match.images, img):

@@ -1,0 +1,478 @@
+"""`structure/*`: claims and pod specs the API server rejects, drops, or can never allocate.
+
+Modes are fixed per check (PolicyException scopes them out): what the API server would reject is
+enforce; what admits but misbehaves (never allocates, unused claims, old versions) is warn.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from driver.schema import ATTRIBUTES, lookup
+from webhook.dra.device import Device
+from webhook.dra.objects import (
+    ALL,
+    VERSIONS,
+    ClaimSpec,
+    DeviceRequest,
+    Selector,
+    as_list,
+    as_map,
+    as_str,
+    claim_spec_of,
+    claim_template,
+    dra_version,
+    read_claim_spec,
+    write_claim_spec,
+)
+from webhook.dra.workloads import pod_spec_of
+from webhook.engine.context import SourceObject
+from webhook.engine.findings import Finding, Mode, Severity
+from webhook.engine.resolve import claim_names_used
+from webhook.engine.rules.base import FunctionRule, RuleContext
+
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+DRIVER_DOMAIN = "gpu.nvidia.com"
+# Attributes that say "these devices are wired together" (what a multi-GPU job should constrain on).
+INTERCONNECT_ATTRIBUTES: frozenset[str] = frozenset(
+    {"gpu.nvidia.com/nvlinkDomain", "resource.kubernetes.io/pcieRoot", "gpu.nvidia.com/cliqueID"}
+)
+PREFERRED_INTERCONNECT = "gpu.nvidia.com/nvlinkDomain"
+
+
+def _dump(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False).rstrip()
+
+
+def _claim_objects(item: SourceObject) -> tuple[ClaimSpec, str] | None:
+    return claim_spec_of(item.obj)
+
+
+def newest_served(served: frozenset[str]) -> str | None:
+    """The most stable resource.k8s.io version the cluster serves (v1 > v1beta2 > v1beta1)."""
+    return next((v for v in VERSIONS if v in served), None)
+
+
+# -- structure/inline-source -------------------------------------------------------------------
+
+
+def check_inline_source(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    found = pod_spec_of(item.obj)
+    if found is None:
+        return
+    pp, spec = found
+    ns = rc.namespace(item)
+    meta_name = as_str(as_map(item.obj.get("metadata")).get("name")) or "workload"
+    version = newest_served(rc.ctx.served_versions) or "v1"
+    api_version = f"resource.k8s.io/{version}"
+    for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
+        entry = as_map(raw)
+        if "source" not in entry:
+            continue
+        p = f"{pp}/resourceClaims/{i}"
+        name = as_str(entry.get("name")) or f"claim-{i}"
+        source = as_map(entry.get("source"))
+        ref_t = as_str(source.get("resourceClaimTemplateName"))
+        ref_c = as_str(source.get("resourceClaimName"))
+        generated: tuple[dict[str, Any], ...] = ()
+        if ref_t or ref_c:
+            field, value = ("resourceClaimTemplateName", ref_t) if ref_t else ("resourceClaimName", ref_c)
+            rewrite = {"name": name, field: value}
+            fix = f"move the name out of `source` (removed in Kubernetes 1.31):\n{_dump([rewrite])}"
+        else:
+            inline = read_claim_spec(source, "resource.k8s.io/v1beta1", f"{p}/source")
+            tmpl_name = f"{meta_name}-{name}"[:253]
+            tmpl = claim_template(tmpl_name, ns, inline, api_version)
+            generated = (tmpl,)
+            rewrite = {"name": name, "resourceClaimTemplateName": tmpl_name}
+            fix = (
+                "an inline claim spec under `source` was never part of the Pod API, and `source` itself is "
+                "gone since Kubernetes 1.31; create this ResourceClaimTemplate:\n"
+                f"{_dump(tmpl)}\nand reference it from the pod:\n{_dump([rewrite])}"
+            )
+        yield rc.finding(
+            item,
+            "structure/inline-source",
+            Severity.ERROR,
+            Mode.ENFORCE,
+            f"resourceClaims[{i}] ({name!r}) uses the pre-1.31 `source` form; the API server drops `source` "
+            "and the pod gets no device (or is rejected for naming neither a claim nor a template)",
+            fix=fix,
+            pointer=f"{p}/source",
+            generated=generated,
+        )
+
+
+# -- structure/undeclared-claim ----------------------------------------------------------------
+
+
+def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    found = pod_spec_of(item.obj)
+    if found is None:
+        return
+    pp, spec = found
+    declared: dict[str, str] = {}
+    for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
+        n = as_str(as_map(raw).get("name"))
+        if n is not None:
+            declared.setdefault(n, f"{pp}/resourceClaims/{i}")
+    used = claim_names_used(spec, pp)
+    used_names = {n for n, _ in used}
+    for n, ptr in used:
+        if n not in declared:
+            decl = ", ".join(sorted(declared)) or "none"
+            yield rc.finding(
+                item,
+                "structure/undeclared-claim",
+                Severity.ERROR,
+                Mode.ENFORCE,
+                f"container claim {n!r} is not declared in spec.resourceClaims (declared: {decl}); "
+                "the API server rejects the pod",
+                fix=f"add `- name: {n}` with resourceClaimTemplateName or resourceClaimName to "
+                "spec.resourceClaims, or fix the container's claim name",
+                pointer=ptr,
+            )
+    resolved = {pc.name: pc for pc in rc.pod_claims(item)}
+    for n, ptr in used:
+        pc = resolved.get(n)
+        req = as_str(as_map(_at(item.obj, ptr)).get("request"))
+        if pc is None or pc.spec is None or not req:
+            continue
+        if pc.spec.request(req.split("/", 1)[0]) is None:
+            names = ", ".join(r.name for r in pc.spec.requests) or "none"
+            yield rc.finding(
+                item,
+                "structure/undeclared-claim",
+                Severity.WARNING,
+                Mode.WARN,
+                f"container claim {n!r} names request {req!r}, which claim {pc.target or n!r} does not have "
+                f"(requests: {names}); the container will not start",
+                fix=f"set `request` to one of: {names}, or drop it to get the whole claim",
+                pointer=ptr,
+            )
+    for n, ptr in declared.items():
+        if n not in used_names:
+            yield rc.finding(
+                item,
+                "structure/undeclared-claim",
+                Severity.WARNING,
+                Mode.WARN,
+                f"spec.resourceClaims entry {n!r} is used by no container; its devices are allocated "
+                "but no container can reach them",
+                fix=f"add `resources: {{claims: [{{name: {n}}}]}}` to the container that needs it, "
+                "or remove the entry",
+                pointer=ptr,
+            )
+
+
+def _at(obj: Mapping[str, Any], pointer: str) -> Any:
+    cur: Any = obj
+    for tok in pointer.split("/")[1:]:
+        tok = tok.replace("~1", "/").replace("~0", "~")
+        if isinstance(cur, Mapping):
+            cur = cur.get(tok)
+        elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
+            cur = cur[int(tok)]
+        else:
+            return None
+    return cur
+
+
+# -- structure/deprecated-version --------------------------------------------------------------
+
+
+def check_deprecated_version(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    obj = item.obj
+    version = dra_version(obj.get("apiVersion"))
+    if version is None:
+        return
+    served = rc.ctx.served_versions
+    best = newest_served(served)
+    if best is None or VERSIONS.index(version) <= VERSIONS.index(best):
+        return
+    target = f"resource.k8s.io/{best}"
+    kind = str(obj.get("kind"))
+    fix = f"change apiVersion to {target}"
+    read = claim_spec_of(obj)
+    if read is not None and (version == "v1beta1") != (best == "v1beta1"):
+        fix += (
+            "; requests change shape: deviceClassName/selectors/count/allocationMode/adminAccess "
+            "move under `exactly`"
+        )
+        spec = read[0]
+        if spec.requests:
+            fix += f":\n{_dump(write_claim_spec(ClaimSpec(requests=spec.requests[:1]), target))}"
+    elif kind == "ResourceSlice" and version == "v1beta1":
+        fix += "; device fields move out of the `basic` wrapper onto each devices[] entry"
+    if version not in served:
+        severity, mode = Severity.ERROR, Mode.ENFORCE
+        msg = f"{kind} uses {obj.get('apiVersion')}, which this cluster does not serve (it serves {target})"
+    else:
+        severity, mode = Severity.WARNING, Mode.WARN
+        msg = (
+            f"{kind} uses {obj.get('apiVersion')}; the cluster serves {target}, and beta versions are "
+            "off by default from Kubernetes 1.34 and will be removed"
+        )
+    yield rc.finding(
+        item, "structure/deprecated-version", severity, mode, msg, fix=fix, pointer="/apiVersion"
+    )
+
+
+# -- structure/unsatisfiable -------------------------------------------------------------------
+
+
+def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
+    from webhook.cel.match import match_devices  # CEL runtime loads on first use
+
+    return list(match_devices(expressions, devices).matched)
+
+
+def per_node_capacity(matched: Sequence[Device], group_by: Sequence[str] = ()) -> tuple[int, str | None]:
+    """Largest number of matched devices one node can give (grouped by shared attribute values
+    when the request is constrained); devices without a node (network-attached) count on every node."""
+    shared = [d for d in matched if d.node is None]
+    groups: dict[tuple[Any, ...], int] = {}
+    for d in matched:
+        if d.node is None:
+            continue
+        key: tuple[Any, ...] = (d.node,)
+        skip = False
+        for attr in group_by:
+            dom, _, name = attr.rpartition("/")
+            v = d.attributes.get(dom, {}).get(name)
+            if v is None:
+                skip = True
+                break
+            key += (v,)
+        if not skip:
+            groups[key] = groups.get(key, 0) + 1
+    if not groups:
+        return len(shared), None
+    key_best = max(groups, key=lambda k: groups[k])
+    return groups[key_best] + len(shared), str(key_best[0])
+
+
+def _request_alternatives(req: DeviceRequest) -> list[tuple[str | None, tuple[Selector, ...], str, int, str]]:
+    return list(req.alternatives())
+
+
+def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    inv = rc.inventory
+    if inv.is_empty:
+        return
+    read = _claim_objects(item)
+    if read is None:
+        return
+    spec, _ = read
+    published = inv.published_attributes()
+    for req in spec.requests:
+        reasons: list[str] = []
+        for dc, selectors, mode, count, _ptr in _request_alternatives(req):
+            if dc is None:
+                continue
+            cls = rc.index.classes.get(dc)
+            if cls is None:
+                if inv.classes:
+                    reasons.append(f"DeviceClass {dc} does not exist")
+                    continue
+                reasons.append("")  # class unknown offline: cannot judge, treat as satisfiable
+                break
+            exprs = [s.expression for s in (*cls.selectors, *selectors)]
+            matched = _match(exprs, inv.devices)
+            group_by = [
+                c.match_attribute
+                for c in spec.constraints
+                if c.match_attribute
+                and (not c.requests or req.name in {r.split("/", 1)[0] for r in c.requests})
+                and tuple(c.match_attribute.rpartition("/")[::2]) in published
+            ]
+            best, node = per_node_capacity(matched, group_by)
+            need = 1 if mode == ALL else count
+            if need <= best:
+                reasons.append("")
+                break
+            grouped = f" sharing the same {', '.join(group_by)}" if group_by else ""
+            reasons.append(
+                f"{dc}: needs {need} device(s) on one node{grouped}, the most any node has is {best}"
+                + (f" ({node})" if node else "")
+                + f"; {len(matched)} matching device(s) in total"
+            )
+        if not reasons or "" in reasons:
+            continue
+        yield rc.finding(
+            item,
+            "structure/unsatisfiable",
+            Severity.WARNING,
+            Mode.WARN,
+            f"request {req.name!r} can never be allocated with the current inventory: " + "; ".join(reasons),
+            fix="lower `count`, split the work across pods, relax the selectors/constraints, "
+            "or add nodes with enough matching devices",
+            pointer=req.pointer,
+        )
+
+
+# -- structure/interconnect --------------------------------------------------------------------
+
+
+def _is_partition_class(name: str | None, rc: RuleContext) -> bool:
+    """MIG and other partition classes never join an NVLink group: interconnect does not apply."""
+    if name is None:
+        return False
+    if "mig" in name.lower():
+        return True
+    cls = rc.index.classes.get(name)
+    return cls is not None and any("mig" in s.expression.lower() for s in cls.selectors)
+
+
+def _known_attribute(attr: str, published: frozenset[tuple[str, str]]) -> bool:
+    dom, _, name = attr.rpartition("/")
+    if published:
+        return (dom, name) in published
+    if dom in (DRIVER_DOMAIN, "resource.kubernetes.io"):
+        return lookup(dom, name, "attribute") is not None
+    return True  # a third-party domain offline: nothing to check against
+
+
+def _suggest_attribute(attr: str, published: frozenset[tuple[str, str]]) -> str:
+    name = attr.rpartition("/")[2]
+    if "nvlink" in name.lower() or "interconnect" in name.lower() or "link" in name.lower():
+        return PREFERRED_INTERCONNECT
+    if published:
+        candidates = [f"{d}/{n}" for d, n in published]
+    else:
+        candidates = [f"{s.domain}/{s.name}" for s in ATTRIBUTES if s.kind == "attribute"]
+    close = difflib.get_close_matches(attr, candidates, n=1, cutoff=0.5)
+    return close[0] if close else PREFERRED_INTERCONNECT
+
+
+def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    read = _claim_objects(item)
+    if read is None:
+        return
+    spec, _ = read
+    published = rc.inventory.published_attributes()
+    good_constraint: set[str] = set()
+    for c in spec.constraints:
+        attr = c.match_attribute
+        if attr is None:
+            continue
+        if "/" not in attr:
+            yield rc.finding(
+                item,
+                "structure/interconnect",
+                Severity.ERROR,
+                Mode.ENFORCE,
+                f"constraint matchAttribute {attr!r} has no domain; the API server rejects it",
+                fix=f"write the fully qualified name, e.g. {DRIVER_DOMAIN}/{attr}",
+                pointer=f"{c.pointer}/matchAttribute",
+            )
+            continue
+        if not _known_attribute(attr, published):
+            where = (
+                "no device in the inventory publishes it"
+                if published
+                else "the driver schema has no such attribute"
+            )
+            suggestion = _suggest_attribute(attr, published)
+            yield rc.finding(
+                item,
+                "structure/interconnect",
+                Severity.ERROR,
+                Mode.ENFORCE,
+                f"constraint matchAttribute {attr!r} is an attribute {where}; devices without it never "
+                "satisfy the constraint, so the claim stays pending forever",
+                fix=f"constrain on {suggestion!r} (matchAttribute: {suggestion})",
+                pointer=f"{c.pointer}/matchAttribute",
+            )
+            continue
+        if attr in INTERCONNECT_ATTRIBUTES:
+            for r in spec.covers(c.requests):
+                good_constraint.add(r.name)
+    for req in spec.requests:
+        if req.name in good_constraint or req.allocation_mode == ALL:
+            continue
+        alts = [a for a in req.alternatives() if a[3] >= 2 and not _is_partition_class(a[0], rc)]
+        if not alts:
+            continue
+        # A bad-attribute constraint on this request was already reported above.
+        if any(
+            c.match_attribute and not _known_attribute(c.match_attribute, published)
+            for c in spec.constraints
+            if req in spec.covers(c.requests)
+        ):
+            continue
+        count = max(a[3] for a in alts)
+        yield rc.finding(
+            item,
+            "structure/interconnect",
+            Severity.WARNING,
+            Mode.WARN,
+            f"request {req.name!r} asks for {count} GPUs without a matchAttribute constraint on an "
+            "interconnect attribute; the scheduler may pick GPUs that are not joined by NVLink",
+            fix=(
+                "add to spec.devices.constraints:\n"
+                + _dump([{"requests": [req.name], "matchAttribute": PREFERRED_INTERCONNECT}])
+            ),
+            pointer=req.pointer,
+        )
+
+
+# -- structure/admin-access --------------------------------------------------------------------
+
+
+def _admin_requests(item: SourceObject) -> list[DeviceRequest]:
+    read = claim_spec_of(item.obj)
+    if read is None:
+        return []
+    return [r for r in read[0].requests if r.admin_access]
+
+
+def check_admin_access(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    reqs = _admin_requests(item)
+    if not reqs:
+        return
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(ns)
+    if labels is not None and labels.get(ADMIN_ACCESS_LABEL) == "true":
+        return
+    fix = (
+        "remove adminAccess, or (cluster admins only) "
+        f"`kubectl label namespace {ns} {ADMIN_ACCESS_LABEL}=true`"
+    )
+    for r in reqs:
+        if labels is None:
+            yield rc.finding(
+                item,
+                "structure/admin-access",
+                Severity.WARNING,
+                Mode.WARN,
+                f"request {r.name!r} sets adminAccess; namespace {ns!r} must carry the label "
+                f'{ADMIN_ACCESS_LABEL}: "true" (its labels are not known here)',
+                fix=fix,
+                pointer=f"{r.pointer}/adminAccess",
+            )
+        else:
+            yield rc.finding(
+                item,
+                "structure/admin-access",
+                Severity.ERROR,
+                Mode.ENFORCE,
+                f"request {r.name!r} sets adminAccess, but namespace {ns!r} lacks the label "
+                f'{ADMIN_ACCESS_LABEL}: "true"; the API server rejects the claim',
+                fix=fix,
+                pointer=f"{r.pointer}/adminAccess",
+            )
+
+
+RULES = (
+    FunctionRule("structure/inline-source", check_inline_source),
+    FunctionRule("structure/undeclared-claim", check_undeclared_claim),
+    FunctionRule("structure/deprecated-version", check_deprecated_version),
+    FunctionRule("structure/unsatisfiable", check_unsatisfiable),
+    FunctionRule("structure/interconnect", check_interconnect),
+    FunctionRule("structure/admin-access", check_admin_access),
+)
