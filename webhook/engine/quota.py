@@ -27,7 +27,16 @@ from typing import Any
 
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
-from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, Selector, as_map, as_str, claim_spec_of
+from webhook.dra.objects import (
+    ALL,
+    EXACT_COUNT,
+    ClaimSpec,
+    DeviceClassSpec,
+    Selector,
+    as_map,
+    as_str,
+    claim_spec_of,
+)
 from webhook.engine.context import QuotaUsage
 from webhook.policy.model import GpuQuotaPolicy, PolicySet, glob_match
 
@@ -74,12 +83,17 @@ def device_fraction(device: Device) -> Fraction:
 
 
 def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
-    """Devices for which every expression is true; evaluation errors count as no match."""
+    """Devices for which every expression is true; evaluation and compile errors count as no match
+    (the CEL linter reports them)."""
     if not devices:
         return []
-    from webhook.cel.match import match_devices  # the CEL environment is heavier; load on first use
+    from webhook.cel.env import CelCompileError  # the CEL environment is heavier; load on first use
+    from webhook.cel.match import match_devices
 
-    return list(match_devices(list(expressions), list(devices)).matched)
+    try:
+        return list(match_devices(list(expressions), list(devices)).matched)
+    except CelCompileError:
+        return []
 
 
 @dataclass
@@ -87,12 +101,18 @@ class QuotaCalculator:
     """Per-inventory cache of class matches, so that counting many claims stays cheap."""
 
     inventory: Inventory
+    # Classes to resolve names with (input set over inventory); the inventory's own when None.
+    classes: Mapping[str, DeviceClassSpec] | None = None
     _matches: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict)
     _fractions: dict[str, Fraction] = field(default_factory=dict)
 
+    def class_spec(self, class_name: str) -> DeviceClassSpec | None:
+        classes = self.classes if self.classes is not None else self.inventory.classes
+        return classes.get(class_name)
+
     def matching(self, class_name: str, selectors: Sequence[Selector] = ()) -> list[Device] | None:
         """Devices the class (plus request selectors) can get; None when the class is unknown."""
-        cls = self.inventory.classes.get(class_name)
+        cls = self.class_spec(class_name)
         if cls is None:
             return None
         exprs = tuple(s.expression for s in (*cls.selectors, *selectors))
@@ -147,7 +167,7 @@ class QuotaCalculator:
         if devs:
             frac = max(device_fraction(d) for d in devs)
         if frac is None:
-            cls = self.inventory.classes.get(class_name)
+            cls = self.class_spec(class_name)
             for sel in cls.selectors if cls else ():
                 m = _MIG_PROFILE.search(sel.expression)
                 if m:

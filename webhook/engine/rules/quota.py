@@ -42,15 +42,15 @@ class Demand:
         self.origin.setdefault(cls, []).append(why)
 
 
-# The last inventory's calculator: class matches are computed once per inventory, not per object.
-# Inventories are immutable, and holding the object keeps its identity from being reused.
+# The last evaluation's calculator: class matches are computed once per evaluation, not per object.
+# Inventories and indexes are immutable, and holding them keeps their identity from being reused.
 _LAST: list[QuotaCalculator] = []
 
 
 def _calculator(rc: RuleContext) -> QuotaCalculator:
-    if _LAST and _LAST[0].inventory is rc.inventory:
+    if _LAST and _LAST[0].inventory is rc.inventory and _LAST[0].classes is rc.index.classes:
         return _LAST[0]
-    calc = QuotaCalculator(rc.inventory)
+    calc = QuotaCalculator(rc.inventory, rc.index.classes)
     _LAST[:] = [calc]
     return calc
 
