@@ -75,7 +75,9 @@ class CompiledSelector:
         if not ok:
             message = str(value)
             missing = message[len("no such key: "):] if message.startswith("no such key: ") else None
-            raise CelEvalError(message, missing_key=missing, type_error=message.startswith("no such overload"))
+            raise CelEvalError(
+                message, missing_key=missing, type_error=message.startswith("no such overload")
+            )
         if not isinstance(value, bool):
             raise CelEvalError(
                 f"must evaluate to bool, but {describe_value(value)} is {cel_type_name(value)}",
@@ -89,7 +91,9 @@ def _location(message: str) -> tuple[int | None, int | None]:
     return (int(found.group(1)), int(found.group(2))) if found else (None, None)
 
 
-def _error(check: str, message: str, fix: str = "", line: int | None = None, column: int | None = None) -> CelIssue:
+def _error(
+    check: str, message: str, fix: str = "", line: int | None = None, column: int | None = None
+) -> CelIssue:
     return CelIssue(check, Severity.ERROR, message, fix, line, column)
 
 

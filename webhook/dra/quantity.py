@@ -113,7 +113,9 @@ class Quantity:
 @functools.lru_cache(maxsize=4096)
 def _parse_cached(text: str) -> Quantity:
     if not isinstance(text, str) or not text:
-        raise ValueError("invalid quantity '': expected a number with an optional suffix such as 80Gi or 500m")
+        raise ValueError(
+            "invalid quantity '': expected a number with an optional suffix such as 80Gi or 500m"
+        )
     match = _NUMBER.fullmatch(text)
     if match is None:
         raise ValueError(

@@ -95,7 +95,8 @@ def _parse_cached(text: str) -> Semver:
         if loose is not None:
             hint = f" (did you mean {coerce_semver(text)!r}?)"
         raise ValueError(
-            f"invalid semver {text!r}: expected MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD] with no leading zeros{hint}"
+            f"invalid semver {text!r}: expected MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD] "
+            f"with no leading zeros{hint}"
         )
     major, minor, patch, pre, build = match.groups()
     return Semver(

@@ -1,0 +1,403 @@
+"""Lint one DRA selector expression: what the API server rejects, and what would never match.
+
+Checks (rule ids): `cel/syntax`, `cel/type`, `cel/limits` (the API server refuses these);
+`cel/unknown-attribute` (a name the driver does not publish, an attribute/capacity mix-up, or a
+comparison against the wrong value type); `cel/no-match` and evaluation errors against a given
+inventory; `cel/driver-guard` (no `device.driver == ...` conjunct).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from collections.abc import Sequence
+
+from driver import schema
+from webhook.cel.analysis import Access, Comparison
+from webhook.cel.env import CompiledSelector, compile_or_issue
+from webhook.cel.issues import CHECKS, CelIssue
+from webhook.cel.match import MatchError, match_compiled
+from webhook.dra.device import Device, Version
+from webhook.dra.semver import coerce_semver
+from webhook.engine.findings import Severity
+
+__all__ = ["CHECKS", "CelIssue", "lint_selector"]
+
+# Names people reach for that the driver spells differently.
+_ALIASES: dict[str, str] = {
+    "migprofile": "profile",
+    "mig": "profile",
+    "migdevice": "profile",
+    "gpuuuid": "uuid",
+    "product": "productName",
+    "model": "productName",
+    "name": "productName",
+    "arch": "architecture",
+    "computecapability": "cudaComputeCapability",
+    "cudaversion": "cudaDriverVersion",
+    "driverversion": "driverVersion",
+    "nvlink": "nvlinkDomain",
+    "nvlinkdomainid": "nvlinkDomain",
+    "parentuuid": "parentUUID",
+    "pcibusid": "pciBusID",
+    "mem": "memory",
+    "memorysize": "memory",
+    "gpumemory": "memory",
+    "sms": "multiprocessors",
+}
+
+_ORDERING = {"_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
+_OPS = {**_ORDERING, "_==_": "==", "_!=_": "!="}
+
+TypeName = str
+
+
+def _kind_word(kind: str) -> str:
+    return "attribute" if kind == "attributes" else "capacity"
+
+
+def _access_text(kind: str, domain: str, name: str) -> str:
+    return f"device.{kind}['{domain}'].{name}"
+
+
+class _Linter:
+    def __init__(
+        self, compiled: CompiledSelector, devices: Sequence[Device] | None, driver: str | None
+    ) -> None:
+        self.c = compiled
+        self.text = compiled.expression
+        self.devices = devices
+        self.driver = driver or schema.DRIVER_NAME
+        # Domains whose names and types the schema describes (the bundled driver's name is configurable).
+        self.schema_domains = {schema.DRIVER_NAME: schema.DRIVER_NAME, self.driver: schema.DRIVER_NAME,
+                               schema.K8S_DOMAIN: schema.K8S_DOMAIN}
+        self.published: dict[tuple[str, str, str], TypeName] = {}
+        self.published_domains: set[tuple[str, str]] = set()
+        for device in devices or ():
+            for domain, attrs in device.attributes.items():
+                self.published_domains.add(("attributes", domain))
+                for name, value in attrs.items():
+                    self.published.setdefault(("attributes", domain, name), _value_type(value))
+            for domain, caps in device.capacity.items():
+                self.published_domains.add(("capacity", domain))
+                for name in caps:
+                    self.published[("capacity", domain, name)] = "quantity"
+        self.issues: list[CelIssue] = []
+        self.reported_names: set[str] = set()
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def location(self, access: Access) -> tuple[int | None, int | None]:
+        line, column = self.c.ast.location(access.node_id)
+        if line is not None and column is not None and not access.indexed:
+            column += 1  # point at the name after the dot
+        return line, column
+
+    def add(self, check: str, severity: Severity, message: str, fix: str, access: Access | None = None,
+            node_id: int | None = None) -> None:
+        line: int | None = None
+        column: int | None = None
+        if access is not None:
+            line, column = self.location(access)
+        elif node_id is not None:
+            line, column = self.c.ast.location(node_id)
+        self.issues.append(CelIssue(check, severity, message, fix, line, column))
+
+    def type_of(self, kind: str, domain: str, name: str) -> TypeName | None:
+        published = self.published.get((kind, domain, name))
+        if published is not None:
+            return published
+        sdomain = self.schema_domains.get(domain)
+        if sdomain is None:
+            return None
+        spec = schema.lookup(sdomain, name, "attribute" if kind == "attributes" else "capacity")
+        return spec.type if spec is not None else None
+
+    def rewrite_name(self, access: Access, new_name: str) -> str | None:
+        """The expression with this one access renamed, or None when the source is not where expected."""
+        offset = self.c.ast.positions.get(access.node_id)
+        if offset is None:
+            return None
+        text = self.text
+        if access.indexed:
+            for quote in ("'", '"'):
+                needle = f"{quote}{access.name}{quote}"
+                at = text.find(needle, offset)
+                if at != -1:
+                    return text[:at + 1] + new_name + text[at + 1 + len(access.name):]
+            return None
+        at = offset + 1
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if text.startswith(access.name, at):
+            return text[:at] + new_name + text[at + len(access.name):]
+        return None
+
+    # -- checks ------------------------------------------------------------------------------------
+
+    def check_names(self) -> None:
+        seen: set[tuple[str, str, str]] = set()
+        for access in self.c.analysis.accesses:
+            key = (access.kind, access.domain, access.name)
+            if key in seen or key in self.published:
+                continue
+            seen.add(key)
+            sdomain = self.schema_domains.get(access.domain)
+            if sdomain is None:
+                self.check_foreign_domain(access)
+                continue
+            wanted: schema.Kind = "attribute" if access.kind == "attributes" else "capacity"
+            if schema.lookup(sdomain, access.name, wanted) is not None:
+                continue
+            self.report_unknown(access, sdomain, wanted)
+
+    def check_foreign_domain(self, access: Access) -> None:
+        if self.devices is None or not self.devices or access.presence:
+            return
+        if (access.kind, access.domain) in self.published_domains:
+            self.report_unpublished(access)
+            return
+        self.reported_names.add(access.name)
+        self.add(
+            "cel/unknown-attribute", Severity.WARNING,
+            f"no device publishes {_kind_word(access.kind)}s in domain '{access.domain}': "
+            f"device.{access.kind}['{access.domain}'] is an empty map there, so `.{access.name}` fails "
+            "to evaluate on every device",
+            "check the domain (attribute names without a domain belong to the driver's own domain)",
+            access,
+        )
+
+    def report_unpublished(self, access: Access) -> None:
+        names = sorted({n for (k, d, n) in self.published if k == access.kind and d == access.domain})
+        close = difflib.get_close_matches(access.name, names, n=1, cutoff=0.6)
+        self.reported_names.add(access.name)
+        fix = f"did you mean `{close[0]}`?" if close else f"published names: {', '.join(names[:12])}"
+        self.add(
+            "cel/unknown-attribute", Severity.WARNING if access.presence else Severity.ERROR,
+            f"no device publishes {_kind_word(access.kind)} '{access.name}' in domain '{access.domain}'",
+            fix, access,
+        )
+
+    def report_unknown(self, access: Access, sdomain: str, wanted: schema.Kind) -> None:
+        name = access.name
+        word = _kind_word(access.kind)
+        self.reported_names.add(name)
+        severity = Severity.WARNING if access.presence else Severity.ERROR
+        lookup_suffix = " (always false)" if access.presence else " (evaluation fails with 'no such key')"
+        other: schema.Kind = "capacity" if wanted == "attribute" else "attribute"
+        other_spec = schema.lookup(sdomain, name, other)
+        if other_spec is not None:
+            other_kind = "capacity" if other == "capacity" else "attributes"
+            if other == "capacity":
+                fix = (f"use {_access_text('capacity', access.domain, name)}, a Quantity: e.g. "
+                       f"{_access_text('capacity', access.domain, name)}.compareTo(quantity('40Gi')) >= 0")
+            else:
+                fix = f"use {_access_text(other_kind, access.domain, name)}"
+            self.add("cel/unknown-attribute", severity,
+                     f"'{name}' is a {other} of {sdomain}, not an {wanted}{lookup_suffix}", fix, access)
+            return
+        for other_domain in (schema.DRIVER_NAME, schema.K8S_DOMAIN):
+            if other_domain != sdomain and schema.lookup(other_domain, name, wanted) is not None:
+                real = self.driver if other_domain == schema.DRIVER_NAME else other_domain
+                self.add("cel/unknown-attribute", severity,
+                         f"'{name}' is published in domain '{real}', not '{access.domain}'{lookup_suffix}",
+                         f"use {_access_text(access.kind, real, name)}", access)
+                return
+        suggestion = self.suggest(name, sdomain, wanted)
+        if suggestion is None:
+            names = sorted(s.name for s in schema.ATTRIBUTES if s.domain == sdomain and s.kind == wanted)
+            self.add("cel/unknown-attribute", severity,
+                     f"{access.domain} does not publish {word} '{name}'{lookup_suffix}",
+                     f"published {word} names: {', '.join(names)}", access)
+            return
+        rewritten = self.rewrite_name(access, suggestion)
+        fix = f"did you mean `{suggestion}`? use {_access_text(access.kind, access.domain, suggestion)}"
+        if rewritten is not None:
+            fix += f": {rewritten}"
+        self.add("cel/unknown-attribute", severity,
+                 f"{access.domain} does not publish {word} '{name}'{lookup_suffix}; "
+                 f"did you mean '{suggestion}'?",
+                 fix, access)
+
+    def suggest(self, name: str, sdomain: str, wanted: schema.Kind) -> str | None:
+        names = [s.name for s in schema.ATTRIBUTES
+                 if s.domain == sdomain and s.kind == wanted and not s.is_pattern]
+        folded = name.lower().replace("_", "").replace("-", "")
+        alias = _ALIASES.get(folded)
+        if alias in names:
+            return alias
+        for candidate in names:
+            if candidate.lower() == folded:
+                return candidate
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        return close[0] if close else None
+
+    def check_comparisons(self) -> None:
+        for comparison in self.c.analysis.comparisons:
+            self.check_comparison(comparison)
+        for conversion in self.c.analysis.conversions:
+            access = conversion.access
+            typ = self.type_of(access.kind, access.domain, access.name)
+            wanted = "version" if conversion.function == "semver" else "quantity"
+            if typ == wanted:
+                what = "Semver" if wanted == "version" else "Quantity"
+                self.add(
+                    "cel/unknown-attribute", Severity.ERROR,
+                    f"'{access.name}' is already a {what}; {conversion.function}() takes a string "
+                    "(evaluation fails with 'no such overload')",
+                    f"drop {conversion.function}(...) and use "
+                    f"{_access_text(access.kind, access.domain, access.name)} directly", access,
+                )
+
+    def check_comparison(self, comparison: Comparison) -> None:
+        access = comparison.access
+        typ = self.type_of(access.kind, access.domain, access.name)
+        if typ is None:
+            return
+        constant = comparison.constant
+        op = _OPS.get(comparison.op, comparison.op)
+        target = _access_text(access.kind, access.domain, access.name)
+        if typ == "version" and isinstance(constant, str):
+            try:
+                literal = coerce_semver(constant)
+            except ValueError:
+                literal = constant
+            if op in ("==", "!="):
+                fix = f"{target} {op} semver('{literal}')"
+                effect = "never equal" if op == "==" else "always unequal"
+            else:
+                fix = f"{target}.compareTo(semver('{literal}')) {op} 0"
+                effect = "an evaluation error ('no such overload')"
+            self.add("cel/unknown-attribute", Severity.ERROR,
+                     f"'{access.name}' is a version (Semver), compared with the string '{constant}': "
+                     f"{effect}",
+                     f"compare Semver values: {fix}", access)
+        elif typ == "quantity" and not isinstance(constant, dict):
+            literal = constant if isinstance(constant, str) else str(constant)
+            fix = f"{target}.compareTo(quantity('{literal}')) {op} 0"
+            effect = "never equal" if op == "==" else (
+                "always unequal" if op == "!=" else "an evaluation error ('no such overload')")
+            self.add("cel/unknown-attribute", Severity.ERROR,
+                     f"'{access.name}' is a capacity (Quantity), compared with {constant!r}: {effect}",
+                     f"compare quantities: {fix}", access)
+        elif typ in ("string", "int", "bool"):
+            actual = _value_type(constant) if isinstance(constant, str | int | bool) else None
+            if actual is not None and actual != typ and not (typ == "int" and isinstance(constant, float)):
+                hint = f"'{constant}'" if typ == "string" else ("true/false" if typ == "bool" else "a number")
+                self.add("cel/unknown-attribute", Severity.ERROR,
+                         f"'{access.name}' is a {typ} attribute, compared with the {actual} {constant!r}: "
+                         f"{'never equal' if op != '!=' else 'always unequal'}"
+                         + ("" if op in ("==", "!=") else " (or an evaluation error)"),
+                         f"compare with {hint}, e.g. {target} {op} "
+                         + (repr(str(constant)) if typ == "string" else str(constant)), access)
+
+    def check_driver_guard(self) -> None:
+        guards = self.c.analysis.driver_guards
+        if guards:
+            return
+        domains = [a.domain for a in self.c.analysis.accesses if a.domain != schema.K8S_DOMAIN]
+        driver = domains[0] if domains else self.driver
+        self.add(
+            "cel/driver-guard", Severity.WARNING,
+            "selector does not check device.driver: devices of other drivers are evaluated too, "
+            "and attribute lookups fail or match on them",
+            f"start the expression with `device.driver == '{driver}' && `",
+        )
+
+    def check_inventory(self) -> None:
+        devices = self.devices
+        if not devices:
+            return
+        result = match_compiled([self.c], devices)
+        # One issue per distinct failure, summed over the profiles that hit it.
+        failures: dict[str, list[MatchError]] = {}
+        for error in result.errors:
+            failures.setdefault(error.message, []).append(error)
+        static_types = any(
+            i.check == "cel/unknown-attribute" and ("compared with" in i.message or "already a" in i.message)
+            for i in self.issues
+        )
+        for message, errors in failures.items():
+            first = errors[0]
+            if first.missing_key is not None and first.missing_key in self.reported_names:
+                continue
+            if first.type_error and static_types:
+                continue
+            count = sum(e.devices for e in errors)
+            where = f"{first.device.node or first.device.pool}/{first.device.name}"
+            if first.missing_key is not None:
+                path = next((_access_text(a.kind, a.domain, a.name) for a in self.c.analysis.accesses
+                             if a.name == first.missing_key), f"...{first.missing_key}")
+                fix = (f"guard the lookup with has({path}) && ..., or test the device type first "
+                       "(e.g. device.attributes['gpu.nvidia.com'].type == 'mig' && ...)")
+                check = "cel/unknown-attribute"
+            else:
+                fix = "make the expression well-typed for every device the class can see"
+                check = "cel/type"
+            self.add(
+                check, Severity.ERROR,
+                f"evaluation fails on {count} of {len(devices)} devices (e.g. {where}): {message}; "
+                "the scheduler fails allocation when a selector errors",
+                fix,
+            )
+        if not result.matched:
+            self.add(
+                "cel/no-match", Severity.ERROR,
+                f"selects none of the {len(devices)} devices in the inventory; "
+                f"published: {_products(devices)}",
+                "compare against the products listed (`draguard driver inventory` prints the attributes)",
+            )
+
+
+def _value_type(value: object) -> TypeName:
+    if isinstance(value, Version):
+        return "version"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    return "string"
+
+
+def _products(devices: Sequence[Device], limit: int = 8) -> str:
+    counts: Counter[str] = Counter()
+    for device in devices:
+        attrs = device.attributes.get(device.driver, {})
+        product = str(attrs.get("productName", "?"))
+        dtype = str(attrs.get("type", "device"))
+        profile = attrs.get("profile")
+        label = f"{device.driver}: {product} ({dtype}{' ' + str(profile) if profile else ''})"
+        counts[label] += 1
+    parts = [f"{label} x{n}" for label, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+    if len(counts) > limit:
+        parts.append(f"... {len(counts) - limit} more")
+    return "; ".join(parts)
+
+
+def lint_selector(
+    expression: str,
+    *,
+    devices: Sequence[Device] | None = None,
+    driver: str | None = None,
+) -> list[CelIssue]:
+    """All issues with one selector expression; never raises for bad input.
+
+    `devices`: the inventory to match against (enables `cel/no-match` and evaluation checks).
+    `driver`: the bundled driver's configured name, whose attributes follow `driver/schema.py`.
+    """
+    if not isinstance(expression, str):
+        return [CelIssue("cel/syntax", Severity.ERROR,
+                         f"expression must be a string, not {type(expression).__name__}",
+                         "quote the expression in YAML")]
+    if not expression.strip():
+        return [CelIssue("cel/syntax", Severity.ERROR, "expression is empty",
+                         "write a boolean expression, e.g. device.driver == 'gpu.nvidia.com'")]
+    compiled = compile_or_issue(expression)
+    if isinstance(compiled, CelIssue):
+        return [compiled]
+    linter = _Linter(compiled, devices, driver)
+    linter.check_names()
+    linter.check_comparisons()
+    linter.check_driver_guard()
+    linter.check_inventory()
+    return linter.issues

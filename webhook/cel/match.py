@@ -1,0 +1,141 @@
+"""Evaluate selectors over an inventory, once per distinct profile of what they can see.
+
+A profile is the part of a device the expressions read. When every read is a constant lookup
+(`device.driver`, `device.attributes['d'].name`, `has(...)`, `'name' in ...`), the profile is just
+those values, so 50,000 GPUs of four models collapse to four evaluations and per-device identity
+attributes (uuid, pciBusID, parentUUID) never split a group unless an expression reads them. An
+expression that iterates a map, calls `size()` on it or computes a key is "dynamic": its profile is
+the whole device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from webhook.cel.env import CelEvalError, CompiledSelector, compile_selector
+from webhook.dra.device import Device
+
+
+@dataclass(frozen=True, slots=True)
+class MatchError:
+    """The first evaluation error of one profile."""
+
+    expression: str
+    message: str
+    device: Device  # the profile's first device
+    devices: int  # devices sharing the profile (all of them fail the same way)
+    missing_key: str | None = None
+    type_error: bool = False
+
+
+@dataclass(slots=True)
+class MatchResult:
+    matched: list[Device] = field(default_factory=list)
+    errors: list[MatchError] = field(default_factory=list)
+    # Distinct profiles, i.e. how many times the expressions were evaluated per selector at most.
+    profiles: int = 0
+    # Devices whose evaluation failed (they are not in `matched`).
+    failed: int = 0
+
+
+_MISSING = object()
+ProfileKey = Callable[[Device], Hashable]
+
+
+def _full_key(device: Device) -> Hashable:
+    return (
+        device.driver,
+        tuple(sorted(
+            (domain, tuple(sorted((n, v.__class__, v) for n, v in values.items())))
+            for domain, values in device.attributes.items()
+        )),
+        tuple(sorted(
+            (domain, tuple(sorted(values.items()))) for domain, values in device.capacity.items()
+        )),
+    )
+
+
+def profile_key(selectors: Sequence[CompiledSelector]) -> ProfileKey:
+    """A function giving each device the key of what `selectors` can see."""
+    if any(s.analysis.dynamic for s in selectors):
+        return _full_key
+    reads_driver = any(s.analysis.reads_driver for s in selectors)
+    keys = sorted({k for s in selectors for k in s.analysis.visible_keys})
+    attr_keys = tuple((d, n) for kind, d, n in keys if kind == "attributes")
+    cap_keys = tuple((d, n) for kind, d, n in keys if kind == "capacity")
+    empty: dict[str, object] = {}
+
+    def key(device: Device) -> Hashable:
+        parts: list[object] = [device.driver] if reads_driver else []
+        attributes = device.attributes
+        for domain, name in attr_keys:
+            value = attributes.get(domain, empty).get(name, _MISSING)
+            # The class is part of the key: True == 1 and Version("1.0.0") == "1.0.0" in Python.
+            parts.append((value.__class__, value))
+        capacity = device.capacity
+        for domain, name in cap_keys:
+            parts.append(capacity.get(domain, empty).get(name, _MISSING))
+        return tuple(parts)
+
+    return key
+
+
+def match_compiled(selectors: Sequence[CompiledSelector], devices: Sequence[Device]) -> MatchResult:
+    """Devices for which every selector is true (evaluated in order, stopping at the first false)."""
+    result = MatchResult()
+    if not devices:
+        return result
+    key_of = profile_key(selectors)
+    groups: dict[Hashable, list[Device]] = {}
+    keys: list[Hashable] = []
+    for device in devices:
+        k = key_of(device)
+        keys.append(k)
+        group = groups.get(k)
+        if group is None:
+            groups[k] = [device]
+        else:
+            group.append(device)
+    result.profiles = len(groups)
+    verdict: dict[Hashable, bool] = {}
+    for k, members in groups.items():
+        representative = members[0]
+        ok = True
+        for selector in selectors:
+            try:
+                if not selector.evaluate(representative):
+                    ok = False
+                    break
+            except CelEvalError as exc:
+                result.errors.append(MatchError(
+                    selector.expression, exc.message, representative, len(members), exc.missing_key,
+                    exc.type_error,
+                ))
+                result.failed += len(members)
+                ok = False
+                break
+        verdict[k] = ok
+    result.matched = [d for d, k in zip(devices, keys, strict=True) if verdict[k]]
+    return result
+
+
+def match_devices(expressions: Sequence[str], devices: Sequence[Device]) -> MatchResult:
+    """Devices selected by all `expressions`.
+
+    Raises CelCompileError for an expression that does not compile.
+    """
+    return match_compiled([compile_selector(e) for e in expressions], devices)
+
+
+def match_naive(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
+    """Evaluate every device separately (reference for tests and benchmarks)."""
+    selectors = [compile_selector(e) for e in expressions]
+    out: list[Device] = []
+    for device in devices:
+        try:
+            if all(s.evaluate(device) for s in selectors):
+                out.append(device)
+        except CelEvalError:
+            continue
+    return out
