@@ -44,7 +44,9 @@ def render(result: ReviewResult, *, color: bool = False) -> str:
             for line in f.message.splitlines() or [""]:
                 out.append(f"      {line}")
             if f.fix:
-                out.append(paint(f"      fix: {f.fix}", _DIM))
+                fix_lines = f.fix.splitlines()
+                out.append(paint(f"      fix: {fix_lines[0]}", _DIM))
+                out.extend(paint(f"           {line}", _DIM) for line in fix_lines[1:])
         out.append("")
     out.append(summary_line(result))
     return "\n".join(out) + "\n"

@@ -1,0 +1,446 @@
+"""`draguard migrate`: rewrite legacy `nvidia.com/gpu` manifests into DRA, keeping the file's
+comments, key order and quoting (ruamel.yaml round-trip).
+
+The decisions (which claim, which template, which DeviceClass) come from the engine's migration
+planner (`webhook.engine.migration`), the same code the webhook's `migrate` mode patches with;
+this module only applies its RFC 6902 patch to the YAML the user wrote. Only documents that change
+are re-emitted; every other document keeps its exact text.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import itertools
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError as RuamelError
+
+from webhook.review.inputs import YAML_SUFFIXES, InputError, display_path, read_text
+from webhook.review.pipeline import ReviewError, load_policy_set
+
+DEFAULT_GPU_CLASS = "gpu.nvidia.com"
+DEFAULT_MIG_CLASS = "mig.nvidia.com"
+_SEPARATOR = re.compile(r"^---(?:[ \t].*)?$")
+
+
+class RewriteError(Exception):
+    """A file that cannot be rewritten (one line: file and reason)."""
+
+
+@dataclass(slots=True)
+class MigrateOutcome:
+    output: str = ""
+    changed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- documents as text
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One document's text, with the `---` line that opened it (None for the first)."""
+
+    separator: str | None
+    body: str
+
+
+def split_documents(text: str) -> list[Chunk]:
+    """Split a YAML stream at column-0 `---` lines (block content is always indented)."""
+    chunks: list[Chunk] = []
+    sep: str | None = None
+    buf: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if _SEPARATOR.match(line.rstrip("\r\n")):
+            chunks.append(Chunk(sep, "".join(buf)))
+            sep, buf = line if line.endswith("\n") else line + "\n", []
+        else:
+            buf.append(line)
+    chunks.append(Chunk(sep, "".join(buf)))
+    return chunks
+
+
+def join_documents(chunks: Sequence[Chunk]) -> str:
+    return "".join((c.separator or "") + c.body for c in chunks)
+
+
+def detect_indent(text: str) -> tuple[int, int, int]:
+    """(mapping indent, sequence indent, dash offset) the file already uses, for ruamel's emitter."""
+    mapping, offset = None, None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for prev, nxt in itertools.pairwise(lines):
+        if not prev.rstrip().endswith(":"):
+            continue
+        pcol = len(prev) - len(prev.lstrip(" "))
+        body = prev.lstrip(" ")
+        if body.startswith("- "):
+            pcol += 2  # a key on a list item line: its children indent from the key
+        ncol = len(nxt) - len(nxt.lstrip(" "))
+        if ncol <= pcol:
+            continue
+        if nxt.lstrip().startswith("- "):
+            offset = offset if offset is not None else ncol - pcol
+        else:
+            mapping = mapping if mapping is not None else ncol - pcol
+        if mapping is not None and offset is not None:
+            break
+    m = mapping or 2
+    o = offset if offset is not None else 0
+    return m, max(m, o + 2), o
+
+
+def _yaml(text: str) -> YAML:
+    y = YAML(typ="rt")
+    y.preserve_quotes = True
+    y.width = 4096  # never re-wrap long strings (CEL expressions, commands)
+    m, s, o = detect_indent(text)
+    y.indent(mapping=m, sequence=s, offset=o)
+    return y
+
+
+# --------------------------------------------------------------------------- RFC 6902 on ruamel
+
+
+def _to_ruamel(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        cm = CommentedMap()
+        for k, v in value.items():
+            cm[k] = _to_ruamel(v)
+        return cm
+    if isinstance(value, list | tuple):
+        return CommentedSeq([_to_ruamel(v) for v in value])
+    return value
+
+
+def _tokens(pointer: str) -> list[str]:
+    if not pointer:
+        return []
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer.lstrip("/").split("/")]
+
+
+def _parent(doc: Any, tokens: Sequence[str]) -> Any:
+    node = doc
+    for t in tokens:
+        node = node[int(t)] if isinstance(node, list) else node[t]
+    return node
+
+
+def apply_patch(doc: Any, patch: Sequence[Mapping[str, Any]]) -> None:
+    """Apply add/remove/replace operations in place, keeping ruamel's comments and order."""
+    for op in patch:
+        tokens = _tokens(str(op["path"]))
+        parent = _parent(doc, tokens[:-1])
+        last = tokens[-1]
+        kind = op["op"]
+        if kind == "add":
+            value = _to_ruamel(op["value"])
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(value)
+                else:
+                    parent.insert(int(last), value)
+            else:
+                parent[last] = value
+        elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                del parent[last]
+        elif kind == "replace":
+            if isinstance(parent, list):
+                parent[int(last)] = _to_ruamel(op["value"])
+            else:
+                parent[last] = _to_ruamel(op["value"])
+        else:  # the planner only emits the three above
+            raise RewriteError(f"unsupported patch operation {kind!r}")
+
+
+def rename_key(mapping: CommentedMap, old: str, new: str) -> None:
+    """Rename a key in place, keeping its position and value."""
+    keys = list(mapping.keys())
+    pos = keys.index(old)
+    value = mapping[old]
+    comment = mapping.ca.items.pop(old, None)  # the end-of-line comment moves with the key
+    del mapping[old]
+    mapping.insert(pos, new, value)
+    if comment is not None:
+        mapping.ca.items[new] = comment
+
+
+# --------------------------------------------------------------------------- the policy to apply
+
+
+def migration_policy(
+    policies: str | None, required: bool, strategy: str | None, mig_resources: set[str]
+) -> Any:
+    """The first MigrationPolicy of the policy set, else NVIDIA's default classes.
+
+    Without a policy, `nvidia.com/gpu` maps to the `gpu.nvidia.com` class and each
+    `nvidia.com/mig-<profile>` to `mig.nvidia.com` with a selector on that profile.
+    """
+    from webhook.policy.model import MigrationPolicy, MigrationStrategy, ResourceMapping
+
+    policy_set = load_policy_set(policies, required=required)
+    chosen: MigrationPolicy
+    if policy_set.migration:
+        chosen = policy_set.migration[0]
+    else:
+        mappings = [ResourceMapping(resource="nvidia.com/gpu", device_class=DEFAULT_GPU_CLASS)]
+        for res in sorted(mig_resources):
+            profile = res[len("nvidia.com/mig-") :]
+            mappings.append(
+                ResourceMapping(
+                    resource=res,
+                    device_class=DEFAULT_MIG_CLASS,
+                    selectors=(f"device.attributes['{DEFAULT_GPU_CLASS}'].profile == '{profile}'",),
+                )
+            )
+        chosen = MigrationPolicy(name="default", mappings=tuple(mappings))
+    if strategy:
+        import dataclasses
+
+        chosen = dataclasses.replace(chosen, strategy=MigrationStrategy(strategy))
+    return chosen
+
+
+# --------------------------------------------------------------------------- one file
+
+
+def _yaml_files(paths: Sequence[str]) -> Iterator[Path]:
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise RewriteError(f"{raw}: no such file or directory")
+        if p.is_file():
+            yield p
+            continue
+        for f in sorted(p.rglob("*")):
+            rel = f.relative_to(p)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            if f.is_file() and f.name.endswith(YAML_SUFFIXES):
+                yield f
+
+
+def _plain(body: str) -> Any:
+    try:
+        return yaml.load(body, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    ns = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj.get('kind')}/{ns}{meta.get('name')}"
+
+
+def _existing(chunks: Sequence[Chunk]) -> set[tuple[str, str, str]]:
+    out: set[tuple[str, str, str]] = set()
+    for c in chunks:
+        data = _plain(c.body)
+        if isinstance(data, Mapping) and isinstance(data.get("metadata"), Mapping):
+            meta = data["metadata"]
+            out.add((str(data.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name"))))
+    return out
+
+
+def _dump(y: YAML, data: Any) -> str:
+    buf = io.StringIO()
+    y.dump(data, buf)
+    return buf.getvalue()
+
+
+def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
+    """The migrated text of one file and notes about what could not be migrated."""
+    from webhook.dra.workloads import pod_spec_of
+    from webhook.engine.migration import plan_workload
+
+    chunks = split_documents(text)
+    present = _existing(chunks)
+    out: list[Chunk] = []
+    notes: list[str] = []
+    for chunk in chunks:
+        out.append(chunk)
+        data = _plain(chunk.body)
+        if not isinstance(data, Mapping) or pod_spec_of(data) is None:
+            continue
+        # Indentation styles differ between documents pasted into one file: follow each one's.
+        y = _yaml(chunk.body)
+        plan = plan_workload(data, policy)
+        if plan is None:
+            continue
+        for use in plan.unmapped:
+            notes.append(
+                f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}: "
+                + (f"count {use.bad_count!r} is not a whole number" if use.bad_count else "no mapping")
+                + " (left unchanged; add a MigrationPolicy mapping)"
+            )
+        if not plan.patch:
+            continue
+        try:
+            doc = y.load(chunk.body)
+        except RuamelError as exc:
+            raise RewriteError(f"{shown}: cannot round-trip this YAML: {str(exc).splitlines()[0]}") from None
+        apply_patch(doc, plan.patch)
+        out[-1] = Chunk(chunk.separator, _dump(y, doc))
+        for tmpl in plan.templates:
+            meta = tmpl.get("metadata", {})
+            key = (str(tmpl.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
+            if key in present:
+                continue
+            present.add(key)
+            if not out[-1].body.endswith("\n"):
+                out[-1] = Chunk(out[-1].separator, out[-1].body + "\n")
+            out.append(Chunk("---\n", _dump(y, _to_ruamel(tmpl))))
+    return join_documents(out), notes
+
+
+def legacy_class_needs(texts: Mapping[Path, str], policy: Any, notes: list[str]) -> dict[str, str]:
+    """Extended-resource strategy: DeviceClass name -> the legacy resource it must serve.
+
+    KEP-5004 keeps `nvidia.com/gpu: N` in the pod; the scheduler serves it from the DeviceClass
+    that declares `extendedResourceName: nvidia.com/gpu` (the engine's migrate rule checks this).
+    """
+    from webhook.dra.workloads import pod_spec_of
+    from webhook.engine.migration import find_legacy, node_labels_of
+
+    needs: dict[str, str] = {}
+    for f, text in texts.items():
+        if "nvidia.com/" not in text:
+            continue
+        shown = display_path(f)
+        for chunk in split_documents(text):
+            data = _plain(chunk.body)
+            found = pod_spec_of(data) if isinstance(data, Mapping) else None
+            if found is None:
+                continue
+            assert isinstance(data, Mapping)
+            pointer, podspec = found
+            for use in find_legacy(podspec, pointer):
+                mapping = policy.mapping_for(use.resource, node_labels_of(podspec))
+                if mapping is None:
+                    notes.append(f"{shown}: {_ref(data)} {use.resource}: no MigrationPolicy mapping (left)")
+                elif mapping.selectors:
+                    notes.append(
+                        f"{shown}: {_ref(data)} {use.resource}: its mapping adds selectors, which an "
+                        "extended resource cannot carry; use --strategy claim-template"
+                    )
+                elif needs.get(mapping.device_class, use.resource) != use.resource:
+                    notes.append(
+                        f"DeviceClass {mapping.device_class} would have to serve both "
+                        f"{needs[mapping.device_class]} and {use.resource}; a class serves one name"
+                    )
+                else:
+                    needs[mapping.device_class] = use.resource
+    return needs
+
+
+def serve_extended_resources(text: str, needs: dict[str, str], served: set[str]) -> str:
+    """Set `spec.extendedResourceName` on the DeviceClasses of this file that `needs` names."""
+    chunks = split_documents(text)
+    out: list[Chunk] = []
+    for chunk in chunks:
+        data = _plain(chunk.body)
+        name = None
+        if isinstance(data, Mapping) and data.get("kind") == "DeviceClass":
+            meta = data.get("metadata")
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+        if name not in needs:
+            out.append(chunk)
+            continue
+        served.add(str(name))
+        spec = data.get("spec") if isinstance(data, Mapping) else None
+        if isinstance(spec, Mapping) and spec.get("extendedResourceName") == needs[str(name)]:
+            out.append(chunk)
+            continue
+        y = _yaml(chunk.body)
+        doc = y.load(chunk.body)
+        if not isinstance(doc.get("spec"), CommentedMap):
+            doc["spec"] = CommentedMap()
+        doc["spec"]["extendedResourceName"] = needs[str(name)]
+        out.append(Chunk(chunk.separator, _dump(y, doc)))
+    return join_documents(out)
+
+
+def migrate_paths(
+    paths: Sequence[str],
+    *,
+    policies: str | None,
+    policies_required: bool,
+    strategy: str | None,
+    write: bool,
+) -> MigrateOutcome:
+    files = list(_yaml_files(paths))
+    texts: dict[Path, str] = {}
+    mig: set[str] = set()
+    for f in files:
+        try:
+            texts[f] = read_text(f, display_path(f))
+        except InputError as exc:
+            raise RewriteError(str(exc)) from None
+        mig.update(re.findall(r"nvidia\.com/mig-[0-9a-z.]+", texts[f]))
+    try:
+        policy = migration_policy(policies, policies_required, strategy, mig)
+    except ReviewError:
+        raise
+    outcome = MigrateOutcome()
+    diffs: list[str] = []
+    extended = policy.strategy.value == "extended-resource"
+    needs: dict[str, str] = legacy_class_needs(texts, policy, outcome.notes) if extended else {}
+    served: set[str] = set()
+    for f in files:
+        shown = display_path(f)
+        text = texts[f]
+        if extended:
+            if "DeviceClass" not in text:
+                continue
+            new = serve_extended_resources(text, needs, served)
+        else:
+            if "nvidia.com/" not in text:
+                continue  # nothing legacy here; skip the parse
+            new, notes = rewrite_text(text, shown, policy)
+            outcome.notes.extend(notes)
+        if new == text:
+            continue
+        outcome.changed.append(shown)
+        if write:
+            try:
+                f.write_text(new, encoding="utf-8")
+            except OSError as exc:
+                raise RewriteError(f"{shown}: cannot write: {exc.strerror or exc}") from None
+        else:
+            diffs.extend(
+                difflib.unified_diff(
+                    text.splitlines(keepends=True),
+                    new.splitlines(keepends=True),
+                    fromfile=shown if shown.startswith("/") else f"a/{shown}",
+                    tofile=shown if shown.startswith("/") else f"b/{shown}",
+                )
+            )
+    if write:
+        outcome.output = "".join(f"migrated {s}\n" for s in outcome.changed) or "nothing to migrate\n"
+    else:
+        outcome.output = "".join(
+            d if d.endswith("\n") else d + "\n\\ No newline at end of file\n" for d in diffs
+        )
+    for cls in sorted(set(needs) - served):
+        outcome.notes.append(
+            f"DeviceClass {cls} is not among these files: set spec.extendedResourceName: {needs[cls]} "
+            "on it in the cluster (workloads keep their limits)"
+        )
+    if extended and needs:
+        outcome.notes.append(
+            "extended-resource strategy: pods keep their nvidia.com/* limits; the cluster needs the "
+            "DRAExtendedResource feature gate (alpha 1.34, beta 1.36) on apiserver, scheduler and kubelet"
+        )
+    return outcome
