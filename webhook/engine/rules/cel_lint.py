@@ -1,0 +1,124 @@
+"""`cel/*`: lint every CEL selector in DeviceClasses, ResourceClaims and ResourceClaimTemplates.
+
+Each selector (class selectors, request selectors, `firstAvailable` subrequest selectors) goes
+through `webhook.cel.lint.lint_selector` against the inventory; every issue becomes a finding whose
+rule id is the issue's check. The CelLintPolicy covering the object's namespace decides which
+checks run and in which mode; without one, every check runs in warn mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from driver.schema import DRIVER_NAME
+from webhook.cel.lint import lint_selector
+from webhook.dra.device import Device
+from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
+from webhook.engine.context import SourceObject
+from webhook.engine.findings import Finding, Mode, Severity
+from webhook.engine.quota import QuotaCalculator
+from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.opaque import dotted
+from webhook.policy.model import CelLintPolicy
+
+DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
+
+_LAST: list[QuotaCalculator] = []
+
+
+def _calculator(rc: RuleContext) -> QuotaCalculator:
+    if _LAST and _LAST[0].inventory is rc.inventory and _LAST[0].classes is rc.index.classes:
+        return _LAST[0]
+    calc = QuotaCalculator(rc.inventory, rc.index.classes)
+    _LAST[:] = [calc]
+    return calc
+
+
+def _policy_for(rc: RuleContext, namespace: str | None) -> CelLintPolicy:
+    pols = rc.policies.cel_lint
+    if not pols:
+        return DEFAULT_POLICY
+    if namespace is None:
+        # Cluster-scoped (DeviceClass): the policies not limited to some namespaces.
+        for p in pols:
+            if not p.scope.namespaces and not p.scope.match_labels:
+                return p
+        return pols[0]
+    labels = rc.namespace_labels(namespace)
+    for p in pols:
+        if p.scope.applies(namespace, labels):
+            return p
+    return DEFAULT_POLICY
+
+
+def _severity(name: str | None, default: Severity) -> Severity:
+    try:
+        return Severity(name) if name else default
+    except ValueError:
+        return default
+
+
+def _line(item: SourceObject, sel: Selector, issue_line: int | None) -> int | None:
+    """Line of the issue in the file: the `expression:` key's line plus the offset inside the text.
+
+    A multi-line expression is a literal block scalar whose first line follows the key.
+    """
+    base = item.line_of(sel.pointer)
+    if base is None or not issue_line:
+        return base
+    if "\n" in sel.expression:
+        return base + issue_line
+    return base
+
+
+def _lint(
+    item: SourceObject, rc: RuleContext, policy: CelLintPolicy, selectors: Sequence[Selector],
+    devices: Sequence[Device] | None,
+) -> Iterable[Finding]:
+    for sel in selectors:
+        for issue in lint_selector(sel.expression, devices=devices, driver=DRIVER_NAME):
+            setting = policy.setting(issue.check)
+            if setting is None:
+                continue
+            mode = setting.mode or policy.mode
+            base = rc.finding(
+                item, issue.check, _severity(setting.severity, issue.severity), mode,
+                f"{dotted(sel.pointer)}: {issue.message}", fix=issue.fix, pointer=sel.pointer,
+            )
+            line = _line(item, sel, issue.line)
+            yield base if line == base.line else _with_line(base, line)
+
+
+def _with_line(f: Finding, line: int | None) -> Finding:
+    return dataclasses.replace(f, line=line)
+
+
+def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
+    obj = item.obj
+    if dra_version(obj.get("apiVersion")) is None:
+        return
+    all_devices: Sequence[Device] | None = rc.inventory.devices or None
+    if obj.get("kind") == "DeviceClass":
+        dc = read_device_class(obj)
+        yield from _lint(item, rc, _policy_for(rc, None), dc.selectors, all_devices)
+        return
+    read = claim_spec_of(obj)
+    if read is None:
+        return
+    policy = _policy_for(rc, rc.namespace(item))
+    calc = _calculator(rc)
+    for req in read[0].requests:
+        for cls, selectors, _mode, _count, _ptr in req.alternatives():
+            if not selectors:
+                continue
+            # Request selectors narrow the class: match them against the class's devices when known.
+            devices = all_devices
+            if cls and all_devices:
+                class_devices = calc.matching(cls)
+                if class_devices:
+                    devices = class_devices
+            yield from _lint(item, rc, policy, selectors, devices)
+
+
+RULES = (FunctionRule("cel/", _check),)
