@@ -1,0 +1,203 @@
+"""The driver's checkpoint: which claims are prepared (or half-prepared) on this node.
+
+Layout (JSON): `{"checksum": <crc32 of the canonical "v2" text>, "v2": {"nodeBootID": ...,
+"preparedClaims": {<claimUID>: {"checkpointState": "PrepareStarted" | "PrepareCompleted", "name",
+"namespace", "preparedDevices": [...], "driverVersion"}}}}`. Writes are atomic (temp file, fsync,
+rename, fsync of the directory). A node-wide lock file serialises prepare and unprepare, also
+across two plugin processes overlapping during a rolling update. The checkpoint is discarded when
+the node's boot id changes: after a reboot nothing is prepared any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+log = logging.getLogger("draguard.driver.checkpoint")
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+State = Literal["PrepareStarted", "PrepareCompleted"]
+PREPARE_STARTED: Final = "PrepareStarted"
+PREPARE_COMPLETED: Final = "PrepareCompleted"
+
+
+class CheckpointCorrupt(RuntimeError):
+    """The checkpoint file cannot be trusted (bad JSON or checksum mismatch)."""
+
+
+@dataclass
+class PreparedDevice:
+    requests: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "poolName": self.pool_name,
+            "deviceName": self.device_name,
+            "cdiDeviceIDs": self.cdi_device_ids,
+        }
+        if self.share_id:
+            out["shareID"] = self.share_id
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PreparedDevice:
+        return cls(
+            requests=list(d.get("requests") or d.get("Requests") or []),
+            pool_name=str(d.get("poolName") or d.get("PoolName") or ""),
+            device_name=str(d.get("deviceName") or d.get("DeviceName") or ""),
+            cdi_device_ids=list(d.get("cdiDeviceIDs") or d.get("CDIDeviceIDs") or []),
+            share_id=d.get("shareID") or d.get("ShareID"),
+        )
+
+
+@dataclass
+class ClaimEntry:
+    state: State
+    name: str
+    namespace: str
+    devices: list[PreparedDevice] = field(default_factory=list)
+    driver_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # fields written by other versions, kept as-is
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "checkpointState": self.state,
+            "name": self.name,
+            "namespace": self.namespace,
+            "preparedDevices": [d.to_json() for d in self.devices],
+            "driverVersion": self.driver_version,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ClaimEntry:
+        known = {"checkpointState", "name", "namespace", "preparedDevices", "driverVersion"}
+        state = d.get("checkpointState", PREPARE_COMPLETED)
+        if state not in (PREPARE_STARTED, PREPARE_COMPLETED):
+            state = PREPARE_STARTED  # unknown states are treated as unfinished: rolled back on start
+        return cls(
+            state=state,
+            name=str(d.get("name", "")),
+            namespace=str(d.get("namespace", "")),
+            devices=[
+                PreparedDevice.from_json(x) for x in d.get("preparedDevices") or [] if isinstance(x, dict)
+            ],
+            driver_version=str(d.get("driverVersion", "")),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(obj: Any) -> int:
+    return zlib.crc32(_canonical(obj).encode())
+
+
+class Checkpoint:
+    """`<plugin dir>/checkpoint.json` plus the `pu.lock` file lock."""
+
+    def __init__(self, directory: str | Path, *, boot_id_path: Path = BOOT_ID_PATH) -> None:
+        self.dir = Path(directory)
+        self.path = self.dir / "checkpoint.json"
+        self.lock_path = self.dir / "pu.lock"
+        self.boot_id_path = boot_id_path
+        self._tlock = threading.Lock()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the node-wide prepare/unprepare lock (thread- and process-wide)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._tlock:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    def load(self) -> dict[str, ClaimEntry]:
+        """Claims in the checkpoint; empty when absent or written before the last reboot.
+
+        Raises CheckpointCorrupt when the file exists but fails its checksum.
+        """
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise CheckpointCorrupt(f"{self.path}: not valid JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise CheckpointCorrupt(f"{self.path}: expected a JSON object")
+        v2 = doc.get("v2")
+        if v2 is None and "v1" in doc:  # legacy layout: every listed claim counts as completed
+            v1 = doc.get("v1") or {}
+            return {uid: ClaimEntry.from_json({"checkpointState": PREPARE_COMPLETED, **(e or {})})
+                    for uid, e in (v1.get("preparedClaims") or {}).items()}  # fmt: skip
+        if not isinstance(v2, dict):
+            raise CheckpointCorrupt(f"{self.path}: missing the 'v2' section")
+        if doc.get("checksum") != _checksum(v2):
+            raise CheckpointCorrupt(f"{self.path}: checksum mismatch (file damaged or edited by hand)")
+        boot = read_boot_id(self.boot_id_path)
+        if boot and v2.get("nodeBootID") and v2["nodeBootID"] != boot:
+            log.warning("node rebooted since the checkpoint was written (boot id changed); discarding it")
+            return {}
+        claims = v2.get("preparedClaims") or {}
+        return {uid: ClaimEntry.from_json(e) for uid, e in claims.items() if isinstance(e, dict)}
+
+    def save(self, claims: dict[str, ClaimEntry]) -> None:
+        v2 = {
+            "nodeBootID": read_boot_id(self.boot_id_path),
+            "preparedClaims": {uid: e.to_json() for uid, e in sorted(claims.items())},
+        }
+        doc = {"checksum": _checksum(v2), "v2": v2}
+        atomic_write(self.path, json.dumps(doc, indent=2, sort_keys=True).encode())
+
+    def quarantine(self) -> Path:
+        """Move a corrupt checkpoint aside (kept for inspection) and start afresh."""
+        dest = self.path.with_suffix(".corrupt")
+        os.replace(self.path, dest)
+        return dest
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` so readers see either the old or the new file, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

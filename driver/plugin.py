@@ -1,0 +1,139 @@
+"""The kubelet plugin: DRA service (v1 and v1beta1) and registration, gRPC asyncio on unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from driver.proto import dra_v1_pb2, dra_v1beta1_pb2
+from driver.registration import RegistrationServicer, SocketPaths, socket_paths
+from driver.state import ClaimRef, DeviceState
+
+log = logging.getLogger("draguard.driver.plugin")
+
+
+DRA_SERVICES = {
+    "v1": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    "v1beta1": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+}
+
+
+class DraServicer:
+    """One implementation behind both API versions; `pb` is the version's message module."""
+
+    def __init__(self, state: DeviceState, version: str) -> None:
+        self.state = state
+        self.version = version
+        self.pb: ModuleType = dra_v1_pb2 if version == "v1" else dra_v1beta1_pb2
+        self.share_ids = version == "v1"  # Device.share_id exists only in v1
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        pb = self.pb
+        return grpc.method_handlers_generic_handler(
+            DRA_SERVICES[self.version],
+            {
+                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                    self.NodePrepareResources,
+                    request_deserializer=pb.NodePrepareResourcesRequest.FromString,
+                    response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+                ),
+                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                    self.NodeUnprepareResources,
+                    request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+                ),
+            },
+        )
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        resp = self.pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+            outcome = await asyncio.to_thread(self.state.prepare, ref)
+            entry = resp.claims[claim.uid]
+            if outcome.error:
+                entry.error = outcome.error
+                continue
+            for d in outcome.devices:
+                dev = entry.devices.add(
+                    request_names=d.requests, pool_name=d.pool_name, device_name=d.device_name,
+                    cdi_device_ids=d.cdi_device_ids,
+                )  # fmt: skip
+                if self.share_ids and d.share_id:
+                    dev.share_id = d.share_id
+        return resp
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        resp = self.pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+            error = await asyncio.to_thread(self.state.unprepare, ref)
+            entry = resp.claims[claim.uid]
+            if error:
+                entry.error = error
+        return resp
+
+
+def _prepare_socket(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a socket left by a crashed run of this same pod
+
+
+class PluginServer:
+    """Serves the DRA service on the plugin socket and registration on the registry socket."""
+
+    def __init__(
+        self,
+        state: DeviceState,
+        *,
+        driver_name: str,
+        plugin_dir: str | Path,
+        registry_dir: str | Path,
+        pod_uid: str | None = None,
+    ) -> None:
+        self.state = state
+        self.driver_name = driver_name
+        self.paths: SocketPaths = socket_paths(plugin_dir, registry_dir, driver_name, pod_uid)
+        self.registration = RegistrationServicer(driver_name, str(self.paths.dra))
+        self._dra_server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        _prepare_socket(self.paths.dra)
+        _prepare_socket(self.paths.registration)
+        dra = grpc.aio.server()
+        dra.add_generic_rpc_handlers(
+            [DraServicer(self.state, "v1").handler(), DraServicer(self.state, "v1beta1").handler()]
+        )
+        dra.add_insecure_port(f"unix://{self.paths.dra}")
+        await dra.start()
+        self._dra_server = dra
+        # Registration last: kubelet connects to the DRA socket as soon as it sees this one.
+        reg = grpc.aio.server()
+        reg.add_generic_rpc_handlers([self.registration.handler()])
+        reg.add_insecure_port(f"unix://{self.paths.registration}")
+        await reg.start()
+        self._reg_server = reg
+        log.info("serving %s: DRA socket %s, registration socket %s", self.driver_name, self.paths.dra,
+                 self.paths.registration)  # fmt: skip
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for server in (self._reg_server, self._dra_server):
+            if server is not None:
+                await server.stop(grace)
+        self._reg_server = self._dra_server = None
+        for p in (self.paths.registration, self.paths.dra):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+    async def wait(self) -> None:
+        if self._dra_server is not None:
+            await self._dra_server.wait_for_termination()

@@ -1,0 +1,386 @@
+"""Prepare / unprepare logic, claim reading and start-up recovery.
+
+Prepare is two-phase through the checkpoint: `PrepareStarted` is recorded before any side effect
+(time-slice setting, CDI spec), `PrepareCompleted` once all are done. A repeated prepare of a
+completed claim returns the recorded devices; unprepare needs only the claim UID, so it works for
+claims prepared by an older driver version and for claims already deleted from the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import driver as _pkg
+from driver.cdi import CdiDevice, CdiWriter
+from driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    CheckpointCorrupt,
+    ClaimEntry,
+    PreparedDevice,
+)
+from driver.config import (
+    INTERVAL_VALUES,
+    KINDS,
+    DeviceConfig,
+    GpuConfig,
+    default_config,
+    parse_opaque_config,
+    validate_opaque_config,
+)
+from driver.devices import DriverDevice
+from driver.metrics import DriverMetrics
+from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
+
+log = logging.getLogger("draguard.driver.state")
+
+GROUP = "resource.k8s.io"
+
+
+class ClaimReadError(RuntimeError):
+    """The API server could not be asked (as opposed to: the claim does not exist)."""
+
+
+class ClaimReader(Protocol):
+    """Reads ResourceClaims from the API server (or something playing it in tests)."""
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as a JSON object, None when it does not exist; ClaimReadError when unknown."""
+        ...
+
+
+class KubeClaimReader:
+    """ClaimReader over a `kubernetes.client.ApiClient` (any served resource.k8s.io version)."""
+
+    def __init__(self, api_client: Any, version: str = "v1") -> None:
+        self.api = api_client
+        self.version = version
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        import json
+
+        from kubernetes.client.exceptions import ApiException
+
+        path = f"/apis/{GROUP}/{self.version}/namespaces/{namespace}/resourceclaims/{name}"
+        try:
+            resp = self.api.call_api(
+                path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                _preload_content=False, _return_http_data_only=True, _request_timeout=20,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ClaimReadError(
+                f"reading ResourceClaim {namespace}/{name}: HTTP {exc.status} {exc.reason}"
+            ) from None
+        except Exception as exc:  # urllib3 connection errors
+            raise ClaimReadError(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+        data = resp.data if hasattr(resp, "data") else resp.read()
+        obj = json.loads(data)
+        return obj if isinstance(obj, dict) else None
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass
+class PrepareOutcome:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class PrepareError(Exception):
+    """A per-claim failure; the message goes back to kubelet in the claim's `error`."""
+
+
+@dataclass
+class RecoveryReport:
+    rolled_back: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    orphan_specs_removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    checkpoint_quarantined: str | None = None
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for p in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(p)
+    return obj
+
+
+def _request_matches(names: Sequence[str], request: str) -> bool:
+    # A result for subrequest "req/sub" is configured by configs naming "req" or "req/sub".
+    return request in names or request.split("/", 1)[0] in names
+
+
+class DeviceState:
+    """Everything prepare/unprepare needs; thread-safe (calls are serialised by the checkpoint lock)."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        devices: Sequence[DriverDevice],
+        checkpoint: Checkpoint,
+        cdi: CdiWriter,
+        claims: ClaimReader,
+        nvml: Nvml | None = None,
+        metrics: DriverMetrics | None = None,
+        version: str = _pkg.__version__,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.devices = {d.name: d for d in devices}
+        self.checkpoint = checkpoint
+        self.cdi = cdi
+        self.claims = claims
+        self.nvml = nvml
+        self.metrics = metrics
+        self.version = version
+        self.fault = fault or (lambda _point: None)
+
+    # --- prepare ---------------------------------------------------------------------------------
+    def prepare(self, ref: ClaimRef) -> PrepareOutcome:
+        start = time.perf_counter()
+        try:
+            with self.checkpoint.locked():
+                devices = self._prepare_locked(ref)
+            outcome = PrepareOutcome(devices=devices)
+        except PrepareError as exc:
+            outcome = PrepareOutcome(error=str(exc))
+        except CheckpointCorrupt as exc:
+            outcome = PrepareOutcome(error=f"checkpoint unreadable, restart the plugin to recover: {exc}")
+        except Exception as exc:  # unexpected: still a per-claim error, never a crashed call
+            log.exception("prepare of claim %s failed unexpectedly", ref)
+            outcome = PrepareOutcome(error=f"internal error preparing claim {ref}: {exc}")
+        if self.metrics is not None:
+            self.metrics.prepare_seconds.observe(time.perf_counter() - start)
+            self.metrics.prepare.labels(result="error" if outcome.error else "success").inc()
+            if outcome.error:
+                self.metrics.errors.labels(operation="prepare").inc()
+        if outcome.error:
+            log.warning("prepare %s: %s", ref, outcome.error)
+        return outcome
+
+    def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
+        claims = self.checkpoint.load()
+        entry = claims.get(ref.uid)
+        if entry is not None and entry.state == PREPARE_COMPLETED:
+            return entry.devices
+        if entry is not None:  # a previous attempt died between the phases: undo it first
+            self._rollback(ref.uid)
+            claims.pop(ref.uid, None)
+            self.checkpoint.save(claims)
+        obj = self._read(ref)
+        plan = self._plan(ref, obj)
+        prepared = [
+            PreparedDevice(list(reqs), self.node_name, dev.name, [], share) for dev, reqs, share, _cfg in plan
+        ]
+        claims[ref.uid] = ClaimEntry(PREPARE_STARTED, ref.name, ref.namespace, prepared, self.version)
+        self.checkpoint.save(claims)
+        self.fault("after-prepare-started")
+        try:
+            for dev, _reqs, _share, cfg in plan:
+                self._apply(dev, cfg)
+            ids = self.cdi.write(ref.uid, [CdiDevice(dev, reqs) for dev, reqs, _s, _c in plan])
+            self.fault("after-cdi-written")
+        except (SharingUnsupported, NvmlCallError, OSError) as exc:
+            self._rollback(ref.uid)
+            claims.pop(ref.uid, None)
+            self.checkpoint.save(claims)
+            raise PrepareError(f"claim {ref}: {exc}") from None
+        for p, cdi_id in zip(prepared, ids, strict=True):
+            p.cdi_device_ids = [cdi_id]
+        claims[ref.uid] = ClaimEntry(PREPARE_COMPLETED, ref.name, ref.namespace, prepared, self.version)
+        self.checkpoint.save(claims)
+        return prepared
+
+    def _read(self, ref: ClaimRef) -> dict[str, Any]:
+        try:
+            obj = self.claims.get_claim(ref.namespace, ref.name)
+        except ClaimReadError as exc:
+            raise PrepareError(str(exc)) from None
+        if obj is None:
+            raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} not found")
+        uid = _get(obj, "metadata", "uid")
+        if uid != ref.uid:
+            raise PrepareError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, kubelet asked for {ref.uid} "
+                "(the claim was deleted and recreated)"
+            )
+        if not _get(obj, "status", "allocation"):
+            raise PrepareError(
+                f"ResourceClaim {ref.namespace}/{ref.name} is not allocated (no status.allocation)"
+            )
+        return obj
+
+    def _plan(
+        self, ref: ClaimRef, obj: dict[str, Any]
+    ) -> list[tuple[DriverDevice, tuple[str, ...], str | None, DeviceConfig]]:
+        results = _get(obj, "status", "allocation", "devices", "results") or []
+        mine = [r for r in results if r.get("driver") == self.driver_name and r.get("pool") == self.node_name]
+        if not mine:
+            raise PrepareError(
+                f"allocation of {ref.namespace}/{ref.name} has no device of driver {self.driver_name} "
+                f"in pool {self.node_name}"
+            )
+        merged: dict[tuple[str, str | None], list[str]] = {}
+        for r in mine:
+            name = str(r.get("device", ""))
+            if name not in self.devices:
+                have = ", ".join(sorted(self.devices)) or "none"
+                raise PrepareError(
+                    f"allocated device {name!r} is not published by this node (devices: {have})"
+                )
+            merged.setdefault((name, r.get("shareID")), []).append(str(r.get("request", "")))
+        configs = self._configs(obj)
+        plan = []
+        errors: list[str] = []
+        for (name, share), reqs in merged.items():
+            dev = self.devices[name]
+            try:
+                cfg = self._config_for(dev, reqs, configs)
+            except PrepareError as exc:
+                errors.append(str(exc))
+                continue
+            plan.append((dev, tuple(reqs), share, cfg))
+        if errors:
+            raise PrepareError("; ".join(errors))
+        return plan
+
+    def _configs(self, obj: dict[str, Any]) -> list[tuple[str, list[str], Mapping[str, Any]]]:
+        """This driver's opaque configs, lowest precedence first (class before claim, in order)."""
+        out: list[tuple[str, list[str], Mapping[str, Any]]] = []
+        raw = _get(obj, "status", "allocation", "devices", "config") or []
+        for source in ("FromClass", "FromClaim"):
+            for i, c in enumerate(raw):
+                if c.get("source", "FromClaim") != source:
+                    continue
+                opaque = c.get("opaque") or {}
+                if opaque.get("driver") != self.driver_name:
+                    continue
+                params = opaque.get("parameters")
+                if not isinstance(params, Mapping):
+                    params = {}
+                out.append((f"status.allocation.devices.config[{i}]", list(c.get("requests") or []), params))
+        return out
+
+    def _config_for(
+        self, dev: DriverDevice, reqs: list[str], configs: list[tuple[str, list[str], Mapping[str, Any]]]
+    ) -> DeviceConfig:
+        named = [c for c in configs if c[1] and any(_request_matches(c[1], r) for r in reqs)]
+        if named:
+            chosen = named[-1]
+        else:
+            fitting = [
+                c for c in configs if not c[1] and dev.type in KINDS.get(str(c[2].get("kind")), frozenset())
+            ]
+            if not fitting:
+                return default_config(dev.type)
+            chosen = fitting[-1]
+        where, _reqs, params = chosen
+        errs = validate_opaque_config(params, {dev.type})
+        if errs:
+            detail = "; ".join(
+                f"{where}.opaque.parameters.{e.path}: {e.message}".replace(". :", ":") for e in errs
+            )
+            raise PrepareError(f"device {dev.name}: invalid opaque config: {detail}")
+        return parse_opaque_config(params, {dev.type})
+
+    def _apply(self, dev: DriverDevice, cfg: DeviceConfig) -> None:
+        sharing = cfg.sharing
+        if sharing is None:
+            return
+        if sharing.strategy == "MPS":
+            raise SharingUnsupported(
+                f"device {dev.name}: sharing strategy MPS is not supported by this driver "
+                "(it does not run an MPS control daemon); use strategy TimeSlicing or omit sharing"
+            )
+        if isinstance(cfg, GpuConfig) and sharing.strategy == "TimeSlicing":
+            if self.nvml is None:
+                raise SharingUnsupported(
+                    f"device {dev.name}: time-slicing needs NVML, which is not available"
+                )
+            self.nvml.set_time_slice(dev.uuid, INTERVAL_VALUES[sharing.interval or "Default"])
+        # MIG devices already time-share their compute instance; there is nothing to set.
+
+    def _rollback(self, uid: str) -> None:
+        self.cdi.remove(uid)
+
+    # --- unprepare -------------------------------------------------------------------------------
+    def unprepare(self, ref: ClaimRef) -> str:
+        """Remove the claim's CDI spec and checkpoint entry; '' on success (also when already gone)."""
+        start = time.perf_counter()
+        error = ""
+        try:
+            with self.checkpoint.locked():
+                claims = self.checkpoint.load()
+                self.cdi.remove(ref.uid)
+                if claims.pop(ref.uid, None) is not None:
+                    self.checkpoint.save(claims)
+        except CheckpointCorrupt as exc:
+            error = f"checkpoint unreadable, restart the plugin to recover: {exc}"
+        except OSError as exc:
+            error = f"unprepare of claim {ref} failed: {exc}"
+        if self.metrics is not None:
+            self.metrics.unprepare_seconds.observe(time.perf_counter() - start)
+            self.metrics.unprepare.labels(result="error" if error else "success").inc()
+            if error:
+                self.metrics.errors.labels(operation="unprepare").inc()
+        return error
+
+    # --- start-up --------------------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Roll back half-prepared claims, drop claims gone from the API, remove orphan CDI specs."""
+        report = RecoveryReport()
+        with self.checkpoint.locked():
+            try:
+                claims = self.checkpoint.load()
+            except CheckpointCorrupt as exc:
+                report.checkpoint_quarantined = str(self.checkpoint.quarantine())
+                log.error("%s; moved aside to %s, starting with an empty checkpoint", exc,
+                          report.checkpoint_quarantined)  # fmt: skip
+                claims = {}
+            for uid, entry in list(claims.items()):
+                if entry.state != PREPARE_COMPLETED:
+                    self._rollback(uid)
+                    del claims[uid]
+                    report.rolled_back.append(uid)
+                    continue
+                try:
+                    obj = self.claims.get_claim(entry.namespace, entry.name)
+                except ClaimReadError as exc:
+                    log.warning("cannot check claim %s/%s (%s); keeping it", entry.namespace, entry.name, exc)
+                    report.kept.append(uid)
+                    continue
+                if obj is None or _get(obj, "metadata", "uid") != uid:
+                    self._rollback(uid)
+                    del claims[uid]
+                    report.dropped.append(uid)
+                else:
+                    report.kept.append(uid)
+            for uid in self.cdi.claim_uids():
+                if uid not in claims:
+                    self.cdi.remove(uid)
+                    report.orphan_specs_removed.append(uid)
+            self.checkpoint.save(claims)
+        if report.rolled_back or report.dropped or report.orphan_specs_removed:
+            log.info("recovery: rolled back %s, dropped %s, removed orphan CDI specs %s",
+                     report.rolled_back, report.dropped, report.orphan_specs_removed)  # fmt: skip
+        return report
