@@ -109,12 +109,10 @@ def cmd_test(args: argparse.Namespace) -> int:
     from webhook.review import suites
 
     try:
-        outcome = suites.run_suites(
-            Path(args.dir), policies=args.policies, case_filter=args.run, verbose=args.verbose
-        )
+        outcome = suites.run_suites(Path(args.dir), policies=args.policies, case_filter=args.run)
     except suites.SuiteError as exc:
         return _fail("test", str(exc))
-    sys.stdout.write(suites.render_text(outcome, color=_use_color(sys.stdout)))
+    sys.stdout.write(suites.render_text(outcome, color=_use_color(sys.stdout), verbose=args.verbose))
     if args.junit:
         try:
             Path(args.junit).write_text(suites.render_junit(outcome), encoding="utf-8")
