@@ -2,36 +2,63 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from webhook.dra.inventory import Inventory
+from webhook.engine.context import SourceObject
+from webhook.review.inputs import parse_yaml_documents
+
 FIXTURES = Path(__file__).parent / "fixtures"
+SEED = Path(__file__).parents[1] / "fixtures" / "seed"
 
 
-def load_docs(name: str) -> list[dict[str, Any]]:
-    """Every YAML document of a fixture file (copies of the seed article's manifests)."""
-    return [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if isinstance(d, Mapping)]
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    """Every mapping document of a YAML file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, Mapping)]
+
+
+def read_sources(path: Path) -> list[SourceObject]:
+    """SourceObjects with file and line maps, as `draguard review` reads them."""
+    docs = parse_yaml_documents(path.read_text(), str(path))
+    return [SourceObject(d.data, file=str(path), line=d.line, doc_index=d.index, lines=d.lines) for d in docs]
+
+
+@pytest.fixture
+def seed_dir() -> Path:
+    return SEED
+
+
+@pytest.fixture
+def sources() -> Callable[[Path], list[SourceObject]]:
+    return read_sources
 
 
 @pytest.fixture
 def legacy_pod() -> dict[str, Any]:
-    return load_docs("seed-legacy-pod.yaml")[0]
+    return load_docs(SEED / "legacy-pod.yaml")[0]
 
 
 @pytest.fixture
 def seed_deployment() -> list[dict[str, Any]]:
-    return load_docs("seed-deployment.yaml")
+    return load_docs(SEED / "inference-deployment.yaml")
 
 
 @pytest.fixture
 def seed_classes() -> list[dict[str, Any]]:
-    return load_docs("seed-deviceclasses.yaml")
+    return load_docs(SEED / "deviceclasses.yaml")
 
 
 @pytest.fixture
 def inventory_docs() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((FIXTURES / "inventory.yaml").read_text()) if d]
+    return load_docs(FIXTURES / "inventory.yaml")
+
+
+@pytest.fixture
+def inventory(inventory_docs: list[dict[str, Any]]) -> Inventory:
+    """node-a: 2x A100 80GB PCIe + 2x MIG 3g.20gb (on a third A100); node-h: 4x H100 80GB HBM3."""
+    return Inventory.from_objects(inventory_docs)
