@@ -1,0 +1,360 @@
+"""AdmissionReview in, AdmissionReview out: the protocol around the engine.
+
+No I/O here: the caller hands in a `Snapshot` of what the caches know and gets an `Outcome`
+(the response document plus what to count, log, and create). The verdict is the engine's; this
+module only maps findings onto the fields of `admission.k8s.io/v1` for the endpoint that asked.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from webhook.dra.inventory import Inventory
+from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage, SourceObject
+from webhook.engine.findings import Finding, Mode, ObjectRef, Severity
+
+API_VERSION = "admission.k8s.io/v1"
+MAX_WARNING = 120
+MAX_WARNINGS = 20
+MAX_MESSAGE = 3500
+MAX_ANNOTATION_VALUE = 1000
+
+POD_KINDS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("", "Pod"),
+        ("", "PodTemplate"),
+        ("", "ReplicationController"),
+        ("apps", "Deployment"),
+        ("apps", "ReplicaSet"),
+        ("apps", "StatefulSet"),
+        ("apps", "DaemonSet"),
+        ("batch", "Job"),
+        ("batch", "CronJob"),
+    }
+)
+DRA_GROUP = "resource.k8s.io"
+DRA_KINDS: frozenset[str] = frozenset({"ResourceClaim", "ResourceClaimTemplate", "DeviceClass"})
+CHECKED_OPERATIONS = frozenset({"CREATE", "UPDATE"})
+
+Endpoint = str  # "validate" | "mutate"
+
+
+class ReviewError(Exception):
+    """A request that is not a usable AdmissionReview; answered with HTTP `status`, never evaluated."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason  # short metric label
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the request path reads, swapped as a whole when policies or caches change."""
+
+    policies: Any  # PolicySet
+    inventory: Inventory = field(default_factory=Inventory.empty)
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    usage: QuotaUsage | None = None
+    served_versions: frozenset[str] = ALL_RESOURCE_VERSIONS
+    # Existing ResourceClaimTemplates: (namespace, name) -> object (to reuse generated ones).
+    templates: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    generation: int = 0
+
+
+@dataclass
+class Outcome:
+    """What one review produced."""
+
+    response: dict[str, Any]
+    kind: str
+    operation: str
+    verdict: str  # allowed | denied | warned | patched | ignored | error
+    findings: list[Finding] = field(default_factory=list)
+    internal_rules: list[str] = field(default_factory=list)
+    # Objects the patch depends on (mutate only); the caller creates them or drops the patch.
+    generated: tuple[dict[str, Any], ...] = ()
+    patch: list[dict[str, Any]] | None = None
+    dry_run: bool = False
+    namespace: str = ""
+    name: str = ""
+
+    @property
+    def uid(self) -> str:
+        return str(self.response.get("uid", ""))
+
+    def document(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": self.response}
+
+
+def parse_review(body: bytes) -> dict[str, Any]:
+    """The `request` of an AdmissionReview v1 body, or ReviewError(400) saying what is wrong."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ReviewError(400, "malformed-json", f"request body is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ReviewError(400, "not-a-review", "request body must be a JSON object (an AdmissionReview)")
+    api = doc.get("apiVersion")
+    if api != API_VERSION:
+        raise ReviewError(
+            400,
+            "unsupported-version",
+            f"apiVersion {api!r} is not supported: draguard accepts only {API_VERSION} AdmissionReview "
+            '(set admissionReviewVersions: ["v1"] in the webhook configuration)',
+        )
+    if doc.get("kind") != "AdmissionReview":
+        raise ReviewError(400, "not-a-review", f"kind must be AdmissionReview, got {doc.get('kind')!r}")
+    req = doc.get("request")
+    if not isinstance(req, dict):
+        raise ReviewError(400, "missing-request", "AdmissionReview has no request object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ReviewError(400, "missing-uid", "AdmissionReview request.uid is missing or not a string")
+    return req
+
+
+def _kind_of(req: Mapping[str, Any]) -> tuple[str, str, str]:
+    k = req.get("kind")
+    if not isinstance(k, Mapping):
+        return "", "", ""
+    return str(k.get("group") or ""), str(k.get("version") or ""), str(k.get("kind") or "")
+
+
+def is_checked(group: str, version: str, kind: str) -> bool:
+    if (group, kind) in POD_KINDS:
+        return True
+    return group == DRA_GROUP and kind in DRA_KINDS and version in ALL_RESOURCE_VERSIONS
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def warning_text(f: Finding) -> str:
+    """One warning line, at most 120 characters (longer ones are truncated by clients)."""
+    text = _one_line(f"draguard [{f.rule}] {f.message}")
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+
+
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def annotation_key(rule: str) -> str:
+    """A qualified-name key (the API server prefixes it with the webhook name)."""
+    key = _KEY_BAD.sub("-", rule.replace("/", ".")).strip("-_.")[:63].rstrip("-_.")
+    return key or "finding"
+
+
+def deny_message(obj: ObjectRef | None, findings: Sequence[Finding]) -> str:
+    what = str(obj) if obj else "the object"
+    parts = []
+    for f in findings:
+        part = f"[{f.rule}] {_one_line(f.message)}"
+        if f.fix:
+            part += f" Fix: {_one_line(f.fix)}"
+        parts.append(part)
+    rules = ", ".join(dict.fromkeys(f.rule for f in findings))
+    msg = f"draguard denied {what} ({rules}): " + " | ".join(parts)
+    return msg if len(msg) <= MAX_MESSAGE else msg[: MAX_MESSAGE - 3] + "..."
+
+
+def _ref(obj: Mapping[str, Any], kind: str, namespace: str, name: str) -> ObjectRef:
+    return ObjectRef(str(obj.get("apiVersion") or ""), kind, namespace or None, name)
+
+
+def prepare_object(req: Mapping[str, Any], group: str, version: str, kind: str) -> dict[str, Any] | None:
+    """The object as the engine wants it: apiVersion/kind and namespace filled in (shallow copies)."""
+    raw = req.get("object")
+    if not isinstance(raw, dict):
+        return None
+    obj = dict(raw)
+    if not obj.get("apiVersion"):
+        obj["apiVersion"] = f"{group}/{version}" if group else version
+    if not obj.get("kind"):
+        obj["kind"] = kind
+    ns = req.get("namespace")
+    meta = obj.get("metadata")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    if isinstance(ns, str) and ns and not meta.get("namespace") and kind != "DeviceClass":
+        meta["namespace"] = ns
+    if not meta.get("name"):
+        # Pods of a ReplicaSet arrive with generateName only; name them for messages.
+        gen = meta.get("generateName") or req.get("name") or ""
+        if gen:
+            meta["name"] = str(gen) if req.get("name") else f"{gen}<generated>"
+    obj["metadata"] = meta
+    return obj
+
+
+def combine_patches(
+    original: Mapping[str, Any], findings: Sequence[Finding]
+) -> tuple[list[dict[str, Any]], list[Finding], list[Finding]]:
+    """Concatenate the findings' patches, keeping only those that still apply in sequence.
+
+    Returns (operations, applied findings, dropped findings). Applying here also proves the patch
+    is valid against the object as sent, so the API server never gets one it cannot apply.
+    """
+    ops: list[dict[str, Any]] = []
+    applied: list[Finding] = []
+    dropped: list[Finding] = []
+    current: Any = original
+    for f in findings:
+        if not f.patch:
+            continue
+        try:
+            current = jsonpatch.apply_patch(current, f.patch, in_place=False)
+        except (
+            jsonpatch.JsonPatchException,
+            jsonpatch.JsonPointerException,
+            TypeError,
+            KeyError,
+            IndexError,
+        ):
+            dropped.append(f)
+            continue
+        ops.extend(f.patch)
+        applied.append(f)
+    return ops, applied, dropped
+
+
+def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str) -> list[Finding]:
+    from webhook.engine.evaluate import evaluate
+
+    ctx = Context(
+        namespace_labels=snap.namespace_labels,
+        usage=snap.usage,
+        served_versions=snap.served_versions,
+        default_namespace=namespace or "default",
+        operation=operation,  # type: ignore[arg-type]
+        admission=True,
+    )
+    report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
+    return list(report.findings)
+
+
+def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot) -> Outcome:
+    """Evaluate one AdmissionReview request for `endpoint` ("validate" or "mutate")."""
+    uid = str(req["uid"])
+    group, version, kind = _kind_of(req)
+    operation = str(req.get("operation") or "")
+    dry_run = bool(req.get("dryRun"))
+    namespace = str(req.get("namespace") or "")
+    name = str(req.get("name") or "")
+    allowed: dict[str, Any] = {"uid": uid, "allowed": True}
+
+    def out(verdict: str, **kw: Any) -> Outcome:
+        return Outcome(
+            response=kw.pop("response", allowed),
+            kind=kind or "unknown",
+            operation=operation or "unknown",
+            verdict=verdict,
+            dry_run=dry_run,
+            namespace=namespace,
+            name=name,
+            **kw,
+        )
+
+    # Subresources (pods/status, deployments/scale, ...) and deletes carry nothing draguard checks.
+    if operation not in CHECKED_OPERATIONS or req.get("subResource") or not is_checked(group, version, kind):
+        return out("ignored")
+    obj = prepare_object(req, group, version, kind)
+    if obj is None:
+        return out("ignored")
+    meta = obj["metadata"]
+    name = name or str(meta.get("name") or "")
+    ref = _ref(obj, kind, namespace, name)
+
+    try:
+        findings = _evaluate(obj, snap, operation, namespace)
+    except Exception as e:  # the engine promises not to raise; never turn a bug into a 500
+        findings = [
+            Finding(
+                rule="internal/engine",
+                severity=Severity.ERROR,
+                mode=Mode.ENFORCE,
+                object=ref,
+                message=f"draguard engine failed: {type(e).__name__}: {e}",
+            )
+        ]
+    internal = [f for f in findings if f.rule.startswith("internal/")]
+    regular = [f for f in findings if not f.rule.startswith("internal/")]
+    internal_rules = list(dict.fromkeys(f.rule for f in internal))
+
+    if endpoint == "mutate":
+        if internal:
+            # A rule failed: let the request through untouched; the validating side decides.
+            return out("error", findings=internal, internal_rules=internal_rules)
+        patching = [f for f in regular if f.patch]
+        if not patching:
+            return out("allowed")
+        ops, applied, _dropped = combine_patches(req["object"], patching)
+        if not ops:
+            return out("allowed", findings=patching)
+        resp = dict(allowed)
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+        resp["warnings"] = [warning_text(f) for f in applied][:MAX_WARNINGS]
+        generated = tuple(g for f in applied for g in f.generated)
+        return out("patched", response=resp, findings=applied, generated=generated, patch=ops)
+
+    # validate
+    resp = dict(allowed)
+    if internal:
+        msg = (
+            "draguard could not evaluate "
+            + str(ref)
+            + ": internal error in "
+            + ", ".join(f"{f.rule} ({_one_line(f.message)})" for f in internal)
+        )
+        resp["allowed"] = False
+        resp["status"] = {"code": 500, "reason": "InternalError", "message": msg[:MAX_MESSAGE]}
+        return out("error", response=resp, findings=internal + regular, internal_rules=internal_rules)
+    deny = [f for f in regular if f.mode is Mode.ENFORCE]
+    warn = [f for f in regular if f.mode is Mode.WARN]
+    audit = [f for f in regular if f.mode is Mode.AUDIT]
+    verdict = "allowed"
+    if deny:
+        resp["allowed"] = False
+        resp["status"] = {"code": 403, "reason": "Forbidden", "message": deny_message(ref, deny)}
+        verdict = "denied"
+    if warn:
+        lines = [warning_text(f) for f in warn]
+        if len(lines) > MAX_WARNINGS:
+            lines = [*lines[: MAX_WARNINGS - 1], f"draguard: {len(lines) - MAX_WARNINGS + 1} more warnings"]
+        resp["warnings"] = lines
+        if verdict == "allowed":
+            verdict = "warned"
+    if audit:
+        ann: dict[str, str] = {}
+        for f in audit:
+            key = annotation_key(f.rule)
+            val = _one_line(f.message)
+            ann[key] = f"{ann[key]}; {val}" if key in ann else val
+        resp["auditAnnotations"] = {k: v[:MAX_ANNOTATION_VALUE] for k, v in ann.items()}
+    return out(verdict, response=resp, findings=regular)
+
+
+def without_patch(outcome: Outcome, reason: str) -> Outcome:
+    """The mutate outcome with its patch withdrawn (a generated object could not be made)."""
+    resp = {"uid": outcome.uid, "allowed": True}
+    text = _one_line(f"draguard: migration not applied: {reason}")
+    resp["warnings"] = [text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."]
+    return Outcome(
+        response=resp,
+        kind=outcome.kind,
+        operation=outcome.operation,
+        verdict="allowed",
+        findings=outcome.findings,
+        dry_run=outcome.dry_run,
+        namespace=outcome.namespace,
+        name=outcome.name,
+    )

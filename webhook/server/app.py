@@ -1,0 +1,452 @@
+"""The admission webhook server (aiohttp): endpoints, policy hot reload, caches, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from webhook.dra.inventory import Inventory
+from webhook.engine.context import ALL_RESOURCE_VERSIONS
+from webhook.server import admission
+from webhook.server.admission import Outcome, ReviewError, Snapshot
+from webhook.server.metrics import DraStats, Metrics
+
+log = logging.getLogger("draguard.server")
+MAX_BODY = 3 * 1024 * 1024
+
+
+@dataclass
+class ServeOptions:
+    policies: str
+    host: str = "0.0.0.0"
+    port: int = 8443
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_ca: str | None = None
+    kubeconfig: str | None = None
+    inventory: str | None = None
+    no_watch: bool = False
+    shutdown_delay: float = 5.0
+    poll_interval: float = 2.0
+    template_timeout: float = 2.0
+    sync_timeout: float = 60.0
+
+
+class TemplateCreator(Protocol):
+    def ensure(self, tmpl: Mapping[str, Any], timeout: float) -> str: ...
+
+
+class PolicyWatcher:
+    """Polls the policy directory (a mounted ConfigMap swaps its `..data` symlink) for changes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._sig: tuple[Any, ...] | None = None
+        self.last_error: str | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        p = self.path
+        try:
+            if p.is_file():
+                st = p.stat()
+                return ((p.name, st.st_ino, st.st_mtime_ns, st.st_size),)
+            entries: list[Any] = []
+            data = p / "..data"
+            if data.is_symlink():
+                entries.append(("..data", os.readlink(data)))
+            for child in sorted(p.rglob("*")):
+                rel = child.relative_to(p)
+                if any(part.startswith(".") for part in rel.parts):
+                    continue  # ConfigMap internals; the visible links resolve into them
+                try:
+                    st = child.stat()
+                except OSError:
+                    continue
+                entries.append((str(rel), st.st_ino, st.st_mtime_ns, st.st_size))
+            return tuple(entries)
+        except OSError as e:
+            return (("error", str(e)),)
+
+    def changed(self) -> bool:
+        return self.signature() != self._sig
+
+    def load(self) -> Any:
+        """Load the policy set (raises PolicyError / OSError); remembers the signature it saw."""
+        from webhook.policy.load import load_policies
+
+        sig = self.signature()
+        policies = load_policies(self.path)
+        self._sig = sig
+        self.last_error = None
+        return policies
+
+    def reject(self) -> None:
+        # Don't retry the same broken content every tick; a new change is tried again.
+        self._sig = self.signature()
+
+
+class Webhook:
+    """State and handlers of one webhook server."""
+
+    def __init__(
+        self,
+        opts: ServeOptions,
+        metrics: Metrics | None = None,
+        creator: TemplateCreator | None = None,
+    ) -> None:
+        self.opts = opts
+        self.metrics = metrics or Metrics()
+        self.creator = creator
+        self.snapshot = Snapshot(policies=None)
+        self.policies_loaded = False
+        self.caches_synced = False
+        self.draining = False
+        self.inflight = 0
+        self.watcher = PolicyWatcher(opts.policies)
+        self.cache: Any = None
+        self.rebuilder: Any = None
+        self.tls: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="draguard-api")
+        self._dra_stats = DraStats()
+        self.metrics.bind(lambda: self._dra_stats, self._cache_states)
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def _cache_states(self) -> Mapping[str, tuple[bool, int]]:
+        return self.cache.states() if self.cache is not None else {}
+
+    @property
+    def ready(self) -> bool:
+        return self.policies_loaded and self.caches_synced and not self.draining
+
+    def load_policies(self, first: bool = False) -> bool:
+        """(Re)load policies; on error keep the last good set. True when a new set took effect."""
+        from webhook.policy.load import PolicyError
+
+        try:
+            policies = self.watcher.load()
+        except (PolicyError, OSError, ValueError) as e:
+            self.watcher.reject()
+            self.watcher.last_error = str(e)
+            self.metrics.policy_reload_failures.inc()
+            log.error(
+                "policy change rejected; keeping the last good set" if not first else "policies invalid",
+                extra={"path": str(self.opts.policies), "reason": str(e)},
+            )
+            return False
+        self.snapshot = replace(self.snapshot, policies=policies, generation=self.snapshot.generation + 1)
+        self.policies_loaded = True
+        self.metrics.policy_reloads.inc()
+        self.metrics.policy_rules.set(len(policies))
+        log.info("policies loaded", extra={"path": str(self.opts.policies), "documents": len(policies)})
+        if self.rebuilder is not None:
+            self.rebuilder.poke()  # quota usage depends on the policies
+        return True
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        self.snapshot = replace(self.snapshot, inventory=inventory, generation=self.snapshot.generation + 1)
+        self.metrics.inventory_devices.set(len(inventory.devices))
+
+    def publish_view(self, view: Any) -> None:
+        """Swap in a rebuilt cache view (called on the event loop)."""
+        self.snapshot = replace(
+            self.snapshot,
+            inventory=view.inventory,
+            namespace_labels=view.namespace_labels,
+            usage=view.usage,
+            templates=view.templates,
+            served_versions=frozenset(self.cache.served) & ALL_RESOURCE_VERSIONS
+            if self.cache is not None
+            else self.snapshot.served_versions,
+            generation=self.snapshot.generation + 1,
+        )
+        self._dra_stats = view.stats
+        if not self.caches_synced:
+            self.caches_synced = True
+            log.info("caches synced", extra={"devices": len(view.inventory.devices)})
+
+    # --- HTTP ------------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post("/validate", self._validate)
+        app.router.add_post("/mutate", self._mutate)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _healthz(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _req: web.Request) -> web.Response:
+        if self.ready:
+            return web.Response(text="ok\n")
+        why = []
+        if self.draining:
+            why.append("shutting down")
+        if not self.policies_loaded:
+            why.append(f"policies not loaded ({self.watcher.last_error or 'pending'})")
+        if not self.caches_synced:
+            states = self._cache_states()
+            pending = [n for n, (ok, _c) in states.items() if not ok]
+            why.append("caches not synced" + (f": {', '.join(sorted(pending))}" if pending else ""))
+        return web.Response(status=503, text="not ready: " + "; ".join(why) + "\n")
+
+    async def _metrics(self, _req: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
+
+    async def _validate(self, req: web.Request) -> web.Response:
+        return await self._handle("validate", req)
+
+    async def _mutate(self, req: web.Request) -> web.Response:
+        return await self._handle("mutate", req)
+
+    def _bad(self, status: int, reason: str, message: str) -> web.Response:
+        self.metrics.bad_requests.labels(reason).inc()
+        log.warning(
+            "bad admission request", extra={"status": status, "reason": reason, "detail": message[:300]}
+        )
+        return web.json_response({"error": message, "reason": reason}, status=status)
+
+    async def _handle(self, endpoint: str, req: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        self.inflight += 1
+        try:
+            if req.content_length is not None and req.content_length > MAX_BODY:
+                return self._bad(
+                    413, "too-large", f"request body of {req.content_length} bytes exceeds 3 MiB"
+                )
+            try:
+                body = await req.read()
+            except web.HTTPRequestEntityTooLarge:
+                return self._bad(413, "too-large", "request body exceeds 3 MiB")
+            try:
+                request = admission.parse_review(body)
+            except ReviewError as e:
+                return self._bad(e.status, e.reason, e.message)
+            if self.snapshot.policies is None:
+                # Not ready; the API server's failurePolicy decides. Never guess a verdict.
+                return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
+            outcome = admission.review(endpoint, request, self.snapshot)
+            if outcome.generated and endpoint == "mutate":
+                outcome = await self._ensure_generated(outcome)
+            self._account(endpoint, outcome, time.perf_counter() - t0)
+            return web.Response(
+                body=json.dumps(outcome.document(), separators=(",", ":")), content_type="application/json"
+            )
+        finally:
+            self.inflight -= 1
+
+    async def _ensure_generated(self, outcome: Outcome) -> Outcome:
+        """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch."""
+        if outcome.dry_run:
+            return outcome  # nothing is persisted; neither may we
+        snap = self.snapshot
+        for g in outcome.generated:
+            tmpl = dict(g)
+            meta = dict(tmpl.get("metadata") or {})
+            meta.setdefault("namespace", outcome.namespace)
+            labels = dict(meta.get("labels") or {})
+            labels.setdefault("app.kubernetes.io/managed-by", "draguard")
+            meta["labels"] = labels
+            tmpl["metadata"] = meta
+            key = (str(meta["namespace"]), str(meta.get("name") or ""))
+            existing = snap.templates.get(key)
+            if existing is not None:
+                owner = ((existing.get("metadata") or {}).get("labels") or {}).get(
+                    "app.kubernetes.io/managed-by"
+                )
+                if owner == "draguard":
+                    self.metrics.generated.labels("reused").inc()
+                    continue
+                self.metrics.generated.labels("conflict").inc()
+                return admission.without_patch(
+                    outcome, f"ResourceClaimTemplate {key[0]}/{key[1]} exists and is not managed by draguard"
+                )
+            if self.creator is None:
+                self.metrics.generated.labels("unavailable").inc()
+                return admission.without_patch(
+                    outcome,
+                    f"cannot create ResourceClaimTemplate {key[0]}/{key[1]} (no Kubernetes API access)",
+                )
+            loop = asyncio.get_running_loop()
+            timeout = self.opts.template_timeout
+            try:
+                result = await asyncio.wait_for(
+                    loop.run_in_executor(self._pool, self.creator.ensure, tmpl, timeout), timeout + 0.5
+                )
+            except Exception as e:
+                self.metrics.generated.labels("failed").inc()
+                log.warning(
+                    "creating a migration template failed",
+                    extra={
+                        "uid": outcome.uid,
+                        "template": "/".join(key),
+                        "reason": f"{type(e).__name__}: {e}"[:300],
+                    },
+                )
+                return admission.without_patch(
+                    outcome,
+                    f"ResourceClaimTemplate {key[0]}/{key[1]} could not be created ({type(e).__name__})",
+                )
+            self.metrics.generated.labels(result).inc()
+        return outcome
+
+    def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
+        m = self.metrics
+        m.latency.labels(endpoint).observe(seconds)
+        m.requests.labels(endpoint, o.kind, o.operation, o.verdict).inc()
+        if o.verdict == "ignored":
+            m.ignored.labels(endpoint, o.kind, o.operation).inc()
+        for f in o.findings:
+            m.findings.labels(f.rule, f.mode.value, endpoint).inc()
+        for r in o.internal_rules:
+            m.rule_errors.labels(r, endpoint).inc()
+        if o.patch:
+            m.patches.labels("dry-run" if o.dry_run else "applied").inc()
+        if o.verdict != "ignored" or log.isEnabledFor(logging.DEBUG):
+            level = logging.DEBUG if o.verdict == "ignored" else logging.INFO
+            log.log(
+                level,
+                "admission",
+                extra={
+                    "uid": o.uid,
+                    "endpoint": endpoint,
+                    "kind": o.kind,
+                    "operation": o.operation,
+                    "namespace": o.namespace,
+                    "name": o.name,
+                    "verdict": o.verdict,
+                    "dry_run": o.dry_run,
+                    "rules": sorted({f.rule for f in o.findings}),
+                    "ms": round(seconds * 1000, 3),
+                },
+            )
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start_background(self) -> None:
+        """Policies, inventory or caches, reload loops. Raises on unusable start-up input."""
+        self.load_policies(first=True)
+        if self.opts.inventory:
+            from webhook.dra.inventory import load_inventory
+
+            self.set_inventory(load_inventory(self.opts.inventory))
+        if self.opts.no_watch:
+            self.caches_synced = True
+        else:
+            await self._start_caches()
+        self._tasks.append(asyncio.create_task(self._policy_loop()))
+        if self.tls is not None:
+            self._tasks.append(asyncio.create_task(self.tls.watch(self.opts.poll_interval)))
+
+    async def _start_caches(self) -> None:
+        from webhook.server.caches import ClusterCache, KubeHttp, KubeTemplateCreator
+        from webhook.server.usage import Rebuilder
+
+        loop = asyncio.get_running_loop()
+        http = await loop.run_in_executor(None, KubeHttp.from_kubeconfig, self.opts.kubeconfig)
+        self.cache = await loop.run_in_executor(None, ClusterCache.connect, http, self.metrics)
+        if self.creator is None:
+            self.creator = KubeTemplateCreator(http)
+
+        def publish(view: Any) -> None:
+            loop.call_soon_threadsafe(self.publish_view, view)
+
+        self.rebuilder = Rebuilder(self.cache, self.metrics, publish, lambda: self.snapshot.policies)
+        self.cache.start()
+        self.rebuilder.start()
+
+    async def _policy_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.poll_interval)
+            try:
+                if self.watcher.changed():
+                    # Parse off the loop: a large policy set must not stall admission.
+                    await asyncio.get_running_loop().run_in_executor(None, self.load_policies)
+            except Exception:
+                log.exception("policy reload check failed")
+
+    async def stop_background(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self.rebuilder is not None:
+            self.rebuilder.stop()
+        if self.cache is not None:
+            self.cache.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def serve(
+    opts: ServeOptions,
+    stop: asyncio.Event | None = None,
+    started: asyncio.Event | None = None,
+    webhook: Webhook | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop`): readiness goes false first, in-flight requests finish."""
+    from webhook.server.tls import ReloadingTls
+
+    wh = webhook or Webhook(opts)
+    if not (opts.tls_cert and opts.tls_key):
+        raise ValueError(
+            "--tls-cert and --tls-key are required (the API server only calls webhooks over TLS)"
+        )
+    wh.tls = ReloadingTls(
+        opts.tls_cert,
+        opts.tls_key,
+        opts.client_ca,
+        on_reload=lambda ok: wh.metrics.tls_reloads.labels("ok" if ok else "invalid").inc(),
+    )
+    await wh.start_background()
+    runner = web.AppRunner(
+        wh.build_app(),
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=max(opts.shutdown_delay, 1.0) + 25.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, opts.host, opts.port, ssl_context=wh.tls.context, backlog=1024)
+    await site.start()
+    log.info("serving", extra={"host": opts.host, "port": opts.port, "client_ca": bool(opts.client_ca)})
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if started is not None:
+        started.set()
+    await stop.wait()
+    wh.draining = True
+    log.info(
+        "shutting down: readiness false, waiting for endpoints to drop this pod",
+        extra={"delay_s": opts.shutdown_delay},
+    )
+    await asyncio.sleep(opts.shutdown_delay)
+    await runner.cleanup()  # stops accepting, lets in-flight handlers finish
+    await wh.stop_background()
+    wh.tls.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,167 @@
+"""Prometheus metrics of the webhook, in a registry of its own (several servers can share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Webhook answers live in milliseconds; the tail buckets catch a stalled event loop.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Claim creation to allocation: the seed's alert is p99 > 30 s.
+ALLOCATION_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class DraStats:
+    """Cluster DRA health derived from the caches (rebuilt with the inventory, read at scrape time)."""
+
+    claims_total: int = 0
+    claims_pending: int = 0
+    claims_allocated: int = 0
+    devices_available: Mapping[str, int] = field(default_factory=dict)
+    devices_allocated: Mapping[str, int] = field(default_factory=dict)
+
+
+class _DraCollector(Collector):
+    def __init__(self, stats: Callable[[], DraStats], caches: Callable[[], Mapping[str, tuple[bool, int]]]):
+        self._stats = stats
+        self._caches = caches
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "dra_resource_claims_total", "ResourceClaims in the cluster", value=s.claims_total
+        )
+        yield GaugeMetricFamily(
+            "dra_resource_claims_pending", "ResourceClaims not allocated yet", value=s.claims_pending
+        )
+        yield GaugeMetricFamily(
+            "dra_resource_claims_allocated", "ResourceClaims with an allocation", value=s.claims_allocated
+        )
+        avail = GaugeMetricFamily(
+            "dra_devices_available",
+            "Published devices matching the DeviceClass and not allocated",
+            labels=["device_class"],
+        )
+        for cls, n in sorted(s.devices_available.items()):
+            avail.add_metric([cls], n)
+        yield avail
+        alloc = GaugeMetricFamily(
+            "dra_devices_allocated",
+            "Devices allocated through claims of the DeviceClass",
+            labels=["device_class"],
+        )
+        for cls, n in sorted(s.devices_allocated.items()):
+            alloc.add_metric([cls], n)
+        yield alloc
+        synced = GaugeMetricFamily(
+            "draguard_cache_synced",
+            "1 when the cache finished its initial list and is watching",
+            labels=["resource"],
+        )
+        objects = GaugeMetricFamily(
+            "draguard_cache_objects", "Objects held in the cache", labels=["resource"]
+        )
+        for name, (ok, count) in sorted(self._caches().items()):
+            synced.add_metric([name], 1.0 if ok else 0.0)
+            objects.add_metric([name], count)
+        yield synced
+        yield objects
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "draguard_admission_requests_total",
+            "Admission requests answered",
+            ["endpoint", "kind", "operation", "verdict"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "draguard_admission_duration_seconds",
+            "Time to answer an admission request",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.findings = Counter(
+            "draguard_findings_total",
+            "Findings returned by admission",
+            ["rule", "mode", "endpoint"],
+            registry=r,
+        )
+        self.ignored = Counter(
+            "draguard_admission_ignored_total",
+            "Requests for kinds or operations draguard does not check",
+            ["endpoint", "kind", "operation"],
+            registry=r,
+        )
+        self.bad_requests = Counter(
+            "draguard_admission_bad_requests_total",
+            "Requests refused before evaluation",
+            ["reason"],
+            registry=r,
+        )
+        self.rule_errors = Counter(
+            "draguard_rule_errors_total",
+            "Exceptions inside rules (never a 500)",
+            ["rule", "endpoint"],
+            registry=r,
+        )
+        self.patches = Counter(
+            "draguard_patches_total", "Mutations returned, by outcome", ["outcome"], registry=r
+        )
+        self.generated = Counter(
+            "draguard_generated_objects_total",
+            "Objects created for migrations, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.policy_reloads = Counter(
+            "draguard_policy_reloads_total", "Policy set reloads that took effect", registry=r
+        )
+        self.policy_reload_failures = Counter(
+            "draguard_policy_reload_failures_total",
+            "Policy changes rejected (last good set kept)",
+            registry=r,
+        )
+        self.policy_rules = Gauge(
+            "draguard_policies_loaded", "Policy documents in the active set", registry=r
+        )
+        self.tls_reloads = Counter(
+            "draguard_tls_reloads_total", "Serving certificate reloads", ["outcome"], registry=r
+        )
+        self.inventory_rebuilds = Counter(
+            "draguard_inventory_rebuilds_total", "Inventory and usage rebuilds from the caches", registry=r
+        )
+        self.inventory_devices = Gauge("draguard_inventory_devices", "Devices in the inventory", registry=r)
+        self.cache_relists = Counter(
+            "draguard_cache_relists_total",
+            "Full relists (start, 410 Gone, reconnect)",
+            ["resource"],
+            registry=r,
+        )
+        self.allocation = Histogram(
+            "dra_allocation_duration_seconds",
+            "ResourceClaim creation to allocation",
+            buckets=ALLOCATION_BUCKETS,
+            registry=r,
+        )
+        self._dra_stats: Callable[[], DraStats] = DraStats
+        self._cache_states: Callable[[], Mapping[str, tuple[bool, int]]] = dict
+        r.register(_DraCollector(lambda: self._dra_stats(), lambda: self._cache_states()))
+
+    def bind(
+        self, stats: Callable[[], DraStats], caches: Callable[[], Mapping[str, tuple[bool, int]]]
+    ) -> None:
+        self._dra_stats = stats
+        self._cache_states = caches
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
