@@ -184,3 +184,9 @@ def compile_selector(expression: str) -> CompiledSelector:
     if isinstance(result, CelIssue):
         raise CelCompileError(result)
     return result
+
+
+def clear_cache() -> None:
+    """Forget compiled expressions (benchmarks and tests)."""
+    with _cache_lock:
+        _cache.clear()

@@ -50,7 +50,7 @@ def quantity_value(q: Quantity) -> dict[str, str]:
 
 
 def semver_value(v: Semver) -> dict[str, str]:
-    return {SEMVER_TAG: str(v)}
+    return {SEMVER_TAG: v.canonical_key()}
 
 
 def _kind(value: object) -> str:

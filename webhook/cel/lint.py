@@ -71,17 +71,14 @@ class _Linter:
         # Domains whose names and types the schema describes (the bundled driver's name is configurable).
         self.schema_domains = {schema.DRIVER_NAME: schema.DRIVER_NAME, self.driver: schema.DRIVER_NAME,
                                schema.K8S_DOMAIN: schema.K8S_DOMAIN}
+        # What the inventory publishes, found only for the keys the expression reads (inventories are big).
         self.published: dict[tuple[str, str, str], TypeName] = {}
-        self.published_domains: set[tuple[str, str]] = set()
-        for device in devices or ():
-            for domain, attrs in device.attributes.items():
-                self.published_domains.add(("attributes", domain))
-                for name, value in attrs.items():
-                    self.published.setdefault(("attributes", domain, name), _value_type(value))
-            for domain, caps in device.capacity.items():
-                self.published_domains.add(("capacity", domain))
-                for name in caps:
-                    self.published[("capacity", domain, name)] = "quantity"
+        for access in compiled.analysis.accesses:
+            key = (access.kind, access.domain, access.name)
+            if key not in self.published:
+                typ = _published_type(devices or (), *key)
+                if typ is not None:
+                    self.published[key] = typ
         self.issues: list[CelIssue] = []
         self.reported_names: set[str] = set()
 
@@ -154,7 +151,7 @@ class _Linter:
     def check_foreign_domain(self, access: Access) -> None:
         if self.devices is None or not self.devices or access.presence:
             return
-        if (access.kind, access.domain) in self.published_domains:
+        if _publishes_domain(self.devices, access.kind, access.domain):
             self.report_unpublished(access)
             return
         self.reported_names.add(access.name)
@@ -168,7 +165,10 @@ class _Linter:
         )
 
     def report_unpublished(self, access: Access) -> None:
-        names = sorted({n for (k, d, n) in self.published if k == access.kind and d == access.domain})
+        names = sorted({
+            n for device in self.devices or ()
+            for n in (device.attributes if access.kind == "attributes" else device.capacity).get(access.domain, {})
+        })
         close = difflib.get_close_matches(access.name, names, n=1, cutoff=0.6)
         self.reported_names.add(access.name)
         fix = f"did you mean `{close[0]}`?" if close else f"published names: {', '.join(names[:12])}"
@@ -347,6 +347,19 @@ class _Linter:
                 f"published: {_products(devices)}",
                 "compare against the products listed (`draguard driver inventory` prints the attributes)",
             )
+
+
+def _published_type(devices: Sequence[Device], kind: str, domain: str, name: str) -> TypeName | None:
+    """The type of the first published value of device.<kind>[domain][name], None when none has it."""
+    for device in devices:
+        values = (device.attributes if kind == "attributes" else device.capacity).get(domain)
+        if values is not None and name in values:
+            return "quantity" if kind == "capacity" else _value_type(values[name])
+    return None
+
+
+def _publishes_domain(devices: Sequence[Device] | None, kind: str, domain: str) -> bool:
+    return any(domain in (d.attributes if kind == "attributes" else d.capacity) for d in devices or ())
 
 
 def _value_type(value: object) -> TypeName:

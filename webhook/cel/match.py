@@ -66,13 +66,24 @@ def profile_key(selectors: Sequence[CompiledSelector]) -> ProfileKey:
     cap_keys = tuple((d, n) for kind, d, n in keys if kind == "capacity")
     empty: dict[str, object] = {}
 
+    if reads_driver and len(attr_keys) == 1 and not cap_keys:
+        # The common DeviceClass shape: a driver guard and one attribute (e.g. productName).
+        (domain0, name0), = attr_keys
+
+        def key1(device: Device) -> Hashable:
+            value = device.attributes.get(domain0, empty).get(name0, _MISSING)
+            return (device.driver, value.__class__, value)
+
+        return key1
+
     def key(device: Device) -> Hashable:
         parts: list[object] = [device.driver] if reads_driver else []
         attributes = device.attributes
         for domain, name in attr_keys:
             value = attributes.get(domain, empty).get(name, _MISSING)
             # The class is part of the key: True == 1 and Version("1.0.0") == "1.0.0" in Python.
-            parts.append((value.__class__, value))
+            parts.append(value.__class__)
+            parts.append(value)
         capacity = device.capacity
         for domain, name in cap_keys:
             parts.append(capacity.get(domain, empty).get(name, _MISSING))

@@ -91,9 +91,10 @@ def _parse_cached(text: str) -> Semver:
     match = _SEMVER.fullmatch(text)
     if match is None:
         hint = ""
-        loose = _LOOSE.fullmatch(text)
-        if loose is not None:
+        try:
             hint = f" (did you mean {coerce_semver(text)!r}?)"
+        except ValueError:
+            pass
         raise ValueError(
             f"invalid semver {text!r}: expected MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD] "
             f"with no leading zeros{hint}"
