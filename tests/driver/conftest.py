@@ -1,0 +1,47 @@
+"""Fixtures for the driver tests: simulated NVML, a claim reader playing the API, a kubelet client."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from driver_helpers import NODE, InMemoryClaims, Kubelet, make_state  # noqa: E402
+
+from driver.plugin import PluginServer  # noqa: E402
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory path: unix socket paths must stay under 108 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="dg-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def claims() -> InMemoryClaims:
+    return InMemoryClaims()
+
+
+@pytest.fixture
+async def plugin(short_dir: Path, claims: InMemoryClaims) -> AsyncIterator[tuple[PluginServer, Kubelet]]:
+    state = make_state(short_dir, claims, topology="h100-8x-nvlink")
+    server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "plugins",
+                          registry_dir=short_dir / "registry")
+    await server.start()
+    kubelet = Kubelet(server.paths.registration)
+    try:
+        yield server, kubelet
+    finally:
+        await kubelet.close()
+        await server.stop(0)
+
+
+__all__ = ["NODE"]
