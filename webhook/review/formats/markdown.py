@@ -12,9 +12,18 @@ _ICON = {Mode.ENFORCE: "❌ enforce", Mode.WARN: "⚠️ warn", Mode.AUDIT: "ℹ
 
 
 def cell(text: str) -> str:
-    """Text safe inside a table cell: pipes escaped, newlines as <br>, no HTML injection."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+    """Text safe inside a table cell: pipes escaped, newlines as <br>, no raw HTML.
+
+    `<` and `&` are escaped outside code spans only: inside backticks GitHub shows entities
+    literally, and HTML is inert there anyway.
+    """
+    parts = text.replace("\r", "").split("`")
+    if len(parts) % 2 == 0:  # an unmatched backtick: treat the whole text as prose
+        parts = [text.replace("`", "'")]
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    joined = "`".join(parts)
+    return joined.replace("|", "\\|").replace("\n", "<br>")
 
 
 def _location(f: Finding) -> str:
