@@ -16,22 +16,36 @@ from webhook.review.inputs import parse_yaml_documents
 GUARD = "device.driver == 'gpu.nvidia.com' && "
 
 
-def _run(objs: list[SourceObject], pols: PolicySet | None = None, inventory: Inventory | None = None,
-         **ctx: Any) -> list[Finding]:
-    r = evaluate(objs, pols or PolicySet.empty(), inventory or Inventory.empty(), Context(**ctx),
-                 rule_modules=("cel_lint",))
+def _run(
+    objs: list[SourceObject], pols: PolicySet | None = None, inventory: Inventory | None = None, **ctx: Any
+) -> list[Finding]:
+    r = evaluate(
+        objs,
+        pols or PolicySet.empty(),
+        inventory or Inventory.empty(),
+        Context(**ctx),
+        rule_modules=("cel_lint",),
+    )
     assert not [f for f in r.findings if f.rule.startswith("internal/")], r.findings
     return r.findings
 
 
 def _class(expr: str, name: str = "c") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expr}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expr}}]},
+    }
 
 
 def _template(requests: list[dict[str, Any]], ns: str = "ml") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "t", "namespace": ns}, "spec": {"spec": {"devices": {"requests": requests}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
 
 
 def test_seed_mig_class_gets_unknown_attribute_with_suggestion(
@@ -50,8 +64,9 @@ def test_seed_mig_class_gets_unknown_attribute_with_suggestion(
     assert {x.object.name for x in findings} == {"gpu.nvidia.com-a100-mig-3g20gb"}
 
 
-def test_no_match_against_inventory(inventory: Inventory, seed_dir: Path,
-                                    sources: Callable[[Path], list[SourceObject]]) -> None:
+def test_no_match_against_inventory(
+    inventory: Inventory, seed_dir: Path, sources: Callable[[Path], list[SourceObject]]
+) -> None:
     findings = _run(sources(seed_dir / "deviceclasses.yaml"), inventory=inventory)
     no_match = [f for f in findings if f.rule == "cel/no-match"]
     # The H100 class matches node-h; the A100 class matches node-a; the MIG class matches nothing.
@@ -60,43 +75,106 @@ def test_no_match_against_inventory(inventory: Inventory, seed_dir: Path,
 
 def test_policy_decides_checks_mode_and_severity() -> None:
     obj = SourceObject(_class("device.attributes['gpu.nvidia.com'].migProfile == '3g.20gb'"))
-    pol = CelLintPolicy(name="lint", mode=Mode.AUDIT, checks={
-        "cel/unknown-attribute": CelCheckSetting(mode=Mode.ENFORCE),
-        "cel/driver-guard": CelCheckSetting(enabled=False),
-    })
+    pol = CelLintPolicy(
+        name="lint",
+        mode=Mode.AUDIT,
+        checks={
+            "cel/unknown-attribute": CelCheckSetting(mode=Mode.ENFORCE),
+            "cel/driver-guard": CelCheckSetting(enabled=False),
+        },
+    )
     findings = _run([obj], PolicySet(cel_lint=(pol,)))
     assert [f.rule for f in findings] == ["cel/unknown-attribute"]
     assert findings[0].mode is Mode.ENFORCE and findings[0].severity is Severity.ERROR
-    pol2 = CelLintPolicy(name="lint", mode=Mode.WARN, checks={
-        "cel/driver-guard": CelCheckSetting(severity="info", mode=Mode.AUDIT)})
+    pol2 = CelLintPolicy(
+        name="lint",
+        mode=Mode.WARN,
+        checks={"cel/driver-guard": CelCheckSetting(severity="info", mode=Mode.AUDIT)},
+    )
     guard = [f for f in _run([obj], PolicySet(cel_lint=(pol2,))) if f.rule == "cel/driver-guard"]
     assert guard and guard[0].severity is Severity.INFO and guard[0].mode is Mode.AUDIT
 
 
 def test_request_and_subrequest_selectors_are_linted() -> None:
-    t = _template([
-        {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [
-            {"cel": {"expression": GUARD + "device.attributes['gpu.nvidia.com'].productName == 1"}}]}},
-        {"name": "b", "firstAvailable": [
-            {"name": "x", "deviceClassName": "gpu.nvidia.com",
-             "selectors": [{"cel": {"expression": GUARD + "device.attributes['gpu.nvidia.com'].productName =="}}]},
-            {"name": "y", "deviceClassName": "gpu.nvidia.com",
-             "selectors": [{"cel": {"expression": GUARD + "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]},
-        ]},
-    ])
+    t = _template(
+        [
+            {
+                "name": "a",
+                "exactly": {
+                    "deviceClassName": "gpu.nvidia.com",
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": GUARD + "device.attributes['gpu.nvidia.com'].productName == 1"
+                            }
+                        }
+                    ],
+                },
+            },
+            {
+                "name": "b",
+                "firstAvailable": [
+                    {
+                        "name": "x",
+                        "deviceClassName": "gpu.nvidia.com",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": GUARD + "device.attributes['gpu.nvidia.com'].productName =="
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "name": "y",
+                        "deviceClassName": "gpu.nvidia.com",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": GUARD + "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                                }
+                            }
+                        ],
+                    },
+                ],
+            },
+        ]
+    )
     findings = _run([SourceObject(t)])
     by_rule = {f.rule: f for f in findings}
     assert set(by_rule) == {"cel/unknown-attribute", "cel/syntax"}
     assert by_rule["cel/unknown-attribute"].message.startswith(
-        "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:")
+        "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression:"
+    )
     assert by_rule["cel/syntax"].message.startswith(
-        "spec.spec.devices.requests[1].firstAvailable[0].selectors[0].cel.expression:")
+        "spec.spec.devices.requests[1].firstAvailable[0].selectors[0].cel.expression:"
+    )
 
 
 def test_v1beta1_claim_selectors() -> None:
-    claim = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "c"},
-             "spec": {"devices": {"requests": [{"name": "g", "deviceClassName": "x", "selectors": [
-                 {"cel": {"expression": GUARD + "device.attributes['gpu.nvidia.com'].migProfile == 'a'"}}]}]}}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "g",
+                        "deviceClassName": "x",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": GUARD
+                                    + "device.attributes['gpu.nvidia.com'].migProfile == 'a'"
+                                }
+                            }
+                        ],
+                    }
+                ]
+            }
+        },
+    }
     findings = _run([SourceObject(claim)])
     assert [f.rule for f in findings] == ["cel/unknown-attribute"]
     assert "spec.devices.requests[0].selectors[0]" in findings[0].message
@@ -104,14 +182,14 @@ def test_v1beta1_claim_selectors() -> None:
 
 def test_literal_block_line_offset() -> None:
     text = (
-        "apiVersion: resource.k8s.io/v1\n"            # 1
-        "kind: DeviceClass\n"                         # 2
-        "metadata:\n"                                 # 3
-        "  name: c\n"                                 # 4
-        "spec:\n"                                     # 5
-        "  selectors:\n"                              # 6
-        "  - cel:\n"                                  # 7
-        "      expression: |\n"                       # 8
+        "apiVersion: resource.k8s.io/v1\n"  # 1
+        "kind: DeviceClass\n"  # 2
+        "metadata:\n"  # 3
+        "  name: c\n"  # 4
+        "spec:\n"  # 5
+        "  selectors:\n"  # 6
+        "  - cel:\n"  # 7
+        "      expression: |\n"  # 8
         "        device.driver == 'gpu.nvidia.com' &&\n"  # 9
         "        device.attributes['gpu.nvidia.com'].migProfile == 'x'\n"  # 10
     )
@@ -121,8 +199,27 @@ def test_literal_block_line_offset() -> None:
 
 
 def test_scoped_policy_applies_only_in_its_namespaces() -> None:
-    t = SourceObject(_template([{"name": "a", "exactly": {"deviceClassName": "c", "selectors": [
-        {"cel": {"expression": GUARD + "device.attributes['gpu.nvidia.com'].migProfile == 'x'"}}]}}], ns="prod"))
+    t = SourceObject(
+        _template(
+            [
+                {
+                    "name": "a",
+                    "exactly": {
+                        "deviceClassName": "c",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": GUARD
+                                    + "device.attributes['gpu.nvidia.com'].migProfile == 'x'"
+                                }
+                            }
+                        ],
+                    },
+                }
+            ],
+            ns="prod",
+        )
+    )
     strict = CelLintPolicy(name="strict", mode=Mode.ENFORCE, scope=NamespaceScope(namespaces=("prod",)))
     assert _run([t], PolicySet(cel_lint=(strict,)))[0].mode is Mode.ENFORCE
     other = CelLintPolicy(name="strict", mode=Mode.ENFORCE, scope=NamespaceScope(namespaces=("dev",)))

@@ -37,9 +37,12 @@ def _policy(**kw: Any) -> PolicySet:
     return PolicySet(migration=(MigrationPolicy(**base),))
 
 
-def _run(objs: list[SourceObject], policies: PolicySet, inventory: Inventory | None = None,
-         **ctx: Any) -> list[Finding]:
-    report = evaluate(objs, policies, inventory or Inventory.empty(), Context(**ctx), rule_modules=("migrate",))
+def _run(
+    objs: list[SourceObject], policies: PolicySet, inventory: Inventory | None = None, **ctx: Any
+) -> list[Finding]:
+    report = evaluate(
+        objs, policies, inventory or Inventory.empty(), Context(**ctx), rule_modules=("migrate",)
+    )
     return [f for f in report.findings if f.rule == RULE]
 
 
@@ -56,8 +59,9 @@ def _in_ns(obj: dict[str, Any], ns: str) -> dict[str, Any]:
         (MigrationMode.ENFORCE, Mode.ENFORCE, Severity.ERROR, False),
     ],
 )
-def test_modes_on_seed_pod(legacy_pod: dict[str, Any], mode: MigrationMode, want_mode: Mode,
-                           want_sev: Severity, patched: bool) -> None:
+def test_modes_on_seed_pod(
+    legacy_pod: dict[str, Any], mode: MigrationMode, want_mode: Mode, want_sev: Severity, patched: bool
+) -> None:
     findings = _run([SourceObject(legacy_pod)], _policy(default_mode=mode))
     assert len(findings) == 1
     f = findings[0]
@@ -72,7 +76,10 @@ def test_modes_on_seed_pod(legacy_pod: dict[str, Any], mode: MigrationMode, want
         assert f.patch is not None
         out = jsonpatch.apply_patch(legacy_pod, f.patch)
         assert "limits" not in out["spec"]["containers"][0]["resources"]
-        assert out["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == f.generated[0]["metadata"]["name"]
+        assert (
+            out["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            == f.generated[0]["metadata"]["name"]
+        )
         assert f.generated[0]["metadata"]["namespace"] == "default"
 
 
@@ -105,8 +112,12 @@ def test_line_points_at_the_limit(sources: Callable[[Path], list[SourceObject]],
 
 
 def test_unmapped_resource_warns_without_patch() -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.5gb": 1}}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.5gb": 1}}}]},
+    }
     f = _run([SourceObject(pod)], _policy(default_mode=MigrationMode.MIGRATE))[0]
     assert f.patch is None and "no mapping for nvidia.com/mig-1g.5gb" in f.message
     assert "MigrationPolicy legacy" in f.fix
@@ -118,21 +129,40 @@ def test_pod_update_is_not_patched(legacy_pod: dict[str, Any]) -> None:
 
 
 def test_deployment_patch_applies_in_migrate_mode() -> None:
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ml"},
-           "spec": {"replicas": 3, "template": {"spec": {
-               "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-               "containers": [{"name": "srv", "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}}}]}}}}
-    pols = _policy(default_mode=MigrationMode.MIGRATE, mappings=(
-        ResourceMapping("nvidia.com/gpu", "gpu.nvidia.com"),
-        ResourceMapping("nvidia.com/gpu", "gpu.nvidia.com-h100", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
-    ))
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ml"},
+        "spec": {
+            "replicas": 3,
+            "template": {
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                    "containers": [
+                        {"name": "srv", "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}}}
+                    ],
+                }
+            },
+        },
+    }
+    pols = _policy(
+        default_mode=MigrationMode.MIGRATE,
+        mappings=(
+            ResourceMapping("nvidia.com/gpu", "gpu.nvidia.com"),
+            ResourceMapping(
+                "nvidia.com/gpu", "gpu.nvidia.com-h100", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+            ),
+        ),
+    )
     f = _run([SourceObject(dep)], pols, operation="UPDATE")[0]
     assert f.patch is not None
     out = jsonpatch.apply_patch(dep, f.patch)
     assert out["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "8Gi"}
     tmpl = f.generated[0]
     assert tmpl["metadata"]["name"] == "draguard-gpu-nvidia-com-h100-1"
-    assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com-h100"
+    assert (
+        tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com-h100"
+    )
 
 
 def test_claim_version_follows_served_versions(legacy_pod: dict[str, Any]) -> None:
@@ -154,15 +184,26 @@ def test_extended_resource_strategy(legacy_pod: dict[str, Any], inventory: Inven
     assert "extendedResourceName: nvidia.com/gpu" in f.message
     assert "DeviceClass gpu.nvidia.com" in f.fix
     # A class in the input set serves it too.
-    dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpus"},
-          "spec": {"extendedResourceName": "nvidia.com/gpu"}}
+    dc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpus"},
+        "spec": {"extendedResourceName": "nvidia.com/gpu"},
+    }
     assert _run([SourceObject(legacy_pod), SourceObject(dc)], pols) == []
 
 
 def test_extended_resource_name_clash_warns(legacy_pod: dict[str, Any]) -> None:
     pols = _policy(strategy=MigrationStrategy.EXTENDED_RESOURCE, default_mode=MigrationMode.ENFORCE)
-    dcs = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": n},
-            "spec": {"extendedResourceName": "nvidia.com/gpu"}} for n in ("a", "b")]
+    dcs = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": n},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"},
+        }
+        for n in ("a", "b")
+    ]
     findings = _run([SourceObject(legacy_pod), *(SourceObject(d) for d in dcs)], pols)
     assert len(findings) == 1 and findings[0].mode is Mode.WARN
     assert "a, b" in findings[0].message
@@ -171,10 +212,18 @@ def test_extended_resource_name_clash_warns(legacy_pod: dict[str, Any]) -> None:
 def test_malformed_workloads_never_raise() -> None:
     bad = [
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "nope"}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-         "spec": {"containers": [{"name": "c", "resources": {"limits": ["nvidia.com/gpu"]}}]}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-         "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": True}}}]}},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": ["nvidia.com/gpu"]}}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": True}}}]},
+        },
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": "x", "spec": {"template": None}},
     ]
     findings = _run([SourceObject(o) for o in bad], _policy(default_mode=MigrationMode.MIGRATE))

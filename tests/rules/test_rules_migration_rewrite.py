@@ -79,8 +79,16 @@ def test_seed_legacy_pod_rewrite(legacy_pod: dict[str, Any]) -> None:
 
 def test_escaped_pointer_when_other_limits_remain() -> None:
     pod = _pod(
-        [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": "2"},
-                                                   "requests": {"nvidia.com/gpu": "1", "cpu": "1"}}}]
+        [
+            {
+                "name": "c",
+                "image": "x",
+                "resources": {
+                    "limits": {"nvidia.com/gpu": 1, "cpu": "2"},
+                    "requests": {"nvidia.com/gpu": "1", "cpu": "1"},
+                },
+            }
+        ]
     )
     patch, rewritten, _ = rewrite(pod, POLICY)
     paths = [op["path"] for op in patch if op["op"] == "remove"]
@@ -93,29 +101,53 @@ def test_escaped_pointer_when_other_limits_remain() -> None:
 
 
 def test_node_selector_picks_h100_class() -> None:
-    pod = _pod([{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 8}}}], nodeSelector=H100_LABEL)
+    pod = _pod(
+        [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 8}}}], nodeSelector=H100_LABEL
+    )
     _, _, templates = rewrite(pod, POLICY)
     assert templates[0]["metadata"]["name"] == "draguard-gpu-nvidia-com-h100-8"
-    assert templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com-h100"
+    assert (
+        templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+        == "gpu.nvidia.com-h100"
+    )
 
 
 def test_required_node_affinity_counts_as_node_label() -> None:
-    spec = {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}
-    labels = node_labels_of({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": spec}}})
+    spec = {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+                ]
+            }
+        ]
+    }
+    labels = node_labels_of(
+        {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": spec}}}
+    )
     assert labels == H100_LABEL
     # Two ORed terms pin nothing for certain.
     spec2 = {"nodeSelectorTerms": [*spec["nodeSelectorTerms"], {"matchExpressions": []}]}
-    assert node_labels_of({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": spec2}}}) == {}
+    assert (
+        node_labels_of(
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": spec2}}}
+        )
+        == {}
+    )
 
 
 def test_init_containers_and_mig_and_existing_claims() -> None:
     pod = _pod(
         [
-            {"name": "main", "image": "x",
-             "resources": {"limits": {"nvidia.com/gpu": 1}, "claims": [{"name": "existing"}]}},
+            {
+                "name": "main",
+                "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": 1}, "claims": [{"name": "existing"}]},
+            },
         ],
-        initContainers=[{"name": "warm", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.20gb": 1}}}],
+        initContainers=[
+            {"name": "warm", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.20gb": 1}}}
+        ],
         resourceClaims=[{"name": "existing", "resourceClaimName": "shared"}],
     )
     patch, rewritten, templates = rewrite(pod, POLICY)
@@ -123,25 +155,34 @@ def test_init_containers_and_mig_and_existing_claims() -> None:
     names = [c["name"] for c in rewritten["spec"]["resourceClaims"]]
     assert names == ["existing", "warm-mig-3g-20gb", "main-gpu"]
     assert rewritten["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "warm-mig-3g-20gb"}]
-    assert rewritten["spec"]["containers"][0]["resources"]["claims"] == [{"name": "existing"}, {"name": "main-gpu"}]
+    assert rewritten["spec"]["containers"][0]["resources"]["claims"] == [
+        {"name": "existing"},
+        {"name": "main-gpu"},
+    ]
     assert sorted(t["metadata"]["name"] for t in templates) == [
-        "draguard-gpu-nvidia-com-1", "draguard-gpu-nvidia-com-a100-mig-3g20gb-1"]
+        "draguard-gpu-nvidia-com-1",
+        "draguard-gpu-nvidia-com-a100-mig-3g20gb-1",
+    ]
     mig = next(t for t in templates if "mig" in t["metadata"]["name"])
     assert mig["spec"]["spec"]["devices"]["requests"][0]["name"] == "mig"
 
 
 def test_claim_name_collision_gets_suffix() -> None:
-    pod = _pod([{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
-               resourceClaims=[{"name": "c-gpu", "resourceClaimName": "other"}])
+    pod = _pod(
+        [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+        resourceClaims=[{"name": "c-gpu", "resourceClaimName": "other"}],
+    )
     _, rewritten, _ = rewrite(pod, POLICY)
     assert [c["name"] for c in rewritten["spec"]["resourceClaims"]] == ["c-gpu", "c-gpu-2"]
 
 
 def test_two_containers_share_a_template_but_not_a_claim() -> None:
-    pod = _pod([
-        {"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}},
-        {"name": "b", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}},
-    ])
+    pod = _pod(
+        [
+            {"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {"name": "b", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        ]
+    )
     _, rewritten, templates = rewrite(pod, POLICY)
     assert len(templates) == 1
     claims = rewritten["spec"]["resourceClaims"]
@@ -152,13 +193,42 @@ def test_two_containers_share_a_template_but_not_a_claim() -> None:
 @pytest.mark.parametrize(
     "obj",
     [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-         "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}},
-        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "cj"},
-         "spec": {"jobTemplate": {"spec": {"template": {"spec": {
-             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}}},
-        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s"},
-         "spec": {"template": {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {
+                "template": {
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
+                }
+            },
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": {"name": "cj"},
+            "spec": {
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]
+                            }
+                        }
+                    }
+                }
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "s"},
+            "spec": {
+                "template": {
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
+                }
+            },
+        },
     ],
 )
 def test_every_workload_kind(obj: dict[str, Any]) -> None:
@@ -199,8 +269,14 @@ def test_v1beta1_templates_are_flat() -> None:
 
 
 def test_mapping_selectors_go_into_the_template_and_name() -> None:
-    policy = MigrationPolicy(name="p", mappings=(
-        ResourceMapping("nvidia.com/gpu", "gpu.nvidia.com", selectors=("device.attributes['gpu.nvidia.com'].x == 1",)),))
+    policy = MigrationPolicy(
+        name="p",
+        mappings=(
+            ResourceMapping(
+                "nvidia.com/gpu", "gpu.nvidia.com", selectors=("device.attributes['gpu.nvidia.com'].x == 1",)
+            ),
+        ),
+    )
     pod = _pod([{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}])
     _, _, templates = rewrite(pod, policy)
     name = templates[0]["metadata"]["name"]

@@ -16,10 +16,16 @@ from webhook.engine.evaluate import evaluate
 from webhook.engine.findings import Finding, Mode, Severity
 
 RULE = "config/opaque"
-GOOD_GPU = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
-GOOD_MIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}
+GOOD_GPU = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+GOOD_MIG = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+}
 
 
 def _run(objs: list[SourceObject], inventory: Inventory | None = None) -> list[Finding]:
@@ -30,15 +36,27 @@ def _run(objs: list[SourceObject], inventory: Inventory | None = None) -> list[F
     return r.findings
 
 
-def _claim(params: Any, requests: list[str] | None = None, cls: str = "gpu.nvidia.com",
-           driver: str = "gpu.nvidia.com", version: str = "resource.k8s.io/v1") -> dict[str, Any]:
+def _claim(
+    params: Any,
+    requests: list[str] | None = None,
+    cls: str = "gpu.nvidia.com",
+    driver: str = "gpu.nvidia.com",
+    version: str = "resource.k8s.io/v1",
+) -> dict[str, Any]:
     cfg: dict[str, Any] = {"opaque": {"driver": driver, "parameters": params}}
     if requests is not None:
         cfg["requests"] = requests
-    req: dict[str, Any] = ({"name": "g", "exactly": {"deviceClassName": cls}} if version != "resource.k8s.io/v1beta1"
-                           else {"name": "g", "deviceClassName": cls})
-    return {"apiVersion": version, "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": "ml"},
-            "spec": {"devices": {"requests": [req], "config": [cfg]}}}
+    req: dict[str, Any] = (
+        {"name": "g", "exactly": {"deviceClassName": cls}}
+        if version != "resource.k8s.io/v1beta1"
+        else {"name": "g", "deviceClassName": cls}
+    )
+    return {
+        "apiVersion": version,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ml"},
+        "spec": {"devices": {"requests": [req], "config": [cfg]}},
+    }
 
 
 def test_seed_classes_old_api_version(sources: Callable[[Path], list[SourceObject]], seed_dir: Path) -> None:
@@ -61,15 +79,21 @@ def test_valid_configs_are_clean(inventory: Inventory) -> None:
 def test_unknown_field_and_bad_value_name_the_path() -> None:
     params = {**GOOD_GPU, "sharing": {"strategy": "Spatial", "bogus": True}}
     msgs = sorted(f.message for f in _run([SourceObject(_claim(params))]))
-    assert any(m.startswith("spec.devices.config[0].opaque.parameters.sharing.bogus: unknown field") for m in msgs)
-    assert any("sharing.strategy: unknown strategy 'Spatial' (allowed values: TimeSlicing, MPS)" in m for m in msgs)
+    assert any(
+        m.startswith("spec.devices.config[0].opaque.parameters.sharing.bogus: unknown field") for m in msgs
+    )
+    assert any(
+        "sharing.strategy: unknown strategy 'Spatial' (allowed values: TimeSlicing, MPS)" in m for m in msgs
+    )
 
 
 def test_gpu_config_on_mig_only_request(inventory: Inventory) -> None:
     # From the inventory: the class matches MIG devices only.
     findings = _run([SourceObject(_claim(GOOD_GPU, ["g"], cls="a100-mig-3g20gb"))], inventory)
     assert len(findings) == 1 and findings[0].mode is Mode.ENFORCE
-    assert "GpuConfig cannot be applied to devices of type mig; use kind MigDeviceConfig" in findings[0].message
+    assert (
+        "GpuConfig cannot be applied to devices of type mig; use kind MigDeviceConfig" in findings[0].message
+    )
     # Without an inventory the class name / selector text tells the type.
     findings = _run([SourceObject(_claim(GOOD_GPU, ["g"], cls="gpu.nvidia.com-a100-mig-3g20gb"))])
     assert len(findings) == 1 and "type mig" in findings[0].message
@@ -80,31 +104,51 @@ def test_config_without_requests_that_fits_nothing_warns(inventory: Inventory) -
     assert len(findings) == 1
     assert findings[0].mode is Mode.WARN and "the driver ignores it" in findings[0].message
     # A class config fitting some of its devices is fine (the driver applies it to those).
-    dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "any-nvidia"},
-          "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
-                   "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": GOOD_GPU}}]}}
+    dc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "any-nvidia"},
+        "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}],
+            "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": GOOD_GPU}}],
+        },
+    }
     assert _run([SourceObject(dc)], inventory) == []
 
 
 def test_requests_must_exist() -> None:
     findings = _run([SourceObject(_claim(GOOD_GPU, ["g", "nope", "g/sub"]))])
     assert len(findings) == 1
-    assert findings[0].message == "spec.devices.config[0].requests: nope, g/sub not in this claim (requests here: g)"
+    assert (
+        findings[0].message
+        == "spec.devices.config[0].requests: nope, g/sub not in this claim (requests here: g)"
+    )
 
 
 def test_subrequest_reference_and_other_drivers() -> None:
     claim = _claim(GOOD_MIG, ["g/small"])
-    claim["spec"]["devices"]["requests"] = [{"name": "g", "firstAvailable": [
-        {"name": "big", "deviceClassName": "gpu.nvidia.com-h100"},
-        {"name": "small", "deviceClassName": "mig-1g"}]}]
+    claim["spec"]["devices"]["requests"] = [
+        {
+            "name": "g",
+            "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu.nvidia.com-h100"},
+                {"name": "small", "deviceClassName": "mig-1g"},
+            ],
+        }
+    ]
     assert _run([SourceObject(claim)]) == []
     other = _claim({"anything": "goes"}, driver="example.com/other")
     assert _run([SourceObject(other)]) == []
 
 
 def test_size_limit() -> None:
-    params = {**GOOD_GPU, "sharing": {"strategy": "MPS", "mpsConfig": {
-        "defaultPerDevicePinnedMemoryLimit": {str(i): "1Gi" for i in range(1000)}}}}
+    params = {
+        **GOOD_GPU,
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {str(i): "1Gi" for i in range(1000)}},
+        },
+    }
     findings = _run([SourceObject(_claim(params))])
     assert any("the API limit is 10240 bytes" in f.message for f in findings)
 
@@ -117,24 +161,48 @@ def test_missing_or_non_object_parameters() -> None:
 
 # -- the rule and the driver's decoder agree ------------------------------------------------------
 
-_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 150), st.text(max_size=6),
-                    st.sampled_from(["TimeSlicing", "MPS", "Long", "Short", "1Gi", "0", "GPU-abc", "-1Gi"]))
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 150),
+    st.text(max_size=6),
+    st.sampled_from(["TimeSlicing", "MPS", "Long", "Short", "1Gi", "0", "GPU-abc", "-1Gi"]),
+)
 _mps = st.dictionaries(
-    st.sampled_from(["defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit",
-                     "defaultPerDevicePinnedMemoryLimit", "extra"]),
+    st.sampled_from(
+        [
+            "defaultActiveThreadPercentage",
+            "defaultPinnedDeviceMemoryLimit",
+            "defaultPerDevicePinnedMemoryLimit",
+            "extra",
+        ]
+    ),
     st.one_of(_values, st.dictionaries(st.sampled_from(["0", "1", "GPU-1a", "x"]), _values, max_size=2)),
-    max_size=3)
+    max_size=3,
+)
 _sharing = st.fixed_dictionaries(
-    {}, optional={"strategy": st.sampled_from(["TimeSlicing", "MPS", "Other"]),
-                  "timeSlicingConfig": st.one_of(_values, st.fixed_dictionaries(
-                      {}, optional={"interval": st.sampled_from(["Default", "Short", "Medium", "Long", "Huge"])})),
-                  "mpsConfig": st.one_of(_values, _mps),
-                  "unknown": _values})
+    {},
+    optional={
+        "strategy": st.sampled_from(["TimeSlicing", "MPS", "Other"]),
+        "timeSlicingConfig": st.one_of(
+            _values,
+            st.fixed_dictionaries(
+                {}, optional={"interval": st.sampled_from(["Default", "Short", "Medium", "Long", "Huge"])}
+            ),
+        ),
+        "mpsConfig": st.one_of(_values, _mps),
+        "unknown": _values,
+    },
+)
 _params = st.fixed_dictionaries(
-    {}, optional={"apiVersion": st.sampled_from(["resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1alpha1", "v1"]),
-                  "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]),
-                  "sharing": st.one_of(_values, _sharing),
-                  "extra": _values})
+    {},
+    optional={
+        "apiVersion": st.sampled_from(["resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1alpha1", "v1"]),
+        "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]),
+        "sharing": st.one_of(_values, _sharing),
+        "extra": _values,
+    },
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

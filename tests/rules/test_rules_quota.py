@@ -27,10 +27,15 @@ from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget
 MIG = "gpu.nvidia.com-a100-mig-3g20gb"  # the seed's MIG class name
 
 
-def _claim(requests: list[dict[str, Any]], ns: str = "ml", name: str = "c",
-           version: str = "resource.k8s.io/v1") -> dict[str, Any]:
-    return {"apiVersion": version, "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": requests}}}
+def _claim(
+    requests: list[dict[str, Any]], ns: str = "ml", name: str = "c", version: str = "resource.k8s.io/v1"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": version,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": requests}},
+    }
 
 
 def _exact(name: str, cls: str, count: int | None = None, mode: str | None = None) -> dict[str, Any]:
@@ -46,10 +51,16 @@ def _quota(*budgets: QuotaBudget, mode: Mode = Mode.ENFORCE, name: str = "gpus")
     return PolicySet(quota=(GpuQuotaPolicy(name=name, budgets=budgets, mode=mode),))
 
 
-def _run(objs: list[dict[str, Any]], pols: PolicySet, inventory: Inventory | None = None,
-         **ctx: Any) -> list[Finding]:
-    r = evaluate([SourceObject(o) for o in objs], pols, inventory or Inventory.empty(), Context(**ctx),
-                 rule_modules=("quota",))
+def _run(
+    objs: list[dict[str, Any]], pols: PolicySet, inventory: Inventory | None = None, **ctx: Any
+) -> list[Finding]:
+    r = evaluate(
+        [SourceObject(o) for o in objs],
+        pols,
+        inventory or Inventory.empty(),
+        Context(**ctx),
+        rule_modules=("quota",),
+    )
     assert not [f for f in r.findings if f.rule.startswith("internal/")], r.findings
     return r.findings
 
@@ -66,26 +77,38 @@ def test_mig_fractions() -> None:
 
 
 def test_counting_rules(inventory: Inventory) -> None:
-    spec = read_claim_spec(_claim([
-        _exact("a", "gpu.nvidia.com", 3),
-        _exact("b", "gpu.nvidia.com", mode="All"),
-        {"name": "c", "firstAvailable": [
-            {"name": "big", "deviceClassName": "a100-mig-3g20gb", "count": 2},
-            {"name": "small", "deviceClassName": "a100-mig-3g20gb", "count": 1},
-            {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 1},
-        ]},
-        _exact("d", "gpu.nvidia.com", 1, mode="Sometimes"),
-    ])["spec"], "resource.k8s.io/v1")
+    spec = read_claim_spec(
+        _claim(
+            [
+                _exact("a", "gpu.nvidia.com", 3),
+                _exact("b", "gpu.nvidia.com", mode="All"),
+                {
+                    "name": "c",
+                    "firstAvailable": [
+                        {"name": "big", "deviceClassName": "a100-mig-3g20gb", "count": 2},
+                        {"name": "small", "deviceClassName": "a100-mig-3g20gb", "count": 1},
+                        {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 1},
+                    ],
+                },
+                _exact("d", "gpu.nvidia.com", 1, mode="Sometimes"),
+            ]
+        )["spec"],
+        "resource.k8s.io/v1",
+    )
     # All = the most devices of the class on one node (node-h has 4 full GPUs).
     assert claim_demand(spec, inventory) == {"gpu.nvidia.com": 3 + 4 + 1, "a100-mig-3g20gb": 2}
     # Without an inventory All is charged like the API server's quota: 32.
-    assert claim_demand(spec, Inventory.empty()) == {"gpu.nvidia.com": 3 + ALL_MODE_CHARGE + 1,
-                                                     "a100-mig-3g20gb": 2}
+    assert claim_demand(spec, Inventory.empty()) == {
+        "gpu.nvidia.com": 3 + ALL_MODE_CHARGE + 1,
+        "a100-mig-3g20gb": 2,
+    }
 
 
 def test_v1beta1_claims_count_the_same(inventory: Inventory) -> None:
-    flat = read_claim_spec({"devices": {"requests": [{"name": "g", "deviceClassName": "gpu.nvidia.com",
-                                                      "count": 2}]}}, "resource.k8s.io/v1beta1")
+    flat = read_claim_spec(
+        {"devices": {"requests": [{"name": "g", "deviceClassName": "gpu.nvidia.com", "count": 2}]}},
+        "resource.k8s.io/v1beta1",
+    )
     assert claim_demand(flat, inventory) == {"gpu.nvidia.com": 2}
 
 
@@ -167,18 +190,36 @@ def test_other_namespace_and_templates_are_not_charged(seed_deployment: list[dic
 
 def test_shared_claim_is_charged_once() -> None:
     claim = _claim([_exact("g", "gpu.nvidia.com", 4)], ns="ml", name="shared")
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ml"},
-           "spec": {"replicas": 10, "template": {"spec": {
-               "containers": [{"name": "c", "resources": {"claims": [{"name": "g"}]}}],
-               "resourceClaims": [{"name": "g", "resourceClaimName": "shared"}]}}}}
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ml"},
+        "spec": {
+            "replicas": 10,
+            "template": {
+                "spec": {
+                    "containers": [{"name": "c", "resources": {"claims": [{"name": "g"}]}}],
+                    "resourceClaims": [{"name": "g", "resourceClaimName": "shared"}],
+                }
+            },
+        },
+    }
     findings = _run([claim, dep], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 4})))
     assert findings == []
 
 
 def test_job_parallelism_and_extended_resources(inventory: Inventory) -> None:
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ml"},
-           "spec": {"parallelism": 3, "template": {"spec": {"containers": [
-               {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ml"},
+        "spec": {
+            "parallelism": 3,
+            "template": {
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}
+            },
+        },
+    }
     # The inventory's gpu.nvidia.com class serves nvidia.com/gpu (KEP-5004): 3 pods x 2.
     findings = _run([job], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 5})), inventory)
     assert len(findings) == 1 and "6 devices" in findings[0].message
@@ -204,7 +245,10 @@ def test_live_usage_denies_when_total_exceeds() -> None:
     usage = QuotaUsage(devices={("ml", "gpu.nvidia.com"): 3}, gpu_equivalents={"ml": 3.0}, claims={"ml": 1})
     findings = _run([claim], pols, usage=usage, admission=True, operation="CREATE")
     assert len(findings) == 1
-    assert "would bring namespace ml to 5 devices of class gpu.nvidia.com (in use 3 + this 2" in findings[0].message
+    assert (
+        "would bring namespace ml to 5 devices of class gpu.nvidia.com (in use 3 + this 2"
+        in findings[0].message
+    )
     # Fits exactly: no finding.
     usage2 = QuotaUsage(devices={("ml", "gpu.nvidia.com"): 2})
     assert _run([claim], pols, usage=usage2, operation="CREATE") == []
@@ -225,22 +269,44 @@ def test_live_team_usage() -> None:
 
 
 def test_render_resource_quotas() -> None:
-    pols = PolicySet(quota=(
-        GpuQuotaPolicy(name="gpus", budgets=(
-            QuotaBudget("namespace", "ml-workloads", {MIG: 6, "gpu.nvidia.com-*": 2}, gpu_equivalents=3, claims=8),
-            QuotaBudget("namespace", "team-*", {"gpu.nvidia.com": 1}),
-            QuotaBudget("team", "red", {"gpu.nvidia.com": 1}),
-        )),
-        GpuQuotaPolicy(name="tight", budgets=(QuotaBudget("namespace", "ml-workloads", {MIG: 4}),)),
-    ))
+    pols = PolicySet(
+        quota=(
+            GpuQuotaPolicy(
+                name="gpus",
+                budgets=(
+                    QuotaBudget(
+                        "namespace",
+                        "ml-workloads",
+                        {MIG: 6, "gpu.nvidia.com-*": 2},
+                        gpu_equivalents=3,
+                        claims=8,
+                    ),
+                    QuotaBudget("namespace", "team-*", {"gpu.nvidia.com": 1}),
+                    QuotaBudget("team", "red", {"gpu.nvidia.com": 1}),
+                ),
+            ),
+            GpuQuotaPolicy(name="tight", budgets=(QuotaBudget("namespace", "ml-workloads", {MIG: 4}),)),
+        )
+    )
     quotas = render_resource_quotas(pols, namespaces=["team-a", "default"])
     by = {(q["metadata"]["namespace"], q["metadata"]["name"]): q for q in quotas}
-    assert set(by) == {("ml-workloads", "draguard-gpus"), ("ml-workloads", "draguard-tight"),
-                       ("team-a", "draguard-gpus")}
+    assert set(by) == {
+        ("ml-workloads", "draguard-gpus"),
+        ("ml-workloads", "draguard-tight"),
+        ("team-a", "draguard-gpus"),
+    }
     hard = by[("ml-workloads", "draguard-gpus")]["spec"]["hard"]
-    assert hard == {f"{MIG}.deviceclass.resource.k8s.io/devices": "6", "count/resourceclaims.resource.k8s.io": "8"}
-    assert by[("ml-workloads", "draguard-gpus")]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "draguard"
-    assert by[("team-a", "draguard-gpus")]["spec"]["hard"] == {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "1"}
+    assert hard == {
+        f"{MIG}.deviceclass.resource.k8s.io/devices": "6",
+        "count/resourceclaims.resource.k8s.io": "8",
+    }
+    assert (
+        by[("ml-workloads", "draguard-gpus")]["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+        == "draguard"
+    )
+    assert by[("team-a", "draguard-gpus")]["spec"]["hard"] == {
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "1"
+    }
     notes = "\n".join(unrenderable(pols))
     assert "team budgets span namespaces" in notes
     assert "gpuEquivalents 3" in notes and "'gpu.nvidia.com-*'" in notes
