@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,6 +162,11 @@ def test_missing_or_non_object_parameters() -> None:
 
 # -- the rule and the driver's decoder agree ------------------------------------------------------
 
+# Built once: hypothesis reruns the test body many times.
+_INVENTORY = Inventory.from_objects(
+    d for d in yaml.safe_load_all((Path(__file__).parent / "fixtures" / "inventory.yaml").read_text()) if d
+)
+
 _values = st.one_of(
     st.none(),
     st.booleans(),
@@ -210,7 +216,7 @@ _params = st.fixed_dictionaries(
 def test_rule_and_driver_decoder_agree(params: dict[str, Any], mig: bool) -> None:
     """Admission accepts exactly what the driver's prepare can decode for the request's devices."""
     cls = "a100-mig-3g20gb" if mig else "gpu.nvidia.com-h100"
-    findings = _run([SourceObject(_claim(params, ["g"], cls=cls))])
+    findings = _run([SourceObject(_claim(params, ["g"], cls=cls))], _INVENTORY)
     try:
         parse_opaque_config(params, {"mig" if mig else "gpu"})
         decodes = True
