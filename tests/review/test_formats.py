@@ -13,7 +13,14 @@ from tests.review.conftest import Run, check_golden
 from webhook.review.formats.github import escape_data, escape_property
 
 ARGS = ("review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml")
-SUFFIX = {"text": "txt", "json": "json", "markdown": "md", "sarif": "sarif", "junit": "xml", "github": "github.txt"}
+SUFFIX = {
+    "text": "txt",
+    "json": "json",
+    "markdown": "md",
+    "sarif": "sarif",
+    "junit": "xml",
+    "github": "github.txt",
+}
 
 
 @pytest.mark.parametrize("fmt", list(SUFFIX))
@@ -82,10 +89,12 @@ def test_junit_parses_back_with_one_testcase_per_object_and_rule(
     findings = json.loads(draguard(*ARGS, "-f", "json").out)["findings"]
     rules = {f["rule"] for f in findings}
     assert len(cases) == 13 * len(rules)
-    failed = {
-        (c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None
+    failed = {(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None}
+    enforced = {
+        (f["file"], f["object"]["kind"], f["object"]["name"], f["rule"])
+        for f in findings
+        if f["mode"] == "enforce"
     }
-    enforced = {(f["file"], f["object"]["kind"], f["object"]["name"], f["rule"]) for f in findings if f["mode"] == "enforce"}
     assert len(failed) == len(enforced)
     assert int(root.get("failures", "-1")) == len(enforced)
     assert int(root.get("tests", "-1")) == len(cases)
@@ -103,7 +112,9 @@ def test_github_annotations_escape_data_and_properties() -> None:
 def test_github_annotation_lines(draguard: Callable[..., Run], in_fixtures: Path) -> None:
     out = draguard(*ARGS, "-f", "github").out.splitlines()
     annotations = [ln for ln in out if ln.startswith("::")]
-    assert any(ln.startswith("::error file=manifests/team-ml/training-claim.yaml,line=15,") for ln in annotations)
+    assert any(
+        ln.startswith("::error file=manifests/team-ml/training-claim.yaml,line=15,") for ln in annotations
+    )
     assert any(ln.startswith("::warning ") for ln in annotations)
     assert any(ln.startswith("::notice ") for ln in annotations)
     for ln in annotations:
@@ -121,7 +132,8 @@ def test_text_is_plain_off_a_tty_and_respects_no_color(
     plain = draguard(*ARGS).out
     assert "\033[" not in plain
     assert plain.rstrip().splitlines()[-1] == (
-        "13 objects in 7 files (2 ignored: kinds no rule reads): 4 errors (enforce), 10 warnings, 1 audit finding"
+        "13 objects in 7 files (2 ignored: kinds no rule reads): "
+        "4 errors (enforce), 10 warnings, 1 audit finding"
     )
     monkeypatch.setenv("FORCE_COLOR", "1")
     assert "\033[31menforce\033[0m" in draguard(*ARGS).out
