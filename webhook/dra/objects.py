@@ -92,6 +92,8 @@ class DeviceSubRequest:
     count: int = 1
     pointer: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Whether `count` was written out (so a rewrite keeps the user's spelling).
+    count_explicit: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ class DeviceRequest:
     first_available: tuple[DeviceSubRequest, ...] = ()
     pointer: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    count_explicit: bool = True
 
     def alternatives(self) -> tuple[tuple[str | None, tuple[Selector, ...], str, int, str], ...]:
         """(device_class, selectors, allocation_mode, count, pointer) for each way it can be satisfied."""
@@ -205,6 +208,7 @@ def _read_subrequests(raw: object, pointer: str) -> tuple[DeviceSubRequest, ...]
                 count=_count(sub, mode),
                 pointer=p,
                 extra=_extra(sub),
+                count_explicit="count" in sub,
             )
         )
     return tuple(out)
@@ -237,6 +241,7 @@ def _read_request(raw: Mapping[str, Any], flat: bool, p: str) -> DeviceRequest:
         admin_access=body.get("adminAccess") is True,
         pointer=bp,
         extra=_extra(body),
+        count_explicit="count" in body,
     )
 
 
@@ -397,7 +402,12 @@ def _write_selectors(selectors: Sequence[Selector]) -> list[dict[str, Any]]:
 
 
 def _write_choice(
-    device_class: str | None, selectors: Sequence[Selector], mode: str, count: int, extra: Mapping[str, Any]
+    device_class: str | None,
+    selectors: Sequence[Selector],
+    mode: str,
+    count: int,
+    extra: Mapping[str, Any],
+    count_explicit: bool = True,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if device_class is not None:
@@ -406,7 +416,7 @@ def _write_choice(
         out["selectors"] = _write_selectors(selectors)
     if mode != EXACT_COUNT:
         out["allocationMode"] = mode
-    if mode == EXACT_COUNT:
+    if mode == EXACT_COUNT and (count_explicit or count != 1):
         out["count"] = count
     out.update(extra)
     return out
@@ -419,11 +429,17 @@ def write_request(req: DeviceRequest, api_version: str) -> dict[str, Any]:
         subs = []
         for s in req.first_available:
             sub = {"name": s.name}
-            sub.update(_write_choice(s.device_class, s.selectors, s.allocation_mode, s.count, s.extra))
+            sub.update(
+                _write_choice(
+                    s.device_class, s.selectors, s.allocation_mode, s.count, s.extra, s.count_explicit
+                )
+            )
             subs.append(sub)
         out["firstAvailable"] = subs
         return out
-    body = _write_choice(req.device_class, req.selectors, req.allocation_mode, req.count, req.extra)
+    body = _write_choice(
+        req.device_class, req.selectors, req.allocation_mode, req.count, req.extra, req.count_explicit
+    )
     if req.admin_access:
         body["adminAccess"] = True
     if flat:

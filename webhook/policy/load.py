@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from webhook.engine.context import SourceObject
 from webhook.engine.findings import Mode
 from webhook.policy.model import (
     API_VERSION,
@@ -98,6 +99,14 @@ def _esc(token: str) -> str:
 _constructor = yaml.constructor.SafeConstructor()
 
 
+def _construct(node: yaml.Node) -> Any:
+    try:
+        return _constructor.construct_object(node, deep=True)
+    except (ValueError, TypeError, yaml.constructor.ConstructorError):
+        # e.g. 2026-13-45 looks like a timestamp but is not a date: keep the text, the schema reports it.
+        return node.value if isinstance(node, yaml.ScalarNode) else None
+
+
 def _to_data(node: yaml.Node, pointer: str, lines: dict[str, int], depth: int = 0) -> Any:
     if depth > 200:
         raise ValueError("document nested too deeply")
@@ -106,7 +115,7 @@ def _to_data(node: yaml.Node, pointer: str, lines: dict[str, int], depth: int = 
         _constructor.flatten_mapping(node)
         out: dict[str, Any] = {}
         for k_node, v_node in node.value:
-            key = _constructor.construct_object(k_node, deep=True)
+            key = _construct(k_node)
             key = key if isinstance(key, str) else str(key)
             p = f"{pointer}/{_esc(key)}"
             lines[p] = k_node.start_mark.line + 1
@@ -115,7 +124,7 @@ def _to_data(node: yaml.Node, pointer: str, lines: dict[str, int], depth: int = 
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_to_data(v, f"{pointer}/{i}", lines, depth + 1) for i, v in enumerate(node.value)]
-    value = _constructor.construct_object(node, deep=True)
+    value = _construct(node)
     # Dates stay text: the schema and the object model read ISO strings.
     if isinstance(value, dt.date | dt.datetime):
         return value.isoformat()
@@ -404,3 +413,21 @@ def load_policies(path: str | Path) -> PolicySet:
             lines[len(docs)] = d.lines
             docs.append((d.data, str(f), d.line))
     return parse_policy_documents(docs, lines)
+
+
+def source_objects(text: str, file: str | None = None) -> list[SourceObject]:
+    """Kubernetes objects from a YAML/JSON text as engine inputs, with per-field lines.
+
+    Empty documents are skipped; a document that is not a mapping is kept (the engine ignores it).
+    Raises PolicyError (a ValueError) with file and line on YAML syntax errors.
+    """
+    return [
+        SourceObject(
+            obj=d.data if isinstance(d.data, Mapping) else {},
+            file=file,
+            line=d.line,
+            doc_index=i,
+            lines=d.lines,
+        )
+        for i, d in enumerate(parse_yaml_documents(text, file))
+    ]

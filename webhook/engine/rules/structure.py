@@ -373,9 +373,9 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
             continue
         if not _known_attribute(attr, published):
             where = (
-                "no device in the inventory publishes it"
+                "is published by no device in the inventory"
                 if published
-                else "the driver schema has no such attribute"
+                else f"is not an attribute of the {DRIVER_DOMAIN} driver schema"
             )
             suggestion = _suggest_attribute(attr, published)
             yield rc.finding(
@@ -383,7 +383,7 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
                 "structure/interconnect",
                 Severity.ERROR,
                 Mode.ENFORCE,
-                f"constraint matchAttribute {attr!r} is an attribute {where}; devices without it never "
+                f"constraint matchAttribute {attr!r} {where}; devices without it never "
                 "satisfy the constraint, so the claim stays pending forever",
                 fix=f"constrain on {suggestion!r} (matchAttribute: {suggestion})",
                 pointer=f"{c.pointer}/matchAttribute",
