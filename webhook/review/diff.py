@@ -283,9 +283,20 @@ def _object_docs(reviewed: Reviewed) -> dict[tuple[str, str, str, str], str]:
     return out
 
 
+def _related(key: tuple[str, str, str, str], changed: Sequence[tuple[str, str, str, str]]) -> str:
+    """Name the changed objects that can move this object's verdict: same namespace, or cluster-scoped."""
+    near = [c for c in changed if c[2] == key[2] or not c[2]]
+    if not near:
+        return "related objects changed (inventory classes, claims or templates it refers to)"
+    names = [f"{c[1]}/{c[2] + '/' if c[2] else ''}{c[3]} ({c[0]})" for c in near[:3]]
+    more = f" and {len(near) - 3} more" if len(near) > 3 else ""
+    return "related objects changed: " + ", ".join(names) + more
+
+
 def compare(base: Reviewed, head: Reviewed, policy_diff: Sequence[PolicyChange]) -> list[Change]:
     old, new = _group(base.result.report), _group(head.result.report)
     old_docs, new_docs = _object_docs(base), _object_docs(head)
+    changed_docs = sorted(k for k in set(old_docs) | set(new_docs) if old_docs.get(k) != new_docs.get(k))
     changes: list[Change] = []
     for key in sorted(set(old) | set(new)):
         b = _strongest(old[key]) if key in old else None
@@ -317,7 +328,7 @@ def compare(base: Reviewed, head: Reviewed, policy_diff: Sequence[PolicyChange])
         elif old_docs[doc_key] != new_docs[doc_key]:
             causes.append("object changed")
         if not causes:
-            causes.append("related objects changed (classes, claims or templates it refers to)")
+            causes.append(_related(doc_key, changed_docs))
         changes.append(Change(kind, key[4], b, h, tuple(causes)))
     changes.sort(key=lambda c: (CHANGE_ORDER.index(c.change), *finding_sort_key(c.finding)))
     return changes

@@ -128,7 +128,9 @@ def _expectations(raw: Any, where: str) -> list[Expectation]:
         if mode is not None and mode not in Mode._value2member_map_:
             raise SuiteError(f"{where}: expect[{i}].mode {mode!r} is not enforce, warn or audit")
         obj = e.get("object")
-        out.append(Expectation(e["rule"], str(obj) if obj is not None else None, Mode(mode) if mode else None))
+        out.append(
+            Expectation(e["rule"], str(obj) if obj is not None else None, Mode(mode) if mode else None)
+        )
     return out
 
 
@@ -198,9 +200,7 @@ def _default_policies(root: Path) -> Path:
     return root.parent if root.name == "tests" else Path("policies")
 
 
-def run_suites(
-    root: Path, *, policies: str | None = None, case_filter: str | None = None
-) -> Outcome:
+def run_suites(root: Path, *, policies: str | None = None, case_filter: str | None = None) -> Outcome:
     outcome = Outcome()
     policy_cache: dict[str, Any] = {}
     inventory_cache: dict[str | None, Any] = {}
@@ -226,7 +226,9 @@ def run_suites(
                 if case.inventory not in inventory_cache:
                     inventory_cache[case.inventory] = load_inventory_file(case.inventory)
                 inputs = read_paths(case.inputs)
-                result = evaluate_inputs(inputs, policy_cache[pol], inventory_cache[case.inventory], namespace=namespace)
+                result = evaluate_inputs(
+                    inputs, policy_cache[pol], inventory_cache[case.inventory], namespace=namespace
+                )
             except (InputError, ReviewError) as exc:
                 outcome.results.append(
                     CaseResult(case, False, [f"input error: {exc}"], seconds=time.monotonic() - t0)
@@ -274,7 +276,9 @@ def render_junit(outcome: Outcome) -> str:
             time=f"{sum(r.seconds for r in results):.3f}",
         )
         for r in results:
-            case = ET.SubElement(el, "testcase", name=r.case.name, classname=str(suite), time=f"{r.seconds:.3f}")
+            case = ET.SubElement(
+                el, "testcase", name=r.case.name, classname=str(suite), time=f"{r.seconds:.3f}"
+            )
             if not r.passed:
                 fail = ET.SubElement(case, "failure", message=r.problems[0] if r.problems else "failed")
                 fail.text = "\n".join(r.problems)

@@ -1,0 +1,196 @@
+"""`draguard review --base REF`: verdicts that changed between a git ref and the working tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.review.conftest import FIXTURES, Run
+
+pytestmark = pytest.mark.skipif(not shutil.which("git"), reason="needs git")
+
+TIER = """\
+# Which GPUs training may use.
+apiVersion: policy.draguard.io/v1alpha1
+kind: GpuTierPolicy
+metadata:
+  name: gpu-tiers
+spec:
+  mode: enforce
+  classes:
+  - name: training
+    match:
+      labels:
+        draguard.io/workload-class: training
+    deviceClasses: [{classes}]
+"""
+
+JOB = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-a100
+  namespace: team-a
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com-a100
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: finetune
+  namespace: team-a
+spec:
+  template:
+    metadata:
+      labels:
+        draguard.io/workload-class: training
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: trainer
+        image: nvcr.io/nvidia/pytorch:24.01-py3
+        resources:
+          claims:
+          - name: gpu
+      resourceClaims:
+      - name: gpu
+        resourceClaimTemplateName: one-a100
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def commit_tier(repo: Path, classes: str, message: str) -> None:
+    (repo / "policies" / "tier.yaml").write_text(TIER.format(classes=classes))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    r = tmp_path / "gitops"
+    (r / "policies").mkdir(parents=True)
+    (r / "apps").mkdir()
+    (r / "apps" / "finetune.yaml").write_text(JOB)
+    shutil.copy(FIXTURES / "inventory.yaml", r / "inventory.yaml")
+    git(r, "init", "-q", "-b", "main")
+    commit_tier(r, "gpu.nvidia.com-a100, gpu.nvidia.com-h100", "training may use A100 and H100")
+    monkeypatch.chdir(r)
+    return r
+
+
+ARGS = ("review", "apps", "--inventory", "inventory.yaml")
+
+
+def _status(repo: Path) -> str:
+    return git(repo, "status", "--porcelain")
+
+
+def test_tightened_policy_reports_newly_denied_and_blames_the_policy(
+    repo: Path, draguard: Callable[..., Run]
+) -> None:
+    commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    before = {p: p.stat().st_mtime_ns for p in repo.rglob("*") if ".git" not in p.parts}
+
+    run = draguard(*ARGS, "--base", "HEAD~1", "-f", "json")
+    assert run.code == 1, run.err
+    doc = json.loads(run.out)
+    assert doc["base"]["ref"] == "HEAD~1"
+    assert doc["policyChanges"] == [
+        {"kind": "GpuTierPolicy", "name": "gpu-tiers", "change": "modified", "file": "policies/tier.yaml"}
+    ]
+    (change,) = doc["changes"]
+    assert change["change"] == "newly-denied"
+    assert change["rule"] == "tier/gpu-tiers"
+    assert change["object"]["name"] == "finetune"
+    assert change["baseMode"] is None and change["mode"] == "enforce"
+    assert change["causes"] == ["GpuTierPolicy gpu-tiers modified (policies/tier.yaml)"]
+    assert change["file"] == "apps/finetune.yaml"
+
+    text = draguard(*ARGS, "--base", "HEAD~1").out
+    assert "Newly denied (1)" in text
+    assert "because: GpuTierPolicy gpu-tiers modified (policies/tier.yaml)" in text
+
+    # The work tree and index are untouched: no checkout, no stash.
+    assert _status(repo) == ""
+    after = {p: p.stat().st_mtime_ns for p in repo.rglob("*") if ".git" not in p.parts}
+    assert after == before
+
+
+def test_loosened_policy_reports_no_longer_denied(repo: Path, draguard: Callable[..., Run]) -> None:
+    commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    commit_tier(repo, "gpu.nvidia.com-a100, gpu.nvidia.com-h100", "training may use A100 again")
+    run = draguard(*ARGS, "--base", "HEAD~1", "-f", "json")
+    assert run.code == 0, run.err
+    (change,) = json.loads(run.out)["changes"]
+    assert change["change"] == "no-longer-denied"
+    assert change["baseMode"] == "enforce" and change["mode"] is None
+    assert change["causes"] == ["GpuTierPolicy gpu-tiers modified (policies/tier.yaml)"]
+    md = draguard(*ARGS, "--base", "HEAD~1", "-f", "markdown").out
+    assert "#### No longer denied (1)" in md
+
+
+def test_unchanged_policy_and_manifest_changes_nothing(repo: Path, draguard: Callable[..., Run]) -> None:
+    run = draguard(*ARGS, "--base", "HEAD")
+    assert run.code == 0
+    assert "No verdict changed." in run.out
+
+
+def test_manifest_edit_in_the_work_tree_is_attributed_to_the_object(
+    repo: Path, draguard: Callable[..., Run]
+) -> None:
+    commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    # Uncommitted fix: the template asks for an H100 now.
+    job = repo / "apps" / "finetune.yaml"
+    job.write_text(JOB.replace("gpu.nvidia.com-a100", "gpu.nvidia.com-h100"))
+    run = draguard(*ARGS, "--base", "HEAD", "-f", "json")
+    assert run.code == 0
+    (change,) = json.loads(run.out)["changes"]
+    assert change["change"] == "no-longer-denied"
+    # The Job itself is unchanged; the template it uses is what changed.
+    assert change["object"]["kind"] == "Job"
+    assert change["causes"] == [
+        "related objects changed: ResourceClaimTemplate/team-a/one-a100 (apps/finetune.yaml)"
+    ]
+
+
+def test_sarif_with_base_annotates_only_new_denials(repo: Path, draguard: Callable[..., Run]) -> None:
+    commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    doc = json.loads(draguard(*ARGS, "--base", "HEAD~1", "-f", "sarif").out)
+    results = doc["runs"][0]["results"]
+    assert [r["ruleId"] for r in results] == ["tier/gpu-tiers"]
+    assert draguard(*ARGS, "--base", "HEAD", "-f", "sarif").code == 0
+
+
+def test_bad_ref_and_outside_a_repository(repo: Path, draguard: Callable[..., Run], tmp_path: Path) -> None:
+    run = draguard(*ARGS, "--base", "no-such-branch")
+    assert run.code == 2
+    assert "no-such-branch: unknown git revision" in run.err
+    outside = tmp_path / "loose"
+    outside.mkdir()
+    (outside / "a.yaml").write_text(JOB)
+    os.chdir(outside)
+    run = draguard("review", "a.yaml", "--base", "HEAD")
+    assert run.code == 2 and "needs a git repository" in run.err
