@@ -10,7 +10,9 @@ A100 = "NVIDIA A100 80GB PCIe"
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def gpu(node: str, index: int, product: str = A100, memory: str = "80Gi", driver_version: str = "550.54.15") -> Device:
+def gpu(
+    node: str, index: int, product: str = A100, memory: str = "80Gi", driver_version: str = "550.54.15"
+) -> Device:
     return Device(
         driver=DRIVER,
         pool=node,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 
 import pytest
@@ -53,7 +54,9 @@ def test_precision_finer_than_nano_rounds_up() -> None:
     assert Quantity.parse("1.0000000001").value == Fraction(1_000_000_001, 10**9)
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "1Gb", "1 Gi", "1.2.3", "--1", "1Kii", "abc", "1e", "1ee3", "0x10"])
+@pytest.mark.parametrize(
+    "text", ["", "Gi", "1Gb", "1 Gi", "1.2.3", "--1", "1Kii", "abc", "1e", "1ee3", "0x10"]
+)
 def test_parse_rejects_with_clear_message(text: str) -> None:
     with pytest.raises(ValueError, match="invalid quantity") as info:
         Quantity.parse(text)
@@ -99,8 +102,8 @@ def test_semver_accepts_valid(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "1", "1.2", "01.2.3", "1.02.3", "1.2.03", "v1.2.3", "1.2.3-01", "1.2.3-", "1.2.3+", "1.2.3-a..b",
-             "535.104.05", " 1.2.3", "1.2.3.4"],
+    "text", ["", "1", "1.2", "01.2.3", "1.02.3", "1.2.03", "v1.2.3", "1.2.3-01", "1.2.3-", "1.2.3+",
+             "1.2.3-a..b", "535.104.05", " 1.2.3", "1.2.3.4"],
 )
 def test_semver_rejects_invalid(text: str) -> None:
     assert not is_semver(text)
@@ -118,7 +121,7 @@ def test_semver_precedence_follows_the_spec() -> None:
     chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
              "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "2.0.0", "2.1.0", "2.1.1"]
     versions = [Semver.parse(v) for v in chain]
-    for lower, higher in zip(versions, versions[1:], strict=False):
+    for lower, higher in itertools.pairwise(versions):
         assert lower.compare(higher) == -1
         assert higher.compare(lower) == 1
     assert Semver.parse("1.0.0+build.1").compare(Semver.parse("1.0.0+build.2")) == 0

@@ -17,7 +17,7 @@ from webhook.cel import _native
 from webhook.cel.analysis import MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
-from webhook.cel.library import cel_type_name, describe_value, device_data
+from webhook.cel.library import cel_type_name, device_data
 from webhook.dra.device import Device
 from webhook.engine.findings import Severity
 
@@ -80,7 +80,7 @@ class CompiledSelector:
             )
         if not isinstance(value, bool):
             raise CelEvalError(
-                f"must evaluate to bool, but {describe_value(value)} is {cel_type_name(value)}",
+                f"must evaluate to bool, but the result is {cel_type_name(value)}",
                 type_error=True,
             )
         return value
@@ -115,6 +115,15 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     try:
         native = _native.compile_expression(expression)
     except _native.CompileFailure as exc:
+        if "recursion" in exc.message.lower():
+            # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
+            # chain); the API server allows more, so this is draguard's limit, not a rejection.
+            return CelIssue(
+                "cel/limits", Severity.WARNING,
+                f"expression nests more than 32 levels deep; draguard's CEL runtime cannot check it "
+                f"({exc.message.splitlines()[0]})",
+                "remove redundant parentheses, or split long `+` chains / conditions over several selectors",
+            )
         check = "cel/syntax" if "Syntax error" in exc.message else "cel/type"
         line, column = _location(exc.message)
         return _error(check, exc.message, "", line, column)

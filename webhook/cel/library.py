@@ -213,16 +213,6 @@ def device_data(device: Device, empty_domains: frozenset[str] = frozenset()) -> 
     }
 
 
-def describe_value(value: object) -> str:
-    """A short CEL-ish rendering of a result value, for messages."""
-    kind = _kind(value)
-    if kind == "Quantity" and isinstance(value, Mapping):
-        return f"quantity({value[QUANTITY_TAG]!s})"
-    if kind == "Semver" and isinstance(value, Mapping):
-        return f"semver({value[SEMVER_TAG]!s})"
-    return repr(value)
-
-
 def cel_type_name(value: object) -> str:
     """The CEL type name of a Python value returned by the runtime."""
     kind = _kind(value)

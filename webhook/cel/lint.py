@@ -167,7 +167,9 @@ class _Linter:
     def report_unpublished(self, access: Access) -> None:
         names = sorted({
             n for device in self.devices or ()
-            for n in (device.attributes if access.kind == "attributes" else device.capacity).get(access.domain, {})
+            for n in (device.attributes if access.kind == "attributes" else device.capacity).get(
+                access.domain, {}
+            )
         })
         close = difflib.get_close_matches(access.name, names, n=1, cutoff=0.6)
         self.reported_names.add(access.name)

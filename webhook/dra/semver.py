@@ -7,6 +7,7 @@ into that form.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -91,10 +92,8 @@ def _parse_cached(text: str) -> Semver:
     match = _SEMVER.fullmatch(text)
     if match is None:
         hint = ""
-        try:
+        with contextlib.suppress(ValueError):
             hint = f" (did you mean {coerce_semver(text)!r}?)"
-        except ValueError:
-            pass
         raise ValueError(
             f"invalid semver {text!r}: expected MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD] "
             f"with no leading zeros{hint}"
