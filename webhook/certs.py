@@ -129,8 +129,11 @@ def generate_serving(
     names: Sequence[str],
     days: float = DEFAULT_CERT_DAYS,
     now: dt.datetime | None = None,
+    client: bool = False,
 ) -> tuple[bytes, bytes]:
     """A serving certificate for `names` (DNS names or IP addresses), signed by the CA.
+
+    `client=True` makes a client certificate instead (for servers started with `--client-ca`).
 
     Never outlives the CA: a certificate valid past its issuer would fail verification anyway.
     """
@@ -165,7 +168,10 @@ def generate_serving(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
+            critical=False,
+        )
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
             critical=False,

@@ -346,7 +346,7 @@ def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot) -> Outcom
 def without_patch(outcome: Outcome, reason: str) -> Outcome:
     """The mutate outcome with its patch withdrawn (a generated object could not be made)."""
     resp = {"uid": outcome.uid, "allowed": True}
-    text = _one_line(f"draguard: migration not applied: {reason}")
+    text = _one_line(f"draguard: not migrated: {reason}")
     resp["warnings"] = [text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."]
     return Outcome(
         response=resp,

@@ -280,13 +280,13 @@ class Webhook:
                     continue
                 self.metrics.generated.labels("conflict").inc()
                 return admission.without_patch(
-                    outcome, f"ResourceClaimTemplate {key[0]}/{key[1]} exists and is not managed by draguard"
+                    outcome, f"template {key[1]} exists, not managed by draguard"
                 )
             if self.creator is None:
                 self.metrics.generated.labels("unavailable").inc()
                 return admission.without_patch(
                     outcome,
-                    f"cannot create ResourceClaimTemplate {key[0]}/{key[1]} (no Kubernetes API access)",
+                    f"no API access to create template {key[1]}",
                 )
             loop = asyncio.get_running_loop()
             timeout = self.opts.template_timeout
@@ -306,7 +306,7 @@ class Webhook:
                 )
                 return admission.without_patch(
                     outcome,
-                    f"ResourceClaimTemplate {key[0]}/{key[1]} could not be created ({type(e).__name__})",
+                    f"template {key[1]} could not be created ({type(e).__name__})",
                 )
             self.metrics.generated.labels(result).inc()
         return outcome

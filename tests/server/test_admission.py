@@ -1,0 +1,257 @@
+"""Every checked kind x rule x mode through the real HTTP endpoints (aiohttp test server)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes import client as k8s
+
+from tests.server.conftest import RecordingCreator, make_webhook, review
+from tests.server.objects import (
+    DRA_VERSIONS,
+    NO_MATCH_CEL,
+    WORKLOADS,
+    dra_object,
+    legacy_pod_spec,
+    tier_pod_spec,
+    workload,
+)
+from webhook.server.admission import MAX_WARNING, annotation_key
+from webhook.server.app import Webhook
+
+MODES = ("enforce", "warn", "audit")
+MIGRATION_MODE = {"enforce": "enforce", "warn": "warn", "audit": "observe"}
+DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+# Model class names in the kubernetes client, to check patched objects against the schema.
+MODELS = {
+    "Pod": "V1Pod", "PodTemplate": "V1PodTemplate", "ReplicationController": "V1ReplicationController",
+    "Deployment": "V1Deployment", "ReplicaSet": "V1ReplicaSet", "StatefulSet": "V1StatefulSet",
+    "DaemonSet": "V1DaemonSet", "Job": "V1Job", "CronJob": "V1CronJob",
+}
+
+
+async def post(wh: Webhook, endpoint: str, body: Any) -> tuple[int, dict[str, Any]]:
+    async with TestClient(TestServer(wh.build_app())) as c:
+        r = await c.post(f"/{endpoint}", json=body)
+        return r.status, await r.json()
+
+
+def assert_placed(resp: dict[str, Any], rule: str, mode: str) -> None:
+    """The finding of `rule` lands where its mode says, and nowhere else."""
+    message = (resp.get("status") or {}).get("message", "")
+    warnings = resp.get("warnings") or []
+    audits = resp.get("auditAnnotations") or {}
+    in_deny = f"[{rule}]" in message
+    in_warn = any(f"[{rule}]" in w for w in warnings)
+    in_audit = annotation_key(rule) in audits
+    assert all(len(w) <= MAX_WARNING for w in warnings), warnings
+    if mode == "enforce":
+        assert resp["allowed"] is False and resp["status"]["code"] == 403
+        assert (in_deny, in_warn, in_audit) == (True, False, False), resp
+    elif mode == "warn":
+        assert (in_deny, in_warn, in_audit) == (False, True, False), resp
+    else:
+        assert (in_deny, in_warn, in_audit) == (False, False, True), resp
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+async def test_tier_rule_on_every_workload_kind(kind: str, mode: str, policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir(mode))
+    group, version = WORKLOADS[kind]
+    obj = workload(kind, tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    status, doc = await post(wh, "validate", review(obj, group=group, version=version, kind=kind))
+    assert status == 200
+    assert doc["apiVersion"] == "admission.k8s.io/v1" and doc["kind"] == "AdmissionReview"
+    assert doc["response"]["uid"] == "0b8e3f3c-1111-4a5e-9e1a-3c6f0d2a7b01"
+    assert_placed(doc["response"], "tier/gpu-tiers", mode)
+    if mode == "enforce":
+        assert "gpu.nvidia.com-h100" in doc["response"]["status"]["message"]  # the fix names the allowed class
+    # The mutating side never decides verdicts.
+    status, doc = await post(wh, "mutate", review(obj, group=group, version=version, kind=kind))
+    assert status == 200 and doc["response"] == {"uid": doc["response"]["uid"], "allowed": True}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+async def test_migration_rule_modes_on_every_workload_kind(
+    kind: str, mode: str, policy_dir: Callable[[str], Path]
+) -> None:
+    labels = {"team-a": {"draguard.io/migration-mode": MIGRATION_MODE[mode]}}
+    creator = RecordingCreator()
+    wh = make_webhook(policy_dir("enforce"), creator=creator, labels=labels)
+    group, version = WORKLOADS[kind]
+    obj = workload(kind, legacy_pod_spec())
+    status, doc = await post(wh, "validate", review(obj, group=group, version=version, kind=kind))
+    assert status == 200
+    assert_placed(doc["response"], "migrate/legacy-gpu", mode)
+    if mode == "enforce":
+        assert "rewrite" in doc["response"]["status"]["message"]
+    status, doc = await post(wh, "mutate", review(obj, group=group, version=version, kind=kind))
+    assert "patch" not in doc["response"] and creator.made == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("version", DRA_VERSIONS)
+@pytest.mark.parametrize("kind", DRA_KINDS)
+async def test_cel_rules_on_every_dra_kind_and_version(
+    kind: str, version: str, mode: str, policy_dir: Callable[[str], Path]
+) -> None:
+    wh = make_webhook(policy_dir(mode))
+    obj = dra_object(kind, version, NO_MATCH_CEL)
+    ns = "" if kind == "DeviceClass" else "team-a"
+    status, doc = await post(wh, "validate", review(obj, group="resource.k8s.io", version=version, kind=kind, namespace=ns))
+    assert status == 200
+    assert_placed(doc["response"], "cel/no-match", mode)
+    if version != "v1":
+        # Served but deprecated versions are flagged whatever the policy modes are.
+        resp = doc["response"]
+        text = json.dumps(resp)
+        assert "structure/deprecated-version" in text or "structure.deprecated-version" in text
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+async def test_migrate_mode_patch_applies_and_validates(kind: str, policy_dir: Callable[[str], Path]) -> None:
+    labels = {"team-a": {"draguard.io/migration-mode": "migrate"}}
+    creator = RecordingCreator()
+    wh = make_webhook(policy_dir("enforce"), creator=creator, labels=labels)
+    group, version = WORKLOADS[kind]
+    obj = workload(kind, legacy_pod_spec())
+    status, doc = await post(wh, "mutate", review(obj, group=group, version=version, kind=kind))
+    resp = doc["response"]
+    assert status == 200 and resp["allowed"] is True and resp["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(resp["patch"]))
+    patched = jsonpatch.apply_patch(obj, ops)
+    # Schema check: the kubernetes client models accept the result.
+    api = k8s.ApiClient()
+    model = api.deserialize(json.dumps(patched), MODELS[kind], "application/json")
+    assert model.kind == kind
+    text = json.dumps(patched)
+    assert "nvidia.com/gpu" not in text  # the device-plugin resource is gone
+    assert '"cpu": "2"' in text  # other limits survive
+    # The template the patch references was created in the workload's namespace, labelled as ours.
+    assert len(creator.made) == 1
+    tmpl = creator.made[0]
+    assert tmpl["metadata"]["namespace"] == "team-a"
+    assert tmpl["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "draguard"
+    assert tmpl["metadata"]["name"] in text
+    api.deserialize(json.dumps(tmpl), "V1ResourceClaimTemplate", "application/json")
+    # The validating side accepts the final object: nothing left to migrate.
+    status, doc = await post(wh, "validate", review(patched, group=group, version=version, kind=kind))
+    assert "migrate/legacy-gpu" not in json.dumps(doc["response"])
+
+
+async def test_migrate_dry_run_patches_without_creating(policy_dir: Callable[[str], Path]) -> None:
+    creator = RecordingCreator()
+    wh = make_webhook(policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    status, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec()), dry_run=True))
+    assert "patch" in doc["response"] and creator.made == []
+
+
+async def test_migrate_reuses_existing_template_and_refuses_foreign_one(policy_dir: Callable[[str], Path]) -> None:
+    from dataclasses import replace
+
+    creator = RecordingCreator()
+    wh = make_webhook(policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    body = review(workload("Pod", legacy_pod_spec()))
+    _s, doc = await post(wh, "mutate", body)
+    tmpl = creator.made[0]
+    key = (tmpl["metadata"]["namespace"], tmpl["metadata"]["name"])
+    creator.made.clear()
+    wh.snapshot = replace(wh.snapshot, templates={key: tmpl})
+    _s, doc = await post(wh, "mutate", body)
+    assert "patch" in doc["response"] and creator.made == []  # reused, not created again
+    foreign = {**tmpl, "metadata": {**tmpl["metadata"], "labels": {}}}
+    wh.snapshot = replace(wh.snapshot, templates={key: foreign})
+    _s, doc = await post(wh, "mutate", body)
+    assert "patch" not in doc["response"]
+    assert "not managed by draguard" in doc["response"]["warnings"][0]
+
+
+async def test_migrate_template_creation_failure_withdraws_patch(policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(
+        policy_dir("enforce"), creator=RecordingCreator(fail=TimeoutError("API server slow")),
+        labels={"team-a": {"draguard.io/migration-mode": "migrate"}},
+    )
+    _s, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec())))
+    assert doc["response"]["allowed"] is True and "patch" not in doc["response"]
+    assert "could not be created" in doc["response"]["warnings"][0]
+    metrics = wh.metrics.render().decode()
+    assert 'draguard_generated_objects_total{outcome="failed"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("operation", ["DELETE", "CONNECT"])
+async def test_delete_and_connect_pass(operation: str, policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir("enforce"))
+    obj = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    for ep in ("validate", "mutate"):
+        status, doc = await post(wh, ep, review(obj, operation=operation))
+        assert status == 200 and doc["response"]["allowed"] is True and len(doc["response"]) == 2
+    assert f'operation="{operation}",verdict="ignored"' in wh.metrics.render().decode()
+
+
+async def test_update_is_checked(policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir("enforce"))
+    obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    _s, doc = await post(wh, "validate", review(obj, group="apps", kind="Deployment", operation="UPDATE"))
+    assert doc["response"]["allowed"] is False
+
+
+async def test_other_kinds_and_subresources_pass_and_are_counted(policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir("enforce"))
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}}
+    status, doc = await post(wh, "validate", review(cm, kind="ConfigMap"))
+    assert status == 200 and doc["response"] == {"uid": doc["response"]["uid"], "allowed": True}
+    obj = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    _s, doc = await post(wh, "validate", review(obj, sub_resource="status", operation="UPDATE"))
+    assert doc["response"]["allowed"] is True
+    text = wh.metrics.render().decode()
+    assert 'draguard_admission_ignored_total{endpoint="validate",kind="ConfigMap",operation="CREATE"} 1.0' in text
+
+
+async def test_rule_exception_never_500(policy_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that raises: validate denies naming the rule, mutate allows without a patch; both counted."""
+    import webhook.engine.evaluate as ev
+    from webhook.engine.rules import RuleModule, registry
+    from webhook.engine.rules.base import FunctionRule
+
+    def boom(item: Any, rc: Any) -> Any:
+        raise RuntimeError("kaboom")
+
+    broken = RuleModule("boom", (FunctionRule("boom/rule", boom),))
+    monkeypatch.setattr(ev, "modules", lambda names=None: (*registry(), broken))
+    wh = make_webhook(policy_dir("enforce"), creator=RecordingCreator(),
+                      labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    obj = workload("Pod", legacy_pod_spec())
+    status, doc = await post(wh, "validate", review(obj))
+    assert status == 200 and doc["response"]["allowed"] is False
+    assert "internal/boom" in doc["response"]["status"]["message"]
+    assert "kaboom" in doc["response"]["status"]["message"]
+    status, doc = await post(wh, "mutate", review(obj))
+    assert status == 200 and doc["response"]["allowed"] is True and "patch" not in doc["response"]
+    text = wh.metrics.render().decode()
+    assert 'draguard_rule_errors_total{endpoint="validate",rule="internal/boom"} 1.0' in text
+    assert 'draguard_rule_errors_total{endpoint="mutate",rule="internal/boom"} 1.0' in text
+
+
+async def test_metrics_count_requests_findings_and_latency(policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir("warn"))
+    obj = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    await post(wh, "validate", review(obj))
+    async with TestClient(TestServer(wh.build_app())) as c:
+        r = await c.get("/metrics")
+        text = await r.text()
+    assert r.status == 200
+    assert 'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="CREATE",verdict="warned"} 1.0' in text
+    assert 'draguard_findings_total{endpoint="validate",mode="warn",rule="tier/gpu-tiers"} 1.0' in text
+    assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 1.0' in text
+    for name in ("dra_resource_claims_total", "dra_resource_claims_pending", "dra_resource_claims_allocated",
+                 "dra_allocation_duration_seconds_count", "draguard_policy_reload_failures_total"):
+        assert name in text
