@@ -1,0 +1,146 @@
+"""What each cloud overlay (and the local one) changes, as seen in the built output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from kbundle import KUSTOMIZE, REPO, build, find, one, webhook_configs
+
+
+def _driver_spec(overlay: str) -> dict:  # type: ignore[type-arg]
+    return one(build(overlay), "DaemonSet", "draguard-driver")["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def _required_terms(spec: dict) -> list[dict]:  # type: ignore[type-arg]
+    return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]  # type: ignore[no-any-return]
+
+
+def test_base_driver_targets_labelled_gpu_nodes() -> None:
+    spec = _driver_spec("base")
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_aks_opts_both_webhooks_out_of_the_admissions_enforcer() -> None:
+    objs = build("aks")
+    cfgs = webhook_configs(objs)
+    assert len(cfgs) == 2
+    for cfg in cfgs:
+        assert cfg["metadata"]["annotations"]["admissions.enforcer/disabled"] == "true"
+    # Other overlays do not carry the AKS-only annotation.
+    for other in ("gke", "eks", "local"):
+        for cfg in webhook_configs(build(other)):
+            assert "admissions.enforcer/disabled" not in cfg["metadata"].get("annotations", {})
+
+
+def test_aks_annotation_survives_the_cert_manager_component() -> None:
+    for cfg in webhook_configs(build("aks", ("cert-manager",))):
+        ann = cfg["metadata"]["annotations"]
+        assert ann["admissions.enforcer/disabled"] == "true"
+        assert ann["cert-manager.io/inject-ca-from"] == "draguard-system/draguard-webhook"
+
+
+def test_aks_driver_uses_aks_gpu_labels_and_taints() -> None:
+    spec = _driver_spec("aks")
+    assert spec["nodeSelector"] == {"kubernetes.azure.com/accelerator": "nvidia"}
+    assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_gke_driver_selects_accelerator_nodes_and_mounts_the_gke_driver_root() -> None:
+    spec = _driver_spec("gke")
+    assert "nodeSelector" not in spec or "nvidia.com/gpu.present" not in spec["nodeSelector"]
+    assert _required_terms(spec) == [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "Exists"}]}
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["nvidia-driver-root"]["hostPath"]["path"] == "/home/kubernetes/bin/nvidia"
+    c = spec["containers"][0]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["nvidia-driver-root"] == {"name": "nvidia-driver-root", "mountPath": "/usr/local/nvidia",
+                                            "readOnly": True}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+    # Only GKE mounts a host driver root; elsewhere the NVIDIA container runtime injects NVML.
+    for other in ("aks", "eks"):
+        assert "nvidia-driver-root" not in {v["name"] for v in _driver_spec(other)["volumes"]}
+
+
+def test_gke_webhook_listens_on_443_for_private_clusters_without_new_capabilities() -> None:
+    objs = build("gke")
+    spec = one(objs, "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
+    assert {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"} in spec["securityContext"]["sysctls"]
+    c = spec["containers"][0]
+    assert c["ports"][0]["containerPort"] == 443
+    assert c["args"][c["args"].index("--port") + 1] == "443"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    text = (KUSTOMIZE / "overlays" / "gke" / "kustomization.yaml").read_text()
+    assert "firewall-rules create" in text and "tcp:8443" in text  # the alternative is documented
+
+
+EKS_TYPES = {"p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
+
+
+def test_eks_driver_selects_p4d_and_p5_instances() -> None:
+    spec = _driver_spec("eks")
+    assert "nvidia.com/gpu.present" not in spec.get("nodeSelector", {})
+    (term,) = _required_terms(spec)
+    (expr,) = term["matchExpressions"]
+    assert expr["key"] == "node.kubernetes.io/instance-type" and expr["operator"] == "In"
+    assert set(expr["values"]) == EKS_TYPES
+
+
+def test_eks_host_network_component() -> None:
+    assert "hostNetwork" not in one(build("eks"), "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
+    spec = one(build("eks", ("eks-host-network",)), "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_eks_karpenter_nodepool_is_an_example_not_applied() -> None:
+    assert not find(build("eks"), "NodePool")
+    path = KUSTOMIZE / "overlays" / "eks" / "examples" / "karpenter-nodepool-h100.yaml"
+    pool = yaml.safe_load(path.read_text())
+    assert pool["apiVersion"] == "karpenter.sh/v1" and pool["kind"] == "NodePool"
+    reqs = {r["key"]: r for r in pool["spec"]["template"]["spec"]["requirements"]}
+    # Nodes from this pool must be picked up by the eks overlay's driver affinity.
+    assert set(reqs["node.kubernetes.io/instance-type"]["values"]) <= EKS_TYPES
+    assert reqs["karpenter.sh/capacity-type"]["values"] == ["on-demand"]
+    assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
+        "group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu-nodes"}
+    assert pool["spec"]["limits"]["nvidia.com/gpu"] == "64"
+    assert pool["spec"]["disruption"] == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30m"}
+    spec = _driver_spec("eks")
+    for taint in pool["spec"]["template"]["spec"].get("taints", []):
+        assert any(t["key"] == taint["key"] and t["operator"] == "Exists" for t in spec["tolerations"])
+
+
+def test_local_webhooks_call_the_host_process_by_url() -> None:
+    objs = build("local")
+    for cfg in webhook_configs(objs):
+        path = "/mutate" if cfg["kind"].startswith("Mutating") else "/validate"
+        assert len(cfg["webhooks"]) == 4
+        for h in cfg["webhooks"]:
+            assert h["clientConfig"] == {"url": f"https://127.0.0.1:9443{path}"}, h["name"]
+    # Nothing in-cluster would serve (or overwrite caBundle for) the host webhook.
+    for kind, name in (("Deployment", "draguard-webhook"), ("Service", "draguard-webhook"),
+                       ("PodDisruptionBudget", "draguard-webhook"), ("Job", "draguard-certs"),
+                       ("CronJob", "draguard-certs-renew")):
+        assert not find(objs, kind, name), f"{kind}/{name} should be left out of the local overlay"
+
+
+def test_local_driver_runs_simulated_with_a_topology_the_image_ships() -> None:
+    spec = _driver_spec("local")
+    args = spec["containers"][0]["args"]
+    topo = Path(args[args.index("--sim") + 1])
+    assert "--real" not in args
+    assert topo.parent == Path("/usr/share/draguard/topologies")
+    assert (REPO / "driver" / "sim" / "topologies" / topo.name).is_file(), f"{topo.name} not in driver/sim/topologies"
+    assert "COPY driver/sim/topologies /usr/share/draguard/topologies" in (REPO / "Containerfile").read_text()
+    assert "/dev" not in {v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    assert "/dev" not in {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    # the volume list and the mounts still agree after the deletions
+    assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} <= {v["name"] for v in spec["volumes"]}

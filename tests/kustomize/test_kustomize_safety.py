@@ -1,0 +1,224 @@
+"""Safety properties of the built bundle, checked on every overlay (and the components that change them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kbundle import OVERLAYS, Obj, build, containers, find, one, webhook_configs
+
+EXCLUDED = {"kube-system", "draguard-system"}
+RESOURCE_VERSIONS = {"v1", "v1beta1", "v1beta2"}
+# (group, resource) pairs the webhooks must see.
+REQUIRED_RULES = {
+    ("", "pods"), ("", "replicationcontrollers"),
+    ("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
+    ("batch", "jobs"), ("batch", "cronjobs"),
+    ("resource.k8s.io", "resourceclaims"), ("resource.k8s.io", "resourceclaimtemplates"),
+    ("resource.k8s.io", "deviceclasses"),
+}
+
+
+def _rules(hook: Obj) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    out = []
+    for r in hook["rules"]:
+        for g in r["apiGroups"]:
+            for v in r["apiVersions"]:
+                for res in r["resources"]:
+                    out.append((g, v, res, tuple(r["operations"])))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_webhook_configurations_are_safe(overlay: str) -> None:
+    objs = build(overlay)
+    mwc = one(objs, "MutatingWebhookConfiguration", "draguard")
+    vwc = one(objs, "ValidatingWebhookConfiguration", "draguard")
+    for cfg, policy, timeout in ((mwc, "Ignore", 2), (vwc, "Fail", 3)):
+        hooks = cfg["webhooks"]
+        assert len({h["name"] for h in hooks}) == len(hooks)
+        covered: set[tuple[str, str]] = set()
+        for h in hooks:
+            assert h["failurePolicy"] == policy, (cfg["kind"], h["name"])
+            assert h["timeoutSeconds"] == timeout, (cfg["kind"], h["name"])
+            assert h["sideEffects"] == "NoneOnDryRun"
+            assert h["admissionReviewVersions"] == ["v1"]
+            sel = h["namespaceSelector"]["matchExpressions"]
+            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(EXCLUDED)} in [
+                {**e, "values": sorted(e["values"])} for e in sel
+            ], h["name"]
+            assert "objectSelector" not in h, "labels on objects can be spoofed; exclude by namespace name"
+            for g, v, res, ops in _rules(h):
+                assert set(ops) == {"CREATE", "UPDATE"}, (h["name"], ops)
+                assert "*" not in (g, v, res)
+                assert "/" not in res, "subresources (pods/status, ...) must not reach the webhook"
+                covered.add((g, res))
+                if g == "resource.k8s.io":
+                    assert {vv for gg, vv, rr, _ in _rules(h) if rr == res} == RESOURCE_VERSIONS, res
+            if cfg["kind"] == "MutatingWebhookConfiguration":
+                assert h["reinvocationPolicy"] == "IfNeeded"
+        assert covered == REQUIRED_RULES, cfg["kind"]
+
+
+def test_fail_open_component_switches_only_validation_to_ignore() -> None:
+    objs = build("gke", ("fail-open-validation",))
+    vwc = one(objs, "ValidatingWebhookConfiguration", "draguard")
+    assert {h["failurePolicy"] for h in vwc["webhooks"]} == {"Ignore"}
+    assert {h["timeoutSeconds"] for h in vwc["webhooks"]} == {3}
+    assert {h["failurePolicy"] for h in one(objs, "MutatingWebhookConfiguration", "draguard")["webhooks"]} == {"Ignore"}
+
+
+def _rbac_rules(objs: tuple[Obj, ...]) -> list[tuple[Obj, Obj]]:
+    return [(o, r) for o in objs if o["kind"] in {"Role", "ClusterRole"} for r in o.get("rules", [])]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_has_no_wildcards_and_secrets_only_by_name(overlay: str) -> None:
+    objs = build(overlay)
+    rules = _rbac_rules(objs)
+    assert rules
+    for role, r in rules:
+        for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert not any("*" in x for x in r.get(field, [])), (role["metadata"]["name"], r)
+        if "secrets" in r["resources"]:
+            if r["verbs"] == ["create"]:
+                # create cannot be narrowed by name; only the cert Job's namespaced Role holds it.
+                assert (role["kind"], role["metadata"]["name"]) == ("Role", "draguard-certs")
+                assert role["metadata"]["namespace"] == "draguard-system"
+            else:
+                assert set(r["resourceNames"]) <= {"draguard-webhook-tls", "draguard-webhook-tls-ca"}, r
+                assert set(r["verbs"]) <= {"get", "update"}, r
+        if "mutatingwebhookconfigurations" in r["resources"] or "validatingwebhookconfigurations" in r["resources"]:
+            assert r["resourceNames"] == ["draguard"] and set(r["verbs"]) == {"get", "patch"}, r
+    for binding in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+        assert all(s["kind"] == "ServiceAccount" and s["namespace"] == "draguard-system" for s in binding["subjects"])
+
+
+def _verbs(role: Obj) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in role["rules"]:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                out.setdefault((g, res), set()).update(r["verbs"])
+    return out
+
+
+def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
+    objs = build("base")
+    assert _verbs(one(objs, "ClusterRole", "draguard-webhook")) == {
+        ("resource.k8s.io", "resourceslices"): {"list", "watch"},
+        ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create"},
+        ("", "namespaces"): {"list", "watch"},
+        ("", "resourcequotas"): {"list", "watch"},
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
+    }
+    role = one(objs, "Role", "draguard-webhook")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": ["draguard-webhook-tls"], "verbs": ["get", "update"]}]
+    assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
+        ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
+        ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("", "nodes"): {"get"},
+    }
+    sa_of = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
+             for o in objs if o["kind"] in {"Deployment", "DaemonSet", "Job"}}
+    assert sa_of == {"draguard-webhook": "draguard-webhook", "draguard-driver": "draguard-driver",
+                     "draguard-certs": "draguard-certs"}
+
+
+def _restricted(ctr: Obj, pod: Obj, where: str) -> None:
+    sc: dict[str, Any] = ctr.get("securityContext", {})
+    psc: dict[str, Any] = pod.get("securityContext", {})
+    assert sc.get("runAsNonRoot") or psc.get("runAsNonRoot"), where
+    assert (sc.get("runAsUser") or psc.get("runAsUser", 0)) != 0, where
+    assert sc.get("readOnlyRootFilesystem") is True, where
+    assert sc.get("allowPrivilegeEscalation") is False, where
+    assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
+    assert "add" not in sc.get("capabilities", {}), where
+    assert (sc.get("seccompProfile") or psc.get("seccompProfile")) == {"type": "RuntimeDefault"}, where
+    assert not pod.get("hostPID") and not pod.get("hostIPC"), where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
+    checked = 0
+    for o in build(overlay):
+        for c in containers(o):
+            res = c.get("resources", {})
+            where = f"{o['kind']}/{o['metadata']['name']}:{c['name']}"
+            assert res.get("requests", {}).keys() >= {"cpu", "memory"}, where
+            assert res.get("limits", {}).keys() >= {"cpu", "memory"}, where
+            spec = o["spec"]["template"]["spec"] if o["kind"] != "CronJob" else \
+                o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            if o["metadata"]["name"] == "draguard-driver":
+                # Privileged by necessity (Bidirectional propagation, /dev/nvidia*); still read-only root.
+                assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+                continue
+            _restricted(c, spec, where)
+            checked += 1
+    # webhook, cert Job, cert CronJob (the local overlay runs the webhook on the host)
+    assert checked == (0 if overlay == "local" else 3)
+
+
+@pytest.mark.parametrize("overlay", ["aks", "gke", "eks"])
+def test_webhook_deployment_is_highly_available(overlay: str) -> None:
+    objs = build(overlay)
+    dep = one(objs, "Deployment", "draguard-webhook")
+    spec = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    spread = {t["topologyKey"]: t for t in spec["topologySpreadConstraints"]}
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread["kubernetes.io/hostname"]["maxSkew"] == 1
+    c = spec["containers"][0]
+    port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] >= 5
+    assert spec["terminationGracePeriodSeconds"] > c["lifecycle"]["preStop"]["sleep"]["seconds"] + 3
+    assert c["args"][c["args"].index("--port") + 1] == str(port)
+    assert port == (443 if overlay == "gke" else 8443)
+    pdb = one(objs, "PodDisruptionBudget", "draguard-webhook")
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    svc = one(objs, "Service", "draguard-webhook")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    for cfg in (one(objs, "MutatingWebhookConfiguration", "draguard"),
+                one(objs, "ValidatingWebhookConfiguration", "draguard")):
+        for h in cfg["webhooks"]:
+            assert h["clientConfig"]["service"]["name"] == "draguard-webhook"
+            assert h["clientConfig"]["service"]["namespace"] == "draguard-system"
+            assert h["clientConfig"]["service"]["port"] == 443
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_driver_daemonset_contract(overlay: str) -> None:
+    ds = one(build(overlay), "DaemonSet", "draguard-driver")
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert c["args"][:2] == ["driver", "run"]
+    assert c["args"][c["args"].index("--node-name") + 1] == "$(NODE_NAME)"
+    assert c["args"][c["args"].index("--driver-name") + 1] == "gpu.nvidia.com"
+    assert ("--sim" in c["args"]) == (overlay == "local") and ("--real" in c["args"]) == (overlay != "local")
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    host = {vols[n]["hostPath"]["path"]: m for n, m in mounts.items() if "hostPath" in vols[n]}
+    assert host["/var/lib/kubelet/plugins"]["mountPath"] == "/var/lib/kubelet/plugins"
+    assert host["/var/lib/kubelet/plugins"]["mountPropagation"] == "Bidirectional"
+    assert host["/var/lib/kubelet/plugins_registry"]["mountPath"] == "/var/lib/kubelet/plugins_registry"
+    assert host["/var/run/cdi"]["mountPath"] == "/var/run/cdi"
+    assert ("/dev" in host) == (overlay != "local")
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["tolerations"]
+
