@@ -257,7 +257,7 @@ def validate_opaque_config(
     elif api_version != API_VERSION:
         errs.append(ConfigError("apiVersion", f"unsupported apiVersion {api_version!r}; use {API_VERSION}"))
     kind = params.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         what = "required" if kind is None else f"unsupported kind {kind!r}"
         errs.append(ConfigError("kind", f"{what} (allowed values: {', '.join(KINDS)})"))
         _fields(params, "", ("apiVersion", "kind", "sharing"), errs)

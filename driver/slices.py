@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.devices import DriverDevice, is_strict_semver
+from driver.kube import KubeHTTPError
+from driver.kube import request as kube_request
 
 log = logging.getLogger("draguard.driver.slices")
 
@@ -317,32 +319,17 @@ class SlicePublisher:
     def _request(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
     ) -> Any:
-        resp = self.api.call_api(
-            path,
-            method,
-            query_params=query or [],
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-        )
-        data = resp.data if hasattr(resp, "data") else resp.read()
-        return json.loads(data) if data else None
+        return kube_request(self.api, method, path, body, query)
 
     def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
         delay, attempt = 0.5, 0
         while True:
             attempt += 1
             try:
                 return fn()
-            except ApiException as exc:
+            except KubeHTTPError as exc:
                 if exc.status not in _RETRY_STATUS:
-                    raise SlicePublishError(
-                        f"{what}: API server answered {exc.status} {exc.reason}: {(exc.body or '')[:500]}"
-                    ) from None
+                    raise SlicePublishError(f"{what}: API server answered {exc}") from None
                 err = f"HTTP {exc.status}"
             except (OSError, ConnectionError) as exc:  # urllib3 errors derive from these or from HTTPError
                 err = str(exc)
@@ -463,7 +450,7 @@ class SlicePublisher:
         try:
             self._retrying("delete slice", lambda: self._request("DELETE", path))
         except SlicePublishError as exc:
-            if "404" not in str(exc):
+            if "HTTP 404" not in str(exc):
                 raise
 
     def unpublish(self) -> int:

@@ -34,6 +34,8 @@ from driver.config import (
     validate_opaque_config,
 )
 from driver.devices import DriverDevice
+from driver.kube import KubeHTTPError
+from driver.kube import request as kube_request
 from driver.metrics import DriverMetrics
 from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
 
@@ -62,26 +64,15 @@ class KubeClaimReader:
         self.version = version
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        import json
-
-        from kubernetes.client.exceptions import ApiException
-
         path = f"/apis/{GROUP}/{self.version}/namespaces/{namespace}/resourceclaims/{name}"
         try:
-            resp = self.api.call_api(
-                path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                _preload_content=False, _return_http_data_only=True, _request_timeout=20,
-            )  # fmt: skip
-        except ApiException as exc:
+            obj = kube_request(self.api, "GET", path, timeout=20)
+        except KubeHTTPError as exc:
             if exc.status == 404:
                 return None
-            raise ClaimReadError(
-                f"reading ResourceClaim {namespace}/{name}: HTTP {exc.status} {exc.reason}"
-            ) from None
-        except Exception as exc:  # urllib3 connection errors
             raise ClaimReadError(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
-        data = resp.data if hasattr(resp, "data") else resp.read()
-        obj = json.loads(data)
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise ClaimReadError(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
         return obj if isinstance(obj, dict) else None
 
 
