@@ -79,6 +79,12 @@ def run(expression: str, device=H100_GPU) -> object:  # type: ignore[no-untyped-
         "'productName' in device.attributes['gpu.nvidia.com']",
         "device.attributes['resource.kubernetes.io'].pciBusID.startsWith('0000:')",
         "device.driver == 'gpu.nvidia.com'",
+        # Strings extension at the version Kubernetes uses (v2).
+        "'a,b'.split(',').join('-') == 'a-b' && '%s-%d'.format(['x', 1]) == 'x-1'",
+        "strings.quote('a') == '\"a\"' && ' a '.trim() == 'a' && 'abc'.substring(1) == 'bc'",
+        "'abc'.charAt(1) == 'b' && 'abcb'.lastIndexOf('b') == 3 && 'abc'.indexOf('c') == 2",
+        # Optional types.
+        "device.attributes['gpu.nvidia.com'].?profile.orValue('none') == 'none'",
     ],
 )
 def test_library_functions(expression: str) -> None:
@@ -101,6 +107,13 @@ def test_library_functions(expression: str) -> None:
 def test_library_errors(expression: str, message: str) -> None:
     with pytest.raises(CelEvalError, match=message):
         run(expression)
+
+
+def test_strings_extension_is_version_2_like_kubernetes() -> None:
+    # `reverse()` arrived in strings v3, which the API server's environment does not include.
+    issue = compile_or_issue("'abc'.reverse() == 'cba'")
+    assert isinstance(issue, CelIssue)
+    assert "undeclared reference to 'reverse'" in issue.message
 
 
 def test_unknown_domain_is_an_empty_map() -> None:

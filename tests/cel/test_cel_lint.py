@@ -71,6 +71,7 @@ def test_seed_mig_class_corrected_is_clean() -> None:
     assert "evaluation fails on 3 of 10 devices" in issue.message
     assert "no such key: profile" in issue.message
     assert "has(device.attributes['gpu.nvidia.com'].profile)" in issue.fix
+    assert issue.column is not None and fixed[issue.column - 1:].startswith("profile")
     guarded = SEED_MIG.replace(
         "device.attributes['gpu.nvidia.com'].migProfile",
         "device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile",

@@ -88,7 +88,7 @@ def _build_env() -> Any:
     functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()]
     return _cel.NewEnv(
         variables={"device": _T.Map(_T.STRING, _T.DYN)},
-        extensions=[_strings.ExtStrings(), _bindings.ExtBindings(), _optional.ExtOptional()],
+        extensions=[_strings.ExtStrings(2), _bindings.ExtBindings(), _optional.ExtOptional()],
         functions=functions,
     )
 

@@ -327,9 +327,11 @@ class _Linter:
                 continue
             count = sum(e.devices for e in errors)
             where = f"{first.device.node or first.device.pool}/{first.device.name}"
+            access: Access | None = None
             if first.missing_key is not None:
-                path = next((_access_text(a.kind, a.domain, a.name) for a in self.c.analysis.accesses
-                             if a.name == first.missing_key), f"...{first.missing_key}")
+                access = next((a for a in self.c.analysis.accesses if a.name == first.missing_key), None)
+                path = (_access_text(access.kind, access.domain, access.name) if access is not None
+                        else f"...{first.missing_key}")
                 fix = (f"guard the lookup with has({path}) && ..., or test the device type first "
                        "(e.g. device.attributes['gpu.nvidia.com'].type == 'mig' && ...)")
                 check = "cel/unknown-attribute"
@@ -340,7 +342,7 @@ class _Linter:
                 check, Severity.ERROR,
                 f"evaluation fails on {count} of {len(devices)} devices (e.g. {where}): {message}; "
                 "the scheduler fails allocation when a selector errors",
-                fix,
+                fix, access,
             )
         if not result.matched:
             self.add(
