@@ -202,6 +202,13 @@ def test_cost_limit() -> None:
     assert isinstance(issue, CelIssue)
     assert issue.check == "cel/limits"
     assert "estimated cost" in issue.message
+    # Sizes travel through cel.bind variables and list concatenation.
+    bound = f"cel.bind(l, {hundred}, l.all(a, l.all(b, l.all(c, a + b + c >= 0))))"
+    bound_issue = compile_or_issue(bound)
+    assert isinstance(bound_issue, CelIssue) and bound_issue.check == "cel/limits"
+    doubled = f"({hundred} + {hundred}).all(a, ({hundred} + {hundred}).all(b, {hundred}.all(c, a + b >= c)))"
+    doubled_issue = compile_or_issue(doubled)
+    assert isinstance(doubled_issue, CelIssue) and doubled_issue.check == "cel/limits"
 
 
 def test_compiled_once_per_text() -> None:

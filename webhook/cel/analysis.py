@@ -287,15 +287,36 @@ _STRING_FUNCTIONS = frozenset({
 })
 
 
-def _list_size(node: Expr) -> int:
-    if node.kind == LIST:
+def _list_size(node: Expr, sizes: Mapping[str, int]) -> int:
+    """Upper bound on the number of elements a list or map expression yields."""
+    kind = node.kind
+    if kind == LIST:
         return len(node.elements)
-    if node.kind == STRUCT:
+    if kind == STRUCT:
         return len(node.entries)
-    if node.kind == CALL and node.function == "_[_]":
+    if kind == IDENT:
+        return sizes.get(node.name, UNKNOWN_LIST)
+    if kind == CALL:
+        if node.function == "_+_" and len(node.args) == 2:
+            return _list_size(node.args[0], sizes) + _list_size(node.args[1], sizes)
+        if node.function == "split":
+            return MAX_STRING + 1
+        if node.function == "_[_]" or node.function == "_?_:_":
+            if node.function == "_?_:_" and len(node.args) == 3:
+                return max(_list_size(node.args[1], sizes), _list_size(node.args[2], sizes))
+            return MAX_MAP_ENTRIES
+        return UNKNOWN_LIST
+    if kind == SELECT:
         return MAX_MAP_ENTRIES
-    if node.kind == SELECT:
-        return MAX_MAP_ENTRIES
+    if kind == COMPREHENSION:
+        # map()/filter() yield at most one element per element of their range; cel.bind yields its body.
+        if node.iter_range is not None and node.iter_range.kind == LIST and not node.iter_range.elements \
+                and node.result is not None:
+            inner = dict(sizes)
+            if node.accu_init is not None:
+                inner[node.accu_var] = _list_size(node.accu_init, sizes)
+            return _list_size(node.result, inner)
+        return _list_size(node.iter_range, sizes) if node.iter_range is not None else 0
     return UNKNOWN_LIST
 
 
@@ -305,14 +326,17 @@ def _string_len(node: Expr) -> int:
     return MAX_STRING
 
 
-def estimate_cost(node: Expr) -> int:
+def estimate_cost(node: Expr, sizes: Mapping[str, int] | None = None) -> int:
     """Static cost estimate in the spirit of Kubernetes' CEL estimator.
 
     One unit per call, selection and variable lookup; string functions add a tenth of a unit per
-    character; a comprehension costs its range plus (condition + step) for every element, with
-    unknown sizes bounded by the DRA device limits (32 entries per map, 64 characters per string).
-    The API server uses its own estimator; this one exists to reject expressions that are far over.
+    character; a comprehension costs its range plus (condition + step) for every element. Sizes
+    are exact for literals and bounded by the DRA device limits for device data (32 entries per map,
+    64 characters per string); concatenations, map()/filter() results and cel.bind variables carry
+    their bounds along. The API server uses its own estimator; this one exists to reject
+    expressions that are far over the limit.
     """
+    scope: Mapping[str, int] = sizes or {}
     kind = node.kind
     if kind == CONST:
         return 0
@@ -320,11 +344,11 @@ def estimate_cost(node: Expr) -> int:
         return 1
     if kind == SELECT:
         assert node.operand is not None
-        return 1 + estimate_cost(node.operand)
+        return 1 + estimate_cost(node.operand, scope)
     if kind == CALL:
-        cost = 1 + sum(estimate_cost(a) for a in node.args)
+        cost = 1 + sum(estimate_cost(a, scope) for a in node.args)
         if node.target is not None:
-            cost += estimate_cost(node.target)
+            cost += estimate_cost(node.target, scope)
         if node.function in _STRING_FUNCTIONS:
             lengths = [_string_len(a) for a in node.args]
             if node.target is not None:
@@ -336,11 +360,19 @@ def estimate_cost(node: Expr) -> int:
                 cost += math.ceil(sum(lengths) / 10)
         return cost
     if kind in (LIST, STRUCT):
-        return 10 + sum(estimate_cost(c) for c in node.children())
+        return 10 + sum(estimate_cost(c, scope) for c in node.children())
     if kind == COMPREHENSION:
         assert node.accu_init is not None and node.result is not None
-        size = _list_size(node.iter_range) if node.iter_range is not None else 0
-        per_item = sum(estimate_cost(c) for c in (node.loop_condition, node.loop_step) if c is not None)
-        range_cost = estimate_cost(node.iter_range) if node.iter_range is not None else 0
-        return range_cost + estimate_cost(node.accu_init) + size * per_item + estimate_cost(node.result)
+        size = _list_size(node.iter_range, scope) if node.iter_range is not None else 0
+        inner = dict(scope)
+        inner[node.accu_var] = _list_size(node.accu_init, scope)
+        for name in (node.iter_var, node.iter_var2):
+            if name:
+                inner.pop(name, None)
+        per_item = sum(
+            estimate_cost(c, inner) for c in (node.loop_condition, node.loop_step) if c is not None
+        )
+        range_cost = estimate_cost(node.iter_range, scope) if node.iter_range is not None else 0
+        return (range_cost + estimate_cost(node.accu_init, scope) + size * per_item
+                + estimate_cost(node.result, inner))
     return 1
