@@ -42,7 +42,8 @@ def evaluate(
         if mod.error is not None:
             findings.append(_broken_module(mod))
     for item in items:
-        if item.obj.get("kind") not in KNOWN_KINDS:
+        kind = item.obj.get("kind")
+        if not isinstance(kind, str) or kind not in KNOWN_KINDS:
             report.ignored += 1
         for mod in mods:
             for rule in mod.rules:

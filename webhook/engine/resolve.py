@@ -35,7 +35,7 @@ CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
 
 def namespace_of(obj: Mapping[str, Any], default_namespace: str = "default") -> str | None:
     """The object's namespace; the default for namespaced objects without one; None if cluster-scoped."""
-    if obj.get("kind") in CLUSTER_SCOPED_KINDS:
+    if as_str(obj.get("kind")) in CLUSTER_SCOPED_KINDS:
         return None
     return as_str(as_map(obj.get("metadata")).get("namespace")) or default_namespace
 
