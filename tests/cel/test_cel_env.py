@@ -101,7 +101,6 @@ def test_library_functions(expression: str) -> None:
         ("semver('1.0.0').sign() == 1", "no such overload: sign applied to Semver"),
         ("quantity('1').major() == 1", "no such overload: major applied to Quantity"),
         ("semver(device.attributes['gpu.nvidia.com'].driverVersion).major() > 1", "no such overload"),
-        ("device.capacity['gpu.nvidia.com'].memory > 5", "no such overload"),
     ],
 )
 def test_library_errors(expression: str, message: str) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
 
 DEVICE_FIELDS = frozenset({"driver", "attributes", "capacity", "allowMultipleAllocations"})
-COMPARISONS = frozenset({"_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_"})
+COMPARISON_SYMBOLS = {"_==_": "==", "_!=_": "!=", "_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
+COMPARISONS = frozenset(COMPARISON_SYMBOLS)
 
 # Sizes the cost model assumes for data it cannot see: at most 32 attributes+capacities per device
 # and 64 characters per string value (Kubernetes validation limits).

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from webhook.cel import _native
-from webhook.cel.analysis import MAX_COST, Analysis, analyse
+from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
 from webhook.cel.library import cel_type_name, device_data
@@ -97,6 +97,12 @@ def _error(
     return CelIssue(check, Severity.ERROR, message, fix, line, column)
 
 
+def _literal_type(value: object) -> str:
+    if value is None:
+        return "null_type"
+    return cel_type_name(value)
+
+
 def _too_long(expression: str) -> CelIssue | None:
     size = len(expression.encode("utf-8", errors="surrogatepass"))
     if size > MAX_EXPRESSION_LENGTH:
@@ -141,6 +147,22 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "device has only driver, attributes and capacity (and allowMultipleAllocations)",
             line, None if column is None else column + 1,
         )
+    for comparison in analysis.comparisons:
+        if comparison.access.kind == "capacity":
+            # Capacities are typed Quantity in the API server's environment: comparing one with a
+            # literal is a compile error there ("found no matching overload").
+            access = comparison.access
+            line, column = ast.location(comparison.node_id)
+            literal = str(comparison.constant)
+            target = f"device.capacity['{access.domain}'].{access.name}"
+            return _error(
+                "cel/type",
+                f"ERROR: <input>:{line}:{column}: found no matching overload for '{comparison.op}' "
+                f"applied to '(Quantity, {_literal_type(comparison.constant)})'",
+                f"compare quantities: {target}.compareTo(quantity('{literal}')) "
+                f"{COMPARISON_SYMBOLS[comparison.op]} 0",
+                line, column,
+            )
     root = analysis.root
     if root is not None and (root.level in ("device", "root", "domain") or root.kind == "capacity"):
         what = "a Quantity" if root.kind == "capacity" and root.level == "value" else "a map"

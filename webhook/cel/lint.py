@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from driver import schema
-from webhook.cel.analysis import Access, Comparison
+from webhook.cel.analysis import COMPARISON_SYMBOLS, Access, Comparison
 from webhook.cel.env import CompiledSelector, compile_or_issue
 from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.match import MatchError, match_compiled
@@ -46,8 +46,6 @@ _ALIASES: dict[str, str] = {
     "sms": "multiprocessors",
 }
 
-_ORDERING = {"_<_": "<", "_<=_": "<=", "_>_": ">", "_>=_": ">="}
-_OPS = {**_ORDERING, "_==_": "==", "_!=_": "!="}
 
 TypeName = str
 
@@ -257,7 +255,7 @@ class _Linter:
         if typ is None:
             return
         constant = comparison.constant
-        op = _OPS.get(comparison.op, comparison.op)
+        op = COMPARISON_SYMBOLS[comparison.op]
         target = _access_text(access.kind, access.domain, access.name)
         if typ == "version" and isinstance(constant, str):
             try:
@@ -274,14 +272,6 @@ class _Linter:
                      f"'{access.name}' is a version (Semver), compared with the string '{constant}': "
                      f"{effect}",
                      f"compare Semver values: {fix}", access)
-        elif typ == "quantity" and not isinstance(constant, dict):
-            literal = constant if isinstance(constant, str) else str(constant)
-            fix = f"{target}.compareTo(quantity('{literal}')) {op} 0"
-            effect = "never equal" if op == "==" else (
-                "always unequal" if op == "!=" else "an evaluation error ('no such overload')")
-            self.add("cel/unknown-attribute", Severity.ERROR,
-                     f"'{access.name}' is a capacity (Quantity), compared with {constant!r}: {effect}",
-                     f"compare quantities: {fix}", access)
         elif typ in ("string", "int", "bool"):
             actual = _value_type(constant) if isinstance(constant, str | int | bool) else None
             if actual is not None and actual != typ and not (typ == "int" and isinstance(constant, float)):
