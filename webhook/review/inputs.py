@@ -139,7 +139,9 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
             raise InputError(file, f"invalid YAML: {problem}", mark.line + 1, mark.column + 1) from None
         raise InputError(file, f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise InputError(file, f"invalid YAML: {exc}") from None
+        # Reader errors (e.g. control characters) span lines; the first one says what is wrong.
+        first = (str(exc).splitlines() or ["invalid YAML"])[0]
+        raise InputError(file, f"invalid YAML: {first}") from None
     finally:
         loader.dispose()
     return docs
