@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
 from webhook.dra.objects import (
     ClaimSpec,
@@ -164,3 +165,28 @@ def claim_names_used(spec_obj: Mapping[str, Any], pod_pointer: str) -> Sequence[
                 if n is not None:
                     out.append((n, f"{pod_pointer}/{key}/{ci}/resources/claims/{ri}"))
     return out
+
+
+def per_node_capacity(matched: Sequence[Device], group_by: Sequence[str] = ()) -> tuple[int, str | None]:
+    """Largest number of matched devices one node can give (grouped by shared attribute values
+    when the request is constrained); devices without a node (network-attached) count on every node."""
+    shared = [d for d in matched if d.node is None]
+    groups: dict[tuple[Any, ...], int] = {}
+    for d in matched:
+        if d.node is None:
+            continue
+        key: tuple[Any, ...] = (d.node,)
+        skip = False
+        for attr in group_by:
+            dom, _, name = attr.rpartition("/")
+            v = d.attributes.get(dom, {}).get(name)
+            if v is None:
+                skip = True
+                break
+            key += (v,)
+        if not skip:
+            groups[key] = groups.get(key, 0) + 1
+    if not groups:
+        return len(shared), None
+    key_best = max(groups, key=lambda k: groups[k])
+    return groups[key_best] + len(shared), str(key_best[0])

@@ -32,7 +32,7 @@ from webhook.dra.objects import (
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.context import SourceObject
 from webhook.engine.findings import Finding, Mode, Severity
-from webhook.engine.resolve import claim_names_used
+from webhook.engine.resolve import claim_names_used, per_node_capacity
 from webhook.engine.rules.base import FunctionRule, RuleContext
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -231,31 +231,6 @@ def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device
     return list(match_devices(expressions, devices).matched)
 
 
-def per_node_capacity(matched: Sequence[Device], group_by: Sequence[str] = ()) -> tuple[int, str | None]:
-    """Largest number of matched devices one node can give (grouped by shared attribute values
-    when the request is constrained); devices without a node (network-attached) count on every node."""
-    shared = [d for d in matched if d.node is None]
-    groups: dict[tuple[Any, ...], int] = {}
-    for d in matched:
-        if d.node is None:
-            continue
-        key: tuple[Any, ...] = (d.node,)
-        skip = False
-        for attr in group_by:
-            dom, _, name = attr.rpartition("/")
-            v = d.attributes.get(dom, {}).get(name)
-            if v is None:
-                skip = True
-                break
-            key += (v,)
-        if not skip:
-            groups[key] = groups.get(key, 0) + 1
-    if not groups:
-        return len(shared), None
-    key_best = max(groups, key=lambda k: groups[k])
-    return groups[key_best] + len(shared), str(key_best[0])
-
-
 def _request_alternatives(req: DeviceRequest) -> list[tuple[str | None, tuple[Selector, ...], str, int, str]]:
     return list(req.alternatives())
 
@@ -282,7 +257,11 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
                 reasons.append("")  # class unknown offline: cannot judge, treat as satisfiable
                 break
             exprs = [s.expression for s in (*cls.selectors, *selectors)]
-            matched = _match(exprs, inv.devices)
+            try:
+                matched = _match(exprs, inv.devices)
+            except ValueError:  # does not compile: cel/syntax reports it, no capacity verdict here
+                reasons.append("")
+                break
             group_by = [
                 c.match_attribute
                 for c in spec.constraints
