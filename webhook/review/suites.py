@@ -1,29 +1,28 @@
-"""`draguard test`: policy test suites.
+"""`draguard test`: policy test suites, in the format documented in policies/tests/README.md.
 
-A suite is a `suite.yaml` (any directory below DIR):
+A suite is a `suite.yaml` in its own directory:
 
-    policies: ../..            # optional: policy dir/file, relative to this file
-    inventory: inventory.yaml  # optional: default inventory of every case
-    namespace: default         # optional: namespace of objects that set none
+    name: tier                    # default: the directory name
+    policies: [../..]             # files or directories, relative to this file (default ../..)
+    inventory: inventory.yaml     # optional (cases may override it)
+    context: {servedVersions: [v1], namespaceLabels: {ns: {k: v}}, today: 2026-11-30, admission: false}
+    only: ["tier/*"]              # compare only findings of these rules (cases may override)
     cases:
-    - name: llm on an A100 is denied
-      inputs: [llm-a100.yaml]            # files or directories, relative to this file
-      inventory: other-inventory.yaml    # optional, overrides the suite's
-      expect:
-      - rule: tier/gpu-tiers
-        object: Deployment/ml/llm        # optional: Kind/name or Kind/namespace/name
-        mode: enforce                    # optional: enforce | warn | audit
-    - name: clean pod passes
-      inputs: [ok.yaml]
-      expect: none
+    - name: llm on a100 is denied
+      inputs: [llm-on-a100.yaml]  # files or directories (kustomizations are built)
+      input: |                    # and/or inline manifests
+        ...
+      expect:                     # `none`, or findings: rule (required), mode, object, line
+      - {rule: tier/gpu-tiers, mode: enforce, object: Deployment/ml/llm, line: 17}
 
-Expectations are exhaustive for enforce and warn findings: a case passes when every expectation
-matches a finding and every enforce/warn finding is matched by an expectation. Audit findings are
-checked only when an expectation names them. `expect: none` means no enforce or warn finding.
+A case passes when the findings (after `only`) are exactly the expected ones: each expectation
+matches one finding of its own, and no finding is left over.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import fnmatch
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -33,54 +32,30 @@ from typing import Any
 
 import yaml
 
-from webhook.engine.findings import Finding, Mode
-from webhook.review.inputs import InputError, read_paths
-from webhook.review.pipeline import ReviewError, evaluate_inputs, load_inventory_file, load_policy_set
+from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
+from webhook.engine.findings import Finding, Report
+from webhook.review.inputs import InputError, Inputs, objects_of, parse_text, read_paths
+from webhook.review.pipeline import ReviewError, load_inventory_file, load_policy_set
 
 SUITE_NAMES = ("suite.yaml", "suite.yml")
+EXPECT_KEYS = frozenset({"rule", "mode", "object", "line"})
 
 
 class SuiteError(Exception):
     """A suite file that cannot be used; one line naming the file and the field."""
 
 
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    rule: str
-    object: str | None = None
-    mode: Mode | None = None
-
-    def matches(self, f: Finding) -> bool:
-        if f.rule != self.rule:
-            return False
-        if self.mode is not None and f.mode is not self.mode:
-            return False
-        if self.object is not None:
-            ref = f.object
-            candidates = {str(ref), f"{ref.kind}/{ref.name}"}
-            if ref.namespace:
-                candidates.add(f"{ref.kind}/{ref.namespace}/{ref.name}")
-            if self.object not in candidates:
-                return False
-        return True
-
-    def __str__(self) -> str:
-        parts = [self.rule]
-        if self.object:
-            parts.append(f"on {self.object}")
-        if self.mode:
-            parts.append(f"({self.mode.value})")
-        return " ".join(parts)
-
-
 @dataclass(slots=True)
 class Case:
+    suite: str
     name: str
-    suite: Path
+    path: Path
+    line: int | None
     inputs: list[str]
-    expect: list[Expectation]
+    inline: str | None
+    expect: list[Mapping[str, Any]]
+    only: list[str]
     inventory: str | None
-    line: int | None = None
 
 
 @dataclass(slots=True)
@@ -104,7 +79,7 @@ class Outcome:
 # --------------------------------------------------------------------------- reading suites
 
 
-def _suite_files(root: Path) -> list[Path]:
+def suite_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
     if not root.is_dir():
@@ -115,29 +90,50 @@ def _suite_files(root: Path) -> list[Path]:
     return files
 
 
-def _expectations(raw: Any, where: str) -> list[Expectation]:
-    if raw == "none" or raw is None or raw == []:
+def _case_lines(text: str) -> list[int]:
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if getattr(k, "value", None) == "cases" and isinstance(v, yaml.SequenceNode):
+                return [item.start_mark.line + 1 for item in v.value]
+    return []
+
+
+def _globs(raw: Any, where: str) -> list[str] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and all(isinstance(g, str) for g in raw):
+        return list(raw)
+    raise SuiteError(f'{where}: only must be a list of rule globs, e.g. only: ["tier/*"]')
+
+
+def _expectations(raw: Any, where: str) -> list[Mapping[str, Any]]:
+    if raw is None or raw == "none":
         return []
     if not isinstance(raw, list):
-        raise SuiteError(f"{where}: expect must be a list of {{rule, object?, mode?}} or the word none")
-    out: list[Expectation] = []
+        raise SuiteError(
+            f"{where}: expect must be a list of {{rule, mode?, object?, line?}} or the word none"
+        )
     for i, e in enumerate(raw):
         if not isinstance(e, Mapping) or not isinstance(e.get("rule"), str):
             raise SuiteError(f"{where}: expect[{i}] needs a rule (e.g. rule: tier/gpu-tiers)")
-        mode = e.get("mode")
-        if mode is not None and mode not in Mode._value2member_map_:
-            raise SuiteError(f"{where}: expect[{i}].mode {mode!r} is not enforce, warn or audit")
-        obj = e.get("object")
-        out.append(
-            Expectation(e["rule"], str(obj) if obj is not None else None, Mode(mode) if mode else None)
-        )
-    return out
+        unknown = set(e) - EXPECT_KEYS
+        if unknown:
+            raise SuiteError(
+                f"{where}: expect[{i}] has unknown key(s) {sorted(unknown)}; use rule, mode, object, line"
+            )
+        if "mode" in e and e["mode"] not in ("enforce", "warn", "audit"):
+            raise SuiteError(f"{where}: expect[{i}].mode {e['mode']!r} is not enforce, warn or audit")
+    return list(raw)
 
 
 def read_suite(path: Path) -> tuple[dict[str, Any], list[Case]]:
     try:
-        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+        lines = _case_lines(text)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {exc}") from None
     except yaml.MarkedYAMLError as exc:
@@ -146,95 +142,139 @@ def read_suite(path: Path) -> tuple[dict[str, Any], list[Case]]:
         raise SuiteError(f"{where}: invalid YAML: {exc.problem}") from None
     if not isinstance(data, Mapping) or not isinstance(data.get("cases"), list):
         raise SuiteError(f"{path}: a suite needs `cases:` (a list of {{name, inputs, expect}})")
-    case_lines: list[int | None] = []
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if k.value == "cases" and isinstance(v, yaml.SequenceNode):
-                case_lines = [item.start_mark.line + 1 for item in v.value]
+    name = str(data.get("name") or path.parent.name)
+    suite_only = _globs(data.get("only"), str(path)) or ["*"]
     cases: list[Case] = []
     for i, c in enumerate(data["cases"]):
-        line = case_lines[i] if i < len(case_lines) else None
+        line = lines[i] if i < len(lines) else None
         where = f"{path}:{line}" if line else f"{path}: cases[{i}]"
         if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
             raise SuiteError(f"{where}: each case needs a name")
-        inputs = c.get("inputs")
+        inputs = c.get("inputs") or []
         if isinstance(inputs, str):
             inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str) for x in inputs):
-            raise SuiteError(f"{where}: case {c['name']!r} needs inputs: [files]")
+        if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+            raise SuiteError(f"{where}: case {c['name']!r}: inputs must be a list of files")
+        inline = c.get("input")
+        if inline is not None and not isinstance(inline, str):
+            raise SuiteError(f"{where}: case {c['name']!r}: input must be a YAML text (use `input: |`)")
+        if not inputs and not inline:
+            raise SuiteError(f"{where}: case {c['name']!r} needs inputs: [files] or input: |")
         if "expect" not in c:
             raise SuiteError(f"{where}: case {c['name']!r} needs expect: [...] or expect: none")
         inv = c.get("inventory", data.get("inventory"))
         cases.append(
             Case(
+                suite=name,
                 name=c["name"],
-                suite=path,
-                inputs=[str(path.parent / x) for x in inputs],
-                expect=_expectations(c.get("expect"), where),
-                inventory=str(path.parent / inv) if isinstance(inv, str) else None,
+                path=path,
                 line=line,
+                inputs=[str(path.parent / x) for x in inputs],
+                inline=inline,
+                expect=_expectations(c.get("expect"), where),
+                only=_globs(c.get("only"), where) or suite_only,
+                inventory=str(path.parent / inv) if isinstance(inv, str) else None,
             )
         )
     return dict(data), cases
 
 
+def suite_context(raw: Any, where: str) -> Context:
+    if raw is None:
+        return Context()
+    if not isinstance(raw, Mapping):
+        raise SuiteError(f"{where}: context must be a mapping")
+    try:
+        today = raw.get("today")
+        return Context(
+            namespace_labels={str(k): dict(v or {}) for k, v in (raw.get("namespaceLabels") or {}).items()},
+            served_versions=frozenset(raw.get("servedVersions") or ALL_RESOURCE_VERSIONS),
+            today=today
+            if isinstance(today, dt.date)
+            else dt.date.fromisoformat(str(today))
+            if today
+            else dt.date.today(),
+            admission=bool(raw.get("admission", False)),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise SuiteError(f"{where}: context: {exc}") from None
+
+
 # --------------------------------------------------------------------------- running
 
 
+def matches(exp: Mapping[str, Any], f: Finding) -> bool:
+    if exp["rule"] != f.rule:
+        return False
+    if "mode" in exp and exp["mode"] != f.mode.value:
+        return False
+    if "object" in exp and exp["object"] != str(f.object):
+        return False
+    return not ("line" in exp and exp["line"] != f.line)
+
+
 def check(case: Case, findings: Sequence[Finding]) -> list[str]:
+    """Problems with one case (empty when it passes): a one-to-one match after `only`."""
+    left = [f for f in findings if any(fnmatch.fnmatchcase(f.rule, g) for g in case.only)]
     problems: list[str] = []
-    for e in case.expect:
-        if not any(e.matches(f) for f in findings):
-            problems.append(f"expected {e}, not found")
-    for f in findings:
-        if f.mode is Mode.AUDIT:
-            continue
-        if not any(e.matches(f) for e in case.expect):
-            where = f"{f.file}:{f.line}" if f.line else (f.file or "")
-            problems.append(f"unexpected {f.rule} ({f.mode.value}) on {f.object} at {where}: {f.message}")
+    for exp in case.expect:
+        hit = next((f for f in left if matches(exp, f)), None)
+        if hit is None:
+            shown = ", ".join(f"{k}: {v}" for k, v in exp.items())
+            problems.append(f"expected {{{shown}}}, not found")
+        else:
+            left.remove(hit)
+    for f in left:
+        where = f"{f.file}:{f.line}" if f.line else (f.file or "")
+        problems.append(f"unexpected {f.rule} ({f.mode.value}) on {f.object} at {where}: {f.message}")
     return problems
 
 
-def _default_policies(root: Path) -> Path:
-    # policies/tests/ tests the policies one level up.
-    return root.parent if root.name == "tests" else Path("policies")
+def _policy_paths(data: Mapping[str, Any], suite: Path, override: str | None) -> list[str]:
+    if override:
+        return [override]
+    raw = data.get("policies")
+    if raw is None:
+        raw = ["../.."]
+    if isinstance(raw, str):
+        raw = [raw]
+    return [str(suite.parent / p) for p in raw]
 
 
 def run_suites(root: Path, *, policies: str | None = None, case_filter: str | None = None) -> Outcome:
+    from webhook.engine.evaluate import evaluate
+    from webhook.policy.model import PolicySet
+
     outcome = Outcome()
-    policy_cache: dict[str, Any] = {}
-    inventory_cache: dict[str | None, Any] = {}
-    for suite_path in _suite_files(root):
+    inventories: dict[str | None, Any] = {}
+    for suite_path in suite_files(root):
         data, cases = read_suite(suite_path)
-        if isinstance(data.get("policies"), str):
-            pol = str(suite_path.parent / data["policies"])
-        elif policies:
-            pol = policies
-        else:
-            pol = str(_default_policies(root if root.is_dir() else root.parent))
+        policy_set = PolicySet.empty()
         try:
-            if pol not in policy_cache:
-                policy_cache[pol] = load_policy_set(pol, required=True)
+            for p in _policy_paths(data, suite_path, policies):
+                policy_set = policy_set.merged(load_policy_set(p, required=True))
         except ReviewError as exc:
             raise SuiteError(f"{suite_path}: {exc}") from None
-        namespace = str(data.get("namespace") or "default")
+        ctx = suite_context(data.get("context"), str(suite_path))
         for case in cases:
             if case_filter and case_filter not in case.name:
                 continue
             t0 = time.monotonic()
             try:
-                if case.inventory not in inventory_cache:
-                    inventory_cache[case.inventory] = load_inventory_file(case.inventory)
-                inputs = read_paths(case.inputs)
-                result = evaluate_inputs(
-                    inputs, policy_cache[pol], inventory_cache[case.inventory], namespace=namespace
-                )
+                if case.inventory not in inventories:
+                    inventories[case.inventory] = load_inventory_file(case.inventory)
+                inputs = read_paths(case.inputs) if case.inputs else Inputs()
+                if case.inline:
+                    label = f"{suite_path}[{case.name}]"
+                    objs, _ = objects_of(parse_text(case.inline, label), label)
+                    inputs.objects.extend(objs)
+                report: Report = evaluate(inputs.objects, policy_set, inventories[case.inventory], ctx)
             except (InputError, ReviewError) as exc:
                 outcome.results.append(
                     CaseResult(case, False, [f"input error: {exc}"], seconds=time.monotonic() - t0)
                 )
                 continue
-            findings = list(result.report.findings)
+            findings = list(report.findings)
             problems = check(case, findings)
             outcome.results.append(CaseResult(case, not problems, problems, findings, time.monotonic() - t0))
     return outcome
@@ -248,8 +288,8 @@ def render_text(outcome: Outcome, *, color: bool = False, verbose: bool = False)
     out: list[str] = []
     for r in outcome.results:
         mark = f"{green}PASS{reset}" if r.passed else f"{red}FAIL{reset}"
-        where = f"{r.case.suite}:{r.case.line}" if r.case.line else str(r.case.suite)
-        out.append(f"{mark}  {r.case.name}  ({where})")
+        where = f"{r.case.path}:{r.case.line}" if r.case.line else str(r.case.path)
+        out.append(f"{mark}  {r.case.suite}: {r.case.name}  ({where})")
         for p in r.problems:
             out.append(f"      {p}")
         if verbose:
@@ -262,7 +302,7 @@ def render_text(outcome: Outcome, *, color: bool = False, verbose: bool = False)
 
 def render_junit(outcome: Outcome) -> str:
     root = ET.Element("testsuites", name="draguard test")
-    by_suite: dict[Path, list[CaseResult]] = {}
+    by_suite: dict[str, list[CaseResult]] = {}
     for r in outcome.results:
         by_suite.setdefault(r.case.suite, []).append(r)
     for suite, results in by_suite.items():

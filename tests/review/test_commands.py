@@ -1,0 +1,243 @@
+"""`draguard test`, `lint-cel`, `migrate`, `schema`, `explain`, and the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.review.conftest import FIXTURES, Run
+
+SUITES = FIXTURES / "suites"
+INVENTORY = str(FIXTURES / "inventory.yaml")
+A100 = (
+    "device.driver == 'gpu.nvidia.com' && "
+    "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100 80GB PCIe'"
+)
+
+
+# --------------------------------------------------------------------------- test
+
+
+def test_suites_report_pass_and_fail_per_case(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    junit = tmp_path / "suites.xml"
+    run = draguard("test", str(SUITES), "--junit", str(junit))
+    assert run.code == 1
+    lines = run.out.splitlines()
+    assert any(ln.startswith("PASS  review-fixtures: llm serving on a MIG slice is denied") for ln in lines)
+    assert any(ln.startswith("PASS  review-fixtures: legacy job in a legacy namespace") for ln in lines)
+    assert any(ln.startswith("PASS  review-fixtures: inline legacy pod") for ln in lines)
+    assert any(ln.startswith("FAIL  review-fixtures: this case expects the wrong verdict") for ln in lines)
+    assert "expected {rule: tier/gpu-tiers}, not found" in run.out
+    assert "unexpected migrate/legacy-gpu (audit) on Job/legacy-batch/nightly-eval" in run.out
+    assert lines[-1] == "3 passed, 1 failed (4 cases)"
+    root = ET.parse(junit).getroot()
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == 4
+    assert [c.get("name") for c in cases if c.find("failure") is not None] == [
+        "this case expects the wrong verdict"
+    ]
+
+
+def test_suite_filter_and_success_exit(draguard: Callable[..., Run]) -> None:
+    run = draguard("test", str(SUITES), "--run", "denied")
+    assert run.code == 0
+    assert run.out.splitlines()[-1] == "1 passed, 0 failed (1 cases)"
+
+
+def test_the_repository_policy_suites_pass(draguard: Callable[..., Run]) -> None:
+    root = Path(__file__).resolve().parents[2] / "policies" / "tests"
+    if not any(root.glob("*/suite.yaml")):
+        pytest.skip("no policy suites in policies/tests yet")
+    run = draguard("test", str(root))
+    assert run.code == 0, run.out
+    assert "0 failed" in run.out.splitlines()[-1]
+
+
+def test_broken_suite_is_a_usage_error(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    (tmp_path / "suite.yaml").write_text("cases:\n- name: x\n  inputs: [a.yaml]\n")
+    (tmp_path / "a.yaml").write_text("kind: Pod\n")
+    run = draguard("test", str(tmp_path), "--policies", str(FIXTURES / "policies"))
+    assert run.code == 2
+    assert "needs expect" in run.err and "suite.yaml:2" in run.err
+    assert draguard("test", str(tmp_path / "none")).code == 2
+
+
+# --------------------------------------------------------------------------- lint-cel
+
+
+def test_lint_cel_counts_matching_devices_by_product(draguard: Callable[..., Run]) -> None:
+    run = draguard("lint-cel", A100, "--inventory", INVENTORY)
+    assert run.code == 0, run.err
+    assert "matches 8 of 16 devices" in run.out
+    assert "NVIDIA A100 80GB PCIe  (node1 x4)" in run.out
+    assert "NVIDIA A100 80GB PCIe MIG 3g.20gb  (node3 x4)" in run.out
+
+
+def test_lint_cel_errors_exit_1_with_position(draguard: Callable[..., Run]) -> None:
+    run = draguard("lint-cel", "device.attributes['gpu.nvidia.com'].productName == ")
+    assert run.code == 1
+    assert "cel/syntax" in run.out
+    run = draguard(
+        "lint-cel", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].memory > 3"
+    )
+    assert run.code == 1
+    assert "cel/unknown-attribute" in run.out and "device.capacity" in run.out
+
+
+# --------------------------------------------------------------------------- migrate
+
+LEGACY = """\
+# Nightly evaluation (legacy device-plugin form)
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: nightly-eval   # keep this name
+  namespace: team-a
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: eval
+          image: "registry.example.com/eval:1.2"
+          resources:
+            limits:
+              memory: 16Gi
+              nvidia.com/gpu: 1
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: untouched, namespace: team-a}
+data: {z: "1", a: "2"}
+"""
+
+
+def test_migrate_prints_a_diff_and_writes_in_place(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(LEGACY)
+    policies = ("--policies", str(FIXTURES / "policies"))
+    run = draguard("migrate", str(f), *policies)
+    assert run.code == 1, run.err
+    assert run.out.startswith(f"--- {f}\n+++ {f}\n")
+    assert "-              nvidia.com/gpu: 1" in run.out
+    assert "+kind: ResourceClaimTemplate" in run.out
+    assert f.read_text() == LEGACY  # a diff only
+
+    run = draguard("migrate", str(f), *policies, "--write")
+    assert run.code == 0 and f"migrated {f}" in run.out
+    text = f.read_text()
+    # Comments, quoting, key order and the untouched document survive the rewrite.
+    assert text.startswith("# Nightly evaluation (legacy device-plugin form)\n")
+    assert "name: nightly-eval   # keep this name" in text
+    assert 'image: "registry.example.com/eval:1.2"' in text
+    assert 'data: {z: "1", a: "2"}' in text
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert [d["kind"] for d in docs] == ["Job", "ResourceClaimTemplate", "ConfigMap"]
+    job, template = docs[0], docs[1]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {
+        "limits": {"memory": "16Gi"},
+        "claims": [{"name": "eval-gpu"}],
+    }
+    assert pod["resourceClaims"] == [
+        {"name": "eval-gpu", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]
+    assert template["metadata"]["namespace"] == "team-a"
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com-a100"
+    # Idempotent: a second run has nothing left to do.
+    assert draguard("migrate", str(f), *policies).code == 0
+
+
+def test_migrated_manifest_passes_review_of_the_migration_rule(
+    draguard: Callable[..., Run], tmp_path: Path
+) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(LEGACY)
+    common = ("--policies", str(FIXTURES / "policies"), "--inventory", INVENTORY, "-f", "json")
+    before = json.loads(draguard("review", str(f), *common).out)["findings"]
+    assert "migrate/legacy-gpu" in {x["rule"] for x in before}
+    draguard("migrate", str(f), "--policies", str(FIXTURES / "policies"), "--write")
+    after = json.loads(draguard("review", str(f), *common).out)["findings"]
+    assert "migrate/legacy-gpu" not in {x["rule"] for x in after}
+
+
+def test_migrate_extended_resource_sets_the_class_name(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(LEGACY)
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: gpu.nvidia.com-a100\n"
+        "spec:\n  selectors:\n  - cel:\n      expression: device.driver == 'gpu.nvidia.com'  # all\n"
+    )
+    run = draguard(
+        "migrate",
+        str(tmp_path),
+        "--policies",
+        str(FIXTURES / "policies"),
+        "--strategy",
+        "extended-resource",
+        "-w",
+    )
+    assert run.code == 0, run.err
+    assert "extendedResourceName: nvidia.com/gpu" in classes.read_text()
+    assert "# all" in classes.read_text()
+    assert "nvidia.com/gpu: 1" in (tmp_path / "job.yaml").read_text()  # pods keep their limits
+    assert "DRAExtendedResource" in run.err
+
+
+def test_migrate_bad_input(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    run = draguard("migrate", str(tmp_path / "missing.yaml"))
+    assert run.code == 2 and "no such file" in run.err
+
+
+# --------------------------------------------------------------------------- schema, explain
+
+
+def test_schema_prints_the_policy_json_schema(draguard: Callable[..., Run]) -> None:
+    run = draguard("schema")
+    assert run.code == 0
+    schema = json.loads(run.out)
+    assert schema["$schema"].startswith("https://json-schema.org/draft/2020-12")
+    assert "GpuTierPolicy" in json.dumps(schema)
+
+
+def test_explain_lists_matching_devices(draguard: Callable[..., Run]) -> None:
+    pytest.importorskip("webhook.engine.explain")
+    run = draguard(
+        "explain", str(FIXTURES / "manifests/team-ml/training-claim.yaml"), "--inventory", INVENTORY
+    )
+    assert run.code == 0, run.err
+    assert "gpu.nvidia.com-a100" in run.out
+
+
+# --------------------------------------------------------------------------- console script
+
+
+def test_console_script_in_a_subprocess(tmp_path: Path) -> None:
+    exe = shutil.which("draguard", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the draguard console script is not installed in this environment")
+    proc = subprocess.run(
+        [exe, "review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml", "-f", "json"],
+        cwd=FIXTURES,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["summary"]["errors"] == 4
+    bad = subprocess.run(
+        [exe, "review", str(tmp_path / "nope.yaml")], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().endswith("nope.yaml: no such file or directory")
+    assert "Traceback" not in bad.stderr
