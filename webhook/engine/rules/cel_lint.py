@@ -17,23 +17,11 @@ from webhook.dra.device import Device
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
 from webhook.engine.context import SourceObject
 from webhook.engine.findings import Finding, Mode, Severity
-from webhook.engine.quota import QuotaCalculator
 from webhook.engine.rules.base import FunctionRule, RuleContext
 from webhook.engine.rules.opaque import dotted
 from webhook.policy.model import CelLintPolicy
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
-
-_LAST: list[QuotaCalculator] = []
-
-
-def _calculator(rc: RuleContext) -> QuotaCalculator:
-    if _LAST and _LAST[0].inventory is rc.inventory and _LAST[0].classes is rc.index.classes:
-        return _LAST[0]
-    calc = QuotaCalculator(rc.inventory, rc.index.classes)
-    _LAST[:] = [calc]
-    return calc
-
 
 def _policy_for(rc: RuleContext, namespace: str | None) -> CelLintPolicy:
     pols = rc.policies.cel_lint
@@ -107,18 +95,11 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
     if read is None:
         return
     policy = _policy_for(rc, rc.namespace(item))
-    calc = _calculator(rc)
     for req in read[0].requests:
-        for cls, selectors, _mode, _count, _ptr in req.alternatives():
-            if not selectors:
-                continue
-            # Request selectors narrow the class: match them against the class's devices when known.
-            devices = all_devices
-            if cls and all_devices:
-                class_devices = calc.matching(cls)
-                if class_devices:
-                    devices = class_devices
-            yield from _lint(item, rc, policy, selectors, devices)
+        for _cls, selectors, _mode, _count, _ptr in req.alternatives():
+            # Matched against the whole inventory: whether class and request selectors together
+            # leave any device is structure/unsatisfiable's question.
+            yield from _lint(item, rc, policy, selectors, all_devices)
 
 
 RULES = (FunctionRule("cel/", _check),)
