@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from driver_helpers import NODE, InMemoryClaims, Kubelet, make_state  # noqa: E402
+from driver_helpers import NODE, InMemoryClaims, Kubelet, make_state
 
-from driver.plugin import PluginServer  # noqa: E402
+from driver.plugin import PluginServer
 
 
 @pytest.fixture
@@ -33,8 +33,12 @@ def claims() -> InMemoryClaims:
 @pytest.fixture
 async def plugin(short_dir: Path, claims: InMemoryClaims) -> AsyncIterator[tuple[PluginServer, Kubelet]]:
     state = make_state(short_dir, claims, topology="h100-8x-nvlink")
-    server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "plugins",
-                          registry_dir=short_dir / "registry")
+    server = PluginServer(
+        state,
+        driver_name="gpu.nvidia.com",
+        plugin_dir=short_dir / "plugins",
+        registry_dir=short_dir / "registry",
+    )
     await server.start()
     kubelet = Kubelet(server.paths.registration)
     try:

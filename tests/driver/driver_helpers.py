@@ -43,7 +43,9 @@ def make_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+        },
         "status": {},
     }
     if allocated:
@@ -55,13 +57,18 @@ def make_claim(
                 ],
                 "config": config or [],
             },
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}
+                ]
+            },
         }
     return obj
 
 
-def opaque(params: dict[str, Any], requests: list[str] | None = None, source: str = "FromClaim") -> dict[str, Any]:
+def opaque(
+    params: dict[str, Any], requests: list[str] | None = None, source: str = "FromClaim"
+) -> dict[str, Any]:
     return {"source": source, "requests": requests or [], "opaque": {"driver": DRIVER, "parameters": params}}
 
 
@@ -92,13 +99,27 @@ class InMemoryClaims:
             return copy.deepcopy(obj) if obj is not None else None
 
 
-def make_state(base: Path, claims: Any, *, topology: str = "h100-8x-nvlink", version: str = "0.1.0",
-               nvml: Nvml | None = None, fault: Any = None) -> DeviceState:
+def make_state(
+    base: Path,
+    claims: Any,
+    *,
+    topology: str = "h100-8x-nvlink",
+    version: str = "0.1.0",
+    nvml: Nvml | None = None,
+    fault: Any = None,
+) -> DeviceState:
     nvml = nvml or open_sim(topology)
     devices = build_devices(nvml.enumerate())
     return DeviceState(
-        driver_name=DRIVER, node_name=NODE, devices=devices, checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"), claims=claims, nvml=nvml, version=version, fault=fault,
+        driver_name=DRIVER,
+        node_name=NODE,
+        devices=devices,
+        checkpoint=Checkpoint(base / "plugins"),
+        cdi=CdiWriter(base / "cdi"),
+        claims=claims,
+        nvml=nvml,
+        version=version,
+        fault=fault,
     )
 
 

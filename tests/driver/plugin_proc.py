@@ -15,12 +15,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from driver.cdi import CdiWriter  # noqa: E402
-from driver.checkpoint import Checkpoint  # noqa: E402
-from driver.devices import build_devices  # noqa: E402
-from driver.nvml import open_sim  # noqa: E402
-from driver.plugin import PluginServer  # noqa: E402
-from driver.state import DeviceState  # noqa: E402
+from driver.cdi import CdiWriter
+from driver.checkpoint import Checkpoint
+from driver.devices import build_devices
+from driver.nvml import open_sim
+from driver.plugin import PluginServer
+from driver.state import DeviceState
 
 
 class FileClaims:
@@ -44,16 +44,33 @@ async def main(cfg: dict[str, Any]) -> None:
             os._exit(137)
 
     state = DeviceState(
-        driver_name="gpu.nvidia.com", node_name=cfg["node"], devices=build_devices(nvml.enumerate()),
-        checkpoint=Checkpoint(base / "plugins"), cdi=CdiWriter(base / "cdi"), claims=FileClaims(cfg["claims"]),
-        nvml=nvml, version=cfg.get("version", "0.1.0"), fault=fault,
+        driver_name="gpu.nvidia.com",
+        node_name=cfg["node"],
+        devices=build_devices(nvml.enumerate()),
+        checkpoint=Checkpoint(base / "plugins"),
+        cdi=CdiWriter(base / "cdi"),
+        claims=FileClaims(cfg["claims"]),
+        nvml=nvml,
+        version=cfg.get("version", "0.1.0"),
+        fault=fault,
     )
     report = state.recover()
-    server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=base / "plugins",
-                          registry_dir=base / "registry")
+    server = PluginServer(
+        state, driver_name="gpu.nvidia.com", plugin_dir=base / "plugins", registry_dir=base / "registry"
+    )
     await server.start()
-    print(json.dumps({"ready": True, "rolledBack": report.rolled_back, "dropped": report.dropped,
-                      "orphans": report.orphan_specs_removed, "kept": report.kept}), flush=True)
+    print(
+        json.dumps(
+            {
+                "ready": True,
+                "rolledBack": report.rolled_back,
+                "dropped": report.dropped,
+                "orphans": report.orphan_specs_removed,
+                "kept": report.kept,
+            }
+        ),
+        flush=True,
+    )
     await server.wait()
 
 

@@ -25,10 +25,23 @@ V = "resource.nvidia.com/v1beta1"
 VALID: list[dict[str, Any]] = [
     {"apiVersion": V, "kind": "GpuConfig"},
     {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}},
-    {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
-    {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
-        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi",
-        "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-1a2b": "1Gi"}}}},
+    {
+        "apiVersion": V,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    },
+    {
+        "apiVersion": V,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-1a2b": "1Gi"},
+            },
+        },
+    },
     {"apiVersion": V, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
     {"apiVersion": V, "kind": "MigDeviceConfig"},
 ]
@@ -43,11 +56,19 @@ def test_valid_configs(params):
 
 
 def test_seed_article_config_gets_exact_replacement():
-    seed = {"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+    seed = {
+        "apiVersion": "gpu.nvidia.com/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
     errs = validate_opaque_config(seed)
-    assert errs == [ConfigError("apiVersion", "gpu.nvidia.com/v1alpha1 is no longer served by the driver; "
-                                "replace it with resource.nvidia.com/v1beta1 (kind and fields stay the same)")]
+    assert errs == [
+        ConfigError(
+            "apiVersion",
+            "gpu.nvidia.com/v1alpha1 is no longer served by the driver; "
+            "replace it with resource.nvidia.com/v1beta1 (kind and fields stay the same)",
+        )
+    ]
     assert validate_opaque_config({**seed, "apiVersion": V}) == []
 
 
@@ -59,25 +80,69 @@ def test_seed_article_config_gets_exact_replacement():
         ({"apiVersion": V}, "kind", "allowed values: GpuConfig, MigDeviceConfig"),
         ({"apiVersion": V, "kind": "VfioDeviceConfig"}, "kind", "unsupported kind 'VfioDeviceConfig'"),
         ({"apiVersion": V, "kind": "GpuConfig", "extra": 1}, "extra", "unknown field"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {}}, "sharing.strategy", "allowed values: TimeSlicing, MPS"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "Spatial"}}, "sharing.strategy",
-         "unknown strategy 'Spatial'"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing",
-          "timeSlicingConfig": {"interval": "Forever"}}}, "sharing.timeSlicingConfig.interval",
-         "allowed values: Default, Short, Medium, Long"),
-        ({"apiVersion": V, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing",
-          "timeSlicingConfig": {"interval": "Long"}}}, "sharing.timeSlicingConfig", "unknown field"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "timeSlicingConfig": {}}},
-         "sharing.timeSlicingConfig", "only allowed with strategy TimeSlicing"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS",
-          "mpsConfig": {"defaultActiveThreadPercentage": 150}}},
-         "sharing.mpsConfig.defaultActiveThreadPercentage", "0 to 100"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS",
-          "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "ten gigs"}}},
-         "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit", "Kubernetes quantity"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS",
-          "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu zero": "1Gi"}}}},
-         "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.gpu zero", "GPU index"),
+        (
+            {"apiVersion": V, "kind": "GpuConfig", "sharing": {}},
+            "sharing.strategy",
+            "allowed values: TimeSlicing, MPS",
+        ),
+        (
+            {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "Spatial"}},
+            "sharing.strategy",
+            "unknown strategy 'Spatial'",
+        ),
+        (
+            {
+                "apiVersion": V,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}},
+            },
+            "sharing.timeSlicingConfig.interval",
+            "allowed values: Default, Short, Medium, Long",
+        ),
+        (
+            {
+                "apiVersion": V,
+                "kind": "MigDeviceConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            },
+            "sharing.timeSlicingConfig",
+            "unknown field",
+        ),
+        (
+            {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "timeSlicingConfig": {}}},
+            "sharing.timeSlicingConfig",
+            "only allowed with strategy TimeSlicing",
+        ),
+        (
+            {
+                "apiVersion": V,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}},
+            },
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "0 to 100",
+        ),
+        (
+            {
+                "apiVersion": V,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "ten gigs"}},
+            },
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "Kubernetes quantity",
+        ),
+        (
+            {
+                "apiVersion": V,
+                "kind": "GpuConfig",
+                "sharing": {
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu zero": "1Gi"}},
+                },
+            },
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.gpu zero",
+            "GPU index",
+        ),
     ],
 )
 def test_invalid_configs_name_path_and_allowed_values(params, path, needle):
@@ -94,35 +159,58 @@ def test_kind_must_fit_device_types():
 
 
 def test_size_limit():
-    big = {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
-        "defaultPerDevicePinnedMemoryLimit": {str(i): "1Gi" for i in range(1200)}}}}
+    big = {
+        "apiVersion": V,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {str(i): "1Gi" for i in range(1200)}},
+        },
+    }
     assert len(json.dumps(big)) > 10 * 1024
     assert any("10240 bytes" in e.message for e in validate_opaque_config(big))
 
 
 def test_not_a_mapping():
-    assert validate_opaque_config([1, 2]) == [ConfigError("", "opaque parameters must be an object with apiVersion and kind")]  # type: ignore[arg-type]
+    assert validate_opaque_config([1, 2]) == [
+        ConfigError("", "opaque parameters must be an object with apiVersion and kind")
+    ]  # type: ignore[arg-type]
 
 
 # --- property tests ----------------------------------------------------------------------------
 
-quantities = st.builds(lambda n, s: f"{n}{s}", st.integers(0, 4096), st.sampled_from(["", "Ki", "Mi", "Gi", "M", "G"]))
-mps = st.fixed_dictionaries({}, optional={
-    "defaultActiveThreadPercentage": st.integers(0, 100),
-    "defaultPinnedDeviceMemoryLimit": quantities,
-    "defaultPerDevicePinnedMemoryLimit": st.dictionaries(st.integers(0, 15).map(str), quantities, max_size=4),
-})
+quantities = st.builds(
+    lambda n, s: f"{n}{s}", st.integers(0, 4096), st.sampled_from(["", "Ki", "Mi", "Gi", "M", "G"])
+)
+mps = st.fixed_dictionaries(
+    {},
+    optional={
+        "defaultActiveThreadPercentage": st.integers(0, 100),
+        "defaultPinnedDeviceMemoryLimit": quantities,
+        "defaultPerDevicePinnedMemoryLimit": st.dictionaries(
+            st.integers(0, 15).map(str), quantities, max_size=4
+        ),
+    },
+)
 gpu_sharing = st.one_of(
-    st.fixed_dictionaries({"strategy": st.just("TimeSlicing")}, optional={
-        "timeSlicingConfig": st.fixed_dictionaries({}, optional={
-            "interval": st.sampled_from(["Default", "Short", "Medium", "Long"])})}),
+    st.fixed_dictionaries(
+        {"strategy": st.just("TimeSlicing")},
+        optional={
+            "timeSlicingConfig": st.fixed_dictionaries(
+                {}, optional={"interval": st.sampled_from(["Default", "Short", "Medium", "Long"])}
+            )
+        },
+    ),
     st.fixed_dictionaries({"strategy": st.just("MPS")}, optional={"mpsConfig": mps}),
 )
-valid_gpu = st.fixed_dictionaries({"apiVersion": st.just(V), "kind": st.just("GpuConfig")},
-                                  optional={"sharing": gpu_sharing})
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-                           max_leaves=10)
+valid_gpu = st.fixed_dictionaries(
+    {"apiVersion": st.just(V), "kind": st.just("GpuConfig")}, optional={"sharing": gpu_sharing}
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -133,8 +221,11 @@ def test_generated_valid_configs_pass_both_validators(params):
 
 
 @settings(max_examples=200, deadline=None)
-@given(valid_gpu, st.text(min_size=1, max_size=12).filter(lambda k: k not in {"apiVersion", "kind", "sharing"}),
-       json_values)
+@given(
+    valid_gpu,
+    st.text(min_size=1, max_size=12).filter(lambda k: k not in {"apiVersion", "kind", "sharing"}),
+    json_values,
+)
 def test_any_unknown_top_level_field_is_rejected_by_name(params, key, value):
     bad = {**params, key: value}
     errs = validate_opaque_config(bad)

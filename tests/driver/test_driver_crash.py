@@ -28,14 +28,30 @@ class PluginProcess:
 
     def start(self, crash_at: str | None = None, version: str = "0.1.0") -> dict[str, Any]:
         cfg = self.base / "cfg.json"
-        cfg.write_text(json.dumps({"base": str(self.base), "topology": "h100-8x-nvlink", "node": NODE,
-                                   "claims": str(self.claims_file), "crashAt": crash_at, "version": version}))
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "plugin_proc.py"), str(cfg)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cfg.write_text(
+            json.dumps(
+                {
+                    "base": str(self.base),
+                    "topology": "h100-8x-nvlink",
+                    "node": NODE,
+                    "claims": str(self.claims_file),
+                    "crashAt": crash_at,
+                    "version": version,
+                }
+            )
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "plugin_proc.py"), str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise AssertionError(f"plugin process failed to start: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            raise AssertionError(
+                f"plugin process failed to start: {self.proc.stderr.read() if self.proc.stderr else ''}"
+            )
         return json.loads(line)
 
     def wait_dead(self) -> int:
@@ -174,10 +190,29 @@ def test_corrupt_checkpoint_is_detected_and_quarantined(short_dir):
 def test_legacy_v1_checkpoint_can_be_unprepared(short_dir):
     plugins = short_dir / "plugins"
     plugins.mkdir()
-    (plugins / "checkpoint.json").write_text(json.dumps({"checksum": 1, "v1": {"preparedClaims": {
-        "uid-old": {"name": "old", "namespace": "default", "preparedDevices": [
-            {"Requests": ["gpu"], "PoolName": NODE, "DeviceName": "gpu-0",
-             "CDIDeviceIDs": ["k8s.gpu.nvidia.com/claim=uid-old-gpu-0"]}]}}}}))
+    (plugins / "checkpoint.json").write_text(
+        json.dumps(
+            {
+                "checksum": 1,
+                "v1": {
+                    "preparedClaims": {
+                        "uid-old": {
+                            "name": "old",
+                            "namespace": "default",
+                            "preparedDevices": [
+                                {
+                                    "Requests": ["gpu"],
+                                    "PoolName": NODE,
+                                    "DeviceName": "gpu-0",
+                                    "CDIDeviceIDs": ["k8s.gpu.nvidia.com/claim=uid-old-gpu-0"],
+                                }
+                            ],
+                        }
+                    }
+                },
+            }
+        )
+    )
     (short_dir / "cdi").mkdir()
     spec(short_dir, "uid-old").write_text("{}")
     loaded = Checkpoint(plugins).load()

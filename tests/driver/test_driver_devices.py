@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from driver.devices import build_devices, coerce_semver, cuda_driver_version, is_strict_semver, mig_device_name
+from driver.devices import (
+    build_devices,
+    coerce_semver,
+    cuda_driver_version,
+    is_strict_semver,
+    mig_device_name,
+)
 from driver.nvml import NvmlUnavailable, normalize_pci_bus_id, open_nvml, open_sim
 from driver.schema import ATTRIBUTES, DRIVER_NAME, export_schema, lookup, normalize_key
 from driver.sim import TopologyError, load_topology
@@ -82,8 +88,16 @@ def test_nvlink_domain_is_stable_and_node_unique():
 
 @pytest.mark.parametrize(
     ("raw", "want"),
-    [("535.104.05", "535.104.5"), ("9.0", "9.0.0"), ("12", "12.0.0"), ("550.54.15", "550.54.15"),
-     ("470.57.02.1", "470.57.2+1"), ("v1.2.3", "1.2.3"), ("1.2.3-rc.01", "1.2.3-rc.1"), ("0.0.0", "0.0.0")],
+    [
+        ("535.104.05", "535.104.5"),
+        ("9.0", "9.0.0"),
+        ("12", "12.0.0"),
+        ("550.54.15", "550.54.15"),
+        ("470.57.02.1", "470.57.2+1"),
+        ("v1.2.3", "1.2.3"),
+        ("1.2.3-rc.01", "1.2.3-rc.1"),
+        ("0.0.0", "0.0.0"),
+    ],
 )
 def test_semver_coercion(raw, want):
     assert coerce_semver(raw) == want
@@ -167,9 +181,15 @@ def test_sim_logs_loudly(caplog):
     ("text", "needle"),
     [
         ("gpus: []\n", "missing required field 'driverVersion'"),
-        ("driverVersion: '1'\ncudaDriverVersion: 1\ngpus:\n- {name: x}\n", "gpus[0]: missing required field 'computeCapability'"),
-        ("driverVersion: '1'\ncudaDriverVersion: 1\ngpus:\n- {name: x, uuid: u, architecture: Foo,"
-         " computeCapability: '8.0', pciBusId: p}\n", "unknown value 'Foo'"),
+        (
+            "driverVersion: '1'\ncudaDriverVersion: 1\ngpus:\n- {name: x}\n",
+            "gpus[0]: missing required field 'computeCapability'",
+        ),
+        (
+            "driverVersion: '1'\ncudaDriverVersion: 1\ngpus:\n- {name: x, uuid: u, architecture: Foo,"
+            " computeCapability: '8.0', pciBusId: p}\n",
+            "unknown value 'Foo'",
+        ),
         ("[unclosed\n", "not valid YAML"),
     ],
 )

@@ -109,7 +109,14 @@ async def test_per_claim_errors_do_not_fail_other_claims(plugin, claims, short_d
     foreign = claims.add(make_claim("foreign", "uid-foreign", pool="other-node"))
     unknown = claims.add(make_claim("unknown", "uid-unknown", [("gpu", "gpu-99")]))
     resp = await kubelet.prepare(good, missing, unallocated, recreated, foreign, unknown)
-    assert set(resp.claims) == {"uid-good", "uid-missing", "uid-pending", "uid-old", "uid-foreign", "uid-unknown"}
+    assert set(resp.claims) == {
+        "uid-good",
+        "uid-missing",
+        "uid-pending",
+        "uid-old",
+        "uid-foreign",
+        "uid-unknown",
+    }
     assert resp.claims["uid-good"].error == "" and len(resp.claims["uid-good"].devices) == 1
     assert "default/missing not found" in resp.claims["uid-missing"].error
     assert "not allocated" in resp.claims["uid-pending"].error
@@ -148,13 +155,20 @@ async def test_only_this_drivers_results_are_prepared(plugin, claims):
 
 async def test_time_slicing_config_is_applied_through_nvml(short_dir, claims):
     state = make_state(short_dir, claims, topology="h100-8x-nvlink")
-    server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r")
+    server = PluginServer(
+        state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r"
+    )
     await server.start()
     kubelet = Kubelet(server.paths.registration)
     try:
         await kubelet.register()
-        cfg = opaque({"apiVersion": V1B1, "kind": "GpuConfig",
-                      "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}})
+        cfg = opaque(
+            {
+                "apiVersion": V1B1,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            }
+        )
         claim = claims.add(make_claim("ts", "uid-ts", [("gpu", "gpu-6")], config=[cfg]))
         resp = await kubelet.prepare(claim)
         assert resp.claims["uid-ts"].error == ""
@@ -173,8 +187,10 @@ async def test_time_slicing_config_is_applied_through_nvml(short_dir, claims):
         ({"apiVersion": "gpu.nvidia.com/v1alpha1", "kind": "GpuConfig"}, "resource.nvidia.com/v1beta1"),
         ({"apiVersion": V1B1, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}, "MPS is not supported"),
         ({"apiVersion": V1B1, "kind": "MigDeviceConfig"}, "cannot be applied to devices of type gpu"),
-        ({"apiVersion": V1B1, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "bogus": 1}},
-         "sharing.bogus: unknown field"),
+        (
+            {"apiVersion": V1B1, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "bogus": 1}},
+            "sharing.bogus: unknown field",
+        ),
     ],
 )
 async def test_bad_or_unsupported_config_is_a_per_claim_error(plugin, claims, short_dir, params, needle):
@@ -207,8 +223,11 @@ async def test_time_slicing_unsupported_gpu_rolls_back(short_dir, claims, tmp_pa
 
 async def test_config_precedence_claim_over_class_and_named_request(short_dir, claims):
     state = make_state(short_dir, claims)
-    ts = {"apiVersion": V1B1, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing",
-                                                               "timeSlicingConfig": {"interval": "Short"}}}
+    ts = {
+        "apiVersion": V1B1,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+    }
     ts_long = {**ts, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
     ts_med = {**ts, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}}
     config = [opaque(ts_long, source="FromClaim"), opaque(ts, source="FromClass"), opaque(ts_med, ["b"])]
@@ -224,7 +243,9 @@ async def test_config_precedence_claim_over_class_and_named_request(short_dir, c
 
 async def test_restart_with_changed_version_then_unprepare(short_dir, claims):
     old = make_state(short_dir, claims, version="0.0.9")
-    server = PluginServer(old, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r")
+    server = PluginServer(
+        old, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r"
+    )
     await server.start()
     kubelet = Kubelet(server.paths.registration)
     claim = claims.add(make_claim("v", "uid-v", [("gpu", "gpu-7")]))
@@ -237,7 +258,9 @@ async def test_restart_with_changed_version_then_unprepare(short_dir, claims):
     new = make_state(short_dir, claims, version="0.2.0-rc.1")
     report = new.recover()
     assert report.kept == ["uid-v"]
-    server = PluginServer(new, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r")
+    server = PluginServer(
+        new, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p", registry_dir=short_dir / "r"
+    )
     await server.start()
     kubelet = Kubelet(server.paths.registration)
     try:
@@ -260,8 +283,13 @@ async def test_rolling_update_sockets_overlap(short_dir, claims):
     servers, kubelets = [], []
     for pod in ("pod-old", "pod-new"):
         state = make_state(short_dir, claims)
-        s = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "p",
-                         registry_dir=short_dir / "r", pod_uid=pod)
+        s = PluginServer(
+            state,
+            driver_name="gpu.nvidia.com",
+            plugin_dir=short_dir / "p",
+            registry_dir=short_dir / "r",
+            pod_uid=pod,
+        )
         await s.start()
         servers.append(s)
         kubelets.append(Kubelet(s.paths.registration))

@@ -29,13 +29,37 @@ def big_mig_topology(path: Path, gpus: int) -> Path:
     """`gpus` A100s with 7 MIG 1g.10gb devices each (7 × gpus devices)."""
     items = []
     for g in range(gpus):
-        migs = [{"profile": "1g.10gb", "giProfileId": 19, "placement": {"start": i, "size": 1}, "gpuInstanceId": i + 7,
-                 "uuid": f"MIG-{g:04x}-{i}", "memoryMB": 9856, "multiprocessors": 14, "copyEngines": 1,
-                 "decoders": 0, "jpegEngines": 0, "ofaEngines": 0} for i in range(7)]
-        items.append({"name": "NVIDIA A100 80GB PCIe", "uuid": f"GPU-{g:04x}", "minor": g, "architecture": "Ampere",
-                      "computeCapability": "8.0", "memoryBytes": 85899345920,
-                      "pciBusId": f"0000{g // 256:04x}:{g % 256:02x}:00.0", "mig": {"enabled": True, "devices": migs}})
-    path.write_text(yaml.safe_dump({"driverVersion": "535.104.05", "cudaDriverVersion": 12020, "gpus": items}))
+        migs = [
+            {
+                "profile": "1g.10gb",
+                "giProfileId": 19,
+                "placement": {"start": i, "size": 1},
+                "gpuInstanceId": i + 7,
+                "uuid": f"MIG-{g:04x}-{i}",
+                "memoryMB": 9856,
+                "multiprocessors": 14,
+                "copyEngines": 1,
+                "decoders": 0,
+                "jpegEngines": 0,
+                "ofaEngines": 0,
+            }
+            for i in range(7)
+        ]
+        items.append(
+            {
+                "name": "NVIDIA A100 80GB PCIe",
+                "uuid": f"GPU-{g:04x}",
+                "minor": g,
+                "architecture": "Ampere",
+                "computeCapability": "8.0",
+                "memoryBytes": 85899345920,
+                "pciBusId": f"0000{g // 256:04x}:{g % 256:02x}:00.0",
+                "mig": {"enabled": True, "devices": migs},
+            }
+        )
+    path.write_text(
+        yaml.safe_dump({"driverVersion": "535.104.05", "cudaDriverVersion": 12020, "gpus": items})
+    )
     return path
 
 
@@ -50,8 +74,13 @@ def test_quantities():
 
 def test_v1_slice_shape_and_validation():
     devs = build_devices(open_sim("h100-8x-nvlink").enumerate())
-    (s,) = build_slices(devs, node_name=NODE, driver_name=DRV, generation=3,
-                        owner={"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "n-uid"})
+    (s,) = build_slices(
+        devs,
+        node_name=NODE,
+        driver_name=DRV,
+        generation=3,
+        owner={"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "n-uid"},
+    )
     assert s["apiVersion"] == "resource.k8s.io/v1"
     assert s["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
     assert s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRV
@@ -70,8 +99,12 @@ def test_v1beta1_wraps_devices_in_basic():
     dev = s["spec"]["devices"][0]
     assert set(dev) == {"name", "basic"} and dev["basic"]["attributes"]["profile"] == {"string": "3g.20gb"}
     assert validate_slice(s) == []
-    assert slice_devices(s)[0]["capacity"] == build_slices(devs, node_name=NODE, driver_name=DRV,
-                                                           generation=0)[0]["spec"]["devices"][0]["capacity"]
+    assert (
+        slice_devices(s)[0]["capacity"]
+        == build_slices(devs, node_name=NODE, driver_name=DRV, generation=0)[0]["spec"]["devices"][0][
+            "capacity"
+        ]
+    )
 
 
 def test_more_than_128_devices_are_split(tmp_path):
@@ -155,7 +188,9 @@ def test_plan_change_bumps_generation_and_deletes_stale(tmp_path):
 
     plan = plan_publish(existing, [d for s in build(0) for d in slice_devices(s)], build)
     assert not plan.unchanged and plan.generation == 3
-    assert [u["metadata"]["name"] for u in plan.update] == ["s1"] and plan.update[0]["metadata"]["resourceVersion"] == "7"
+    assert [u["metadata"]["name"] for u in plan.update] == ["s1"] and plan.update[0]["metadata"][
+        "resourceVersion"
+    ] == "7"
     assert plan.update[0]["spec"]["pool"]["generation"] == 3
     assert plan.create == [] and plan.delete == ["s2"]
 
