@@ -47,6 +47,7 @@ def run(expression: str, device=H100_GPU) -> object:  # type: ignore[no-untyped-
         "!quantity('1500m').isInteger()",
         "quantity('250m').asApproximateFloat() == 0.25",
         "quantity('0').sign() == 0 && quantity('3m').sign() == 1",
+        "quantity('1e999').asApproximateFloat() > 1.0e308 && quantity('-1e999').sign() == -1",
         # semver() / isSemver()
         "semver('1.2.3') == semver('1.2.3+build.7')",
         "isSemver('1.0.0-rc.1')",
@@ -97,6 +98,8 @@ def test_library_functions(expression: str) -> None:
         ("quantity('5 Gi').sign() == 1", "invalid quantity '5 Gi'"),
         ("semver('1.0').major() == 1", "invalid semver '1.0'"),
         ("quantity('1.5').asInteger() == 1", "cannot convert value to integer"),
+        ("quantity('1e999').asInteger() > 0", r"cannot convert value to integer: 10000000000000000000\.\.\."),
+        ("semver('99999999999999999999.0.0').major() > 0", "exceeds the int64 range"),
         ("quantity('1').compareTo(semver('1.0.0')) == 0", "no such overload"),
         ("semver('1.0.0').sign() == 1", "no such overload: sign applied to Semver"),
         ("quantity('1').major() == 1", "no such overload: major applied to Quantity"),

@@ -102,12 +102,22 @@ def _is_quantity(text: str) -> bool:
     return True
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _checked_semver(text: str) -> Semver:
+    version = Semver.parse(text)
+    if max(version.major, version.minor, version.patch) > _INT64_MAX:
+        raise ValueError(f"invalid semver {text!r}: a version number exceeds the int64 range")
+    return version
+
+
 def _semver(text: str) -> dict[str, str]:
-    return semver_value(Semver.parse(text))
+    return semver_value(_checked_semver(text))
 
 
 def _semver_normalize(text: str, normalize: bool) -> dict[str, str]:
-    return semver_value(Semver.parse(coerce_semver(text) if normalize else text))
+    return semver_value(_checked_semver(coerce_semver(text) if normalize else text))
 
 
 def _is_semver(text: str) -> bool:

@@ -77,11 +77,18 @@ class Quantity:
     def as_integer(self) -> int:
         """The value as int64; ValueError when it is fractional or out of range."""
         if not self.is_integer():
-            raise ValueError(f"cannot convert value to integer: {self} is not an integer in int64 range")
+            shown = str(self)
+            if len(shown) > 40:
+                shown = shown[:20] + "..." + shown[-8:]
+            raise ValueError(f"cannot convert value to integer: {shown} is not an integer in int64 range")
         return self.value.numerator
 
     def as_approximate_float(self) -> float:
-        return float(self.value)
+        try:
+            return float(self.value)
+        except OverflowError:
+            # Beyond the double range: saturate, as a float conversion of a huge decimal does.
+            return math.inf if self.value > 0 else -math.inf
 
     def sign(self) -> int:
         return (self.value > 0) - (self.value < 0)
