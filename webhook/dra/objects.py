@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from webhook.dra.device import AttrValue, Device, Version
@@ -28,14 +29,20 @@ _PASSTHROUGH_REQUEST_FIELDS = ("tolerations", "capacity")
 
 # -- lenient accessors -------------------------------------------------------------------------
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
 
 def as_map(value: object) -> Mapping[str, Any]:
     """`value` if it is a mapping, else an empty one."""
-    return value if isinstance(value, Mapping) else {}
+    if type(value) is dict:  # the common case, without the slow ABC check
+        return value
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def as_list(value: object) -> Sequence[Any]:
     """`value` if it is a list, else an empty one."""
+    if type(value) is list:
+        return value
     return value if isinstance(value, list | tuple) else ()
 
 

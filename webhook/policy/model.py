@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,9 +30,16 @@ TEAM_LABEL = "draguard.io/team"
 WORKLOAD_CLASS_LABEL = "draguard.io/workload-class"
 
 
+@functools.lru_cache(maxsize=4096)
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    return re.compile(fnmatch.translate(pattern))
+
+
 def glob_match(pattern: str, value: str) -> bool:
     """Shell-style match (`*`, `?`, `[..]`), case-sensitive."""
-    return fnmatch.fnmatchcase(value, pattern)
+    if pattern == value:
+        return True
+    return _glob_re(pattern).match(value) is not None
 
 
 def any_glob(patterns: Iterable[str], value: str) -> bool:
