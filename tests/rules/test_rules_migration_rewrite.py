@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from webhook.dra.objects import read_claim_spec
 from webhook.engine.migration import (
@@ -292,3 +295,63 @@ def test_names_are_dns_safe() -> None:
     label = dns_label("Container_Name." + "x" * 100)
     assert len(label) <= 63 and label == label.lower()
     assert dns_label("x" * 100) != dns_label("x" * 101)
+
+
+# -- property: any legacy pod rewrites into a consistent DRA pod --------------------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_resources = st.dictionaries(
+    st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-3g.20gb", "nvidia.com/mig-1g.5gb", "cpu", "memory"]),
+    st.one_of(st.integers(0, 9), st.sampled_from(["1", "2", "500m", "x"])),
+    max_size=4,
+)
+_container = st.fixed_dictionaries(
+    {"name": st.text("abcXYZ_-.0123456789", min_size=1, max_size=70)},
+    optional={"resources": st.fixed_dictionaries({}, optional={"limits": _resources, "requests": _resources,
+                                                               "claims": st.just([{"name": "pre"}])})},
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    containers=st.lists(_container, min_size=1, max_size=4),
+    init=st.lists(_container, max_size=2),
+    existing=st.booleans(),
+    h100=st.booleans(),
+)
+def test_rewrite_is_consistent(
+    containers: list[dict[str, Any]], init: list[dict[str, Any]], existing: bool, h100: bool
+) -> None:
+    spec: dict[str, Any] = {"containers": containers}
+    if init:
+        spec["initContainers"] = init
+    if existing:
+        spec["resourceClaims"] = [{"name": "pre", "resourceClaimName": "shared"}]
+    if h100:
+        spec["nodeSelector"] = H100_LABEL
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
+    original = copy.deepcopy(pod)
+    plan = plan_workload(pod, POLICY)
+    assert plan is not None and pod == original
+    out = jsonpatch.apply_patch(pod, plan.patch)
+    assert out == plan.rewritten
+    claims = out["spec"].get("resourceClaims", [])
+    names = [c["name"] for c in claims]
+    assert len(names) == len(set(names))
+    assert all(_DNS_LABEL.match(n) and len(n) <= 63 for n in names if n != "pre")
+    templates = {t["metadata"]["name"] for t in plan.templates}
+    for c in claims:
+        assert c.get("resourceClaimTemplateName") in templates or c["name"] == "pre"
+    edited = {(e.use.section, e.use.index, e.use.resource) for e in plan.edits}
+    for section in ("initContainers", "containers"):
+        for i, c in enumerate(out["spec"].get(section, [])):
+            res = c.get("resources", {})
+            for part in ("limits", "requests"):
+                for r in res.get(part, {}):
+                    # Only what could not be mapped (bad counts, unmapped MIG profiles) stays behind.
+                    assert (section, i, r) not in edited
+            for ref in res.get("claims", []):
+                assert ref["name"] in names or ref["name"] == "pre"
+    for e in plan.edits:
+        t = next(t for t in plan.templates if t["metadata"]["name"] == e.template)
+        assert t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == e.use.count > 0
