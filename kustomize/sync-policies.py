@@ -48,10 +48,15 @@ def problems() -> list[str]:
     want = source_files()
     have = {p.name: p.read_bytes() for p in sorted(TARGET.glob("*.yaml")) if p.name != KUSTOMIZATION}
     out = [f"missing copy: kustomize/base/policies/{n}" for n in sorted(want.keys() - have.keys())]
-    out += [f"stale copy (no longer in policies/): kustomize/base/policies/{n}"
-            for n in sorted(have.keys() - want.keys())]
-    out += [f"differs from policies/{n}: kustomize/base/policies/{n}"
-            for n in sorted(want.keys() & have.keys()) if want[n] != have[n]]
+    out += [
+        f"stale copy (no longer in policies/): kustomize/base/policies/{n}"
+        for n in sorted(have.keys() - want.keys())
+    ]
+    out += [
+        f"differs from policies/{n}: kustomize/base/policies/{n}"
+        for n in sorted(want.keys() & have.keys())
+        if want[n] != have[n]
+    ]
     kfile = TARGET / KUSTOMIZATION
     if not kfile.is_file() or kfile.read_text() != render_kustomization(sorted(want)):
         out.append("generator list out of date: kustomize/base/policies/kustomization.yaml")
@@ -81,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in found:
             print(line, file=sys.stderr)
         if found:
-            print("fix: python kustomize/sync-policies.py, then commit kustomize/base/policies/", file=sys.stderr)
+            print(
+                "fix: python kustomize/sync-policies.py, then commit kustomize/base/policies/",
+                file=sys.stderr,
+            )
         return 1 if found else 0
     sync()
     print(f"synced {len(source_files())} policy file(s) into {TARGET.relative_to(REPO)}")

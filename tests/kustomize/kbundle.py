@@ -21,7 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE = REPO / "kustomize"
 BASE = KUSTOMIZE / "base"
 OVERLAYS = ("aks", "gke", "eks", "local")
-COMPONENTS = ("cert-manager", "monitoring", "fail-open-validation", "eks-host-network", "gke-webhook-port-443")
+COMPONENTS = (
+    "cert-manager",
+    "monitoring",
+    "fail-open-validation",
+    "eks-host-network",
+    "gke-webhook-port-443",
+)
 
 Obj = dict[str, Any]
 

@@ -8,26 +8,51 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kbundle import BASE, COMPONENTS, KUSTOMIZE, OVERLAYS, REPO, BuildError, build, containers, find, one, run_build
+from kbundle import (
+    BASE,
+    COMPONENTS,
+    KUSTOMIZE,
+    OVERLAYS,
+    REPO,
+    BuildError,
+    build,
+    containers,
+    find,
+    one,
+    run_build,
+)
 
 IMAGE = "ghcr.io/draguard/draguard:0.1.0"
-VARIANTS = [(o, ()) for o in ("base", *OVERLAYS)] + [
-    (o, (c,)) for o in ("aks", "gke", "eks") for c in ("cert-manager", "monitoring", "fail-open-validation")
-] + [
-    ("eks", ("eks-host-network",)),
-    ("aks", ("cert-manager", "monitoring", "fail-open-validation")),
-    ("local", ("monitoring",)),
-]
+VARIANTS = (
+    [(o, ()) for o in ("base", *OVERLAYS)]
+    + [
+        (o, (c,))
+        for o in ("aks", "gke", "eks")
+        for c in ("cert-manager", "monitoring", "fail-open-validation")
+    ]
+    + [
+        ("eks", ("eks-host-network",)),
+        ("aks", ("cert-manager", "monitoring", "fail-open-validation")),
+        ("local", ("monitoring",)),
+    ]
+)
 
 
-@pytest.mark.parametrize(("overlay", "components"), VARIANTS, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize(
+    ("overlay", "components"), VARIANTS, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v
+)
 def test_variant_builds_to_named_unique_objects(overlay: str, components: tuple[str, ...]) -> None:
     objs = build(overlay, components)
     assert objs, "empty build"
     seen = set()
     for o in objs:
         assert o.get("apiVersion") and o.get("kind") and o.get("metadata", {}).get("name"), o
-        key = (o["apiVersion"].split("/")[0], o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+        key = (
+            o["apiVersion"].split("/")[0],
+            o["kind"],
+            o["metadata"].get("namespace"),
+            o["metadata"]["name"],
+        )
         assert key not in seen, f"duplicate object {key}"
         seen.add(key)
 
@@ -42,8 +67,14 @@ def test_every_component_is_exercised_by_some_variant() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_namespaced_objects_live_in_draguard_system(overlay: str) -> None:
     for o in build(overlay):
-        if o["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
-                         "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}:
+        if o["kind"] in {
+            "Namespace",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DeviceClass",
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        }:
             assert "namespace" not in o["metadata"], o["metadata"]
         else:
             assert o["metadata"].get("namespace") == "draguard-system", (o["kind"], o["metadata"])
@@ -89,7 +120,9 @@ def test_policies_configmap_matches_policies_directory() -> None:
         assert have[name] == text, f"{name} differs; run: python kustomize/sync-policies.py"
         for doc in yaml.safe_load_all(text):
             if doc is not None:
-                assert doc.get("apiVersion") == "policy.draguard.io/v1alpha1", f"{name}: {doc.get('apiVersion')}"
+                assert doc.get("apiVersion") == "policy.draguard.io/v1alpha1", (
+                    f"{name}: {doc.get('apiVersion')}"
+                )
 
 
 def test_sync_policies_check_reports_a_stale_copy(tmp_path: Path) -> None:
@@ -101,11 +134,15 @@ def test_sync_policies_check_reports_a_stale_copy(tmp_path: Path) -> None:
     (tmp_path / "policies").mkdir()
     (tmp_path / "kustomize" / "base" / "policies").mkdir(parents=True)
     (tmp_path / "kustomize" / "sync-policies.py").write_text(script.read_text())
-    (tmp_path / "policies" / "tiers.yaml").write_text("apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\n")
+    (tmp_path / "policies" / "tiers.yaml").write_text(
+        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\n"
+    )
     tool = [sys.executable, str(tmp_path / "kustomize" / "sync-policies.py")]
     assert subprocess.run(tool, capture_output=True, check=False).returncode == 0
     assert subprocess.run([*tool, "--check"], capture_output=True, check=False).returncode == 0
-    (tmp_path / "policies" / "tiers.yaml").write_text("apiVersion: policy.draguard.io/v1alpha1\nkind: GpuQuotaPolicy\n")
+    (tmp_path / "policies" / "tiers.yaml").write_text(
+        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuQuotaPolicy\n"
+    )
     stale = subprocess.run([*tool, "--check"], capture_output=True, text=True, check=False)
     assert stale.returncode == 1
     assert "kustomize/base/policies/tiers.yaml" in stale.stderr
@@ -121,7 +158,9 @@ def test_webhook_mounts_the_generated_policies_configmap() -> None:
     cm_name = vols["policies"]["configMap"]["name"]
     assert cm_name.startswith("draguard-policies-"), "hash suffix makes a policy change roll the pods"
     assert find(objs, "ConfigMap", cm_name)
-    mounts = {m["name"]: m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    mounts = {
+        m["name"]: m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    }
     assert mounts["policies"] == "/etc/draguard/policies"
     assert mounts["tls"] == "/etc/draguard/tls"
 

@@ -41,10 +41,16 @@ GPU = "nvidia.com/gpu"
 POSITIVE = {
     "limit nvidia.com/gpu": _pod([{"name": "a", "resources": {"limits": {GPU: "2"}}}]),
     "request MIG resource": _pod([{"name": "a", "resources": {"requests": {"nvidia.com/mig-1g.5gb": "1"}}}]),
-    "second container only": _pod([{"name": "a"}, {"name": "b", "resources": {"limits": {"cpu": "1", GPU: "1"}}}]),
-    "init container only": _pod([{"name": "a"}], initContainers=[{"name": "i", "resources": {"limits": {GPU: "1"}}}]),
-    "pod resourceClaims": _pod([{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}],
-                               resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}]),
+    "second container only": _pod(
+        [{"name": "a"}, {"name": "b", "resources": {"limits": {"cpu": "1", GPU: "1"}}}]
+    ),
+    "init container only": _pod(
+        [{"name": "a"}], initContainers=[{"name": "i", "resources": {"limits": {GPU: "1"}}}]
+    ),
+    "pod resourceClaims": _pod(
+        [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}],
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}],
+    ),
     "container claims only": _pod([{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}]),
 }
 NEGATIVE = {
@@ -63,8 +69,12 @@ def _wrap(kind: str, pod_spec: dict[str, Any] | None) -> dict[str, Any] | None:
     if kind == "Pod":
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod_spec}
     if kind == "CronJob":
-        return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
-                "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": tmpl}}}}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": {"name": "c"},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": tmpl}}},
+        }
     return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"}, "spec": {"template": tmpl}}
 
 
@@ -97,16 +107,28 @@ def test_match_conditions_select_exactly_gpu_objects(kind: str, hook: dict[str, 
         for label, spec in POSITIVE.items():
             obj = _wrap(k, copy.deepcopy(spec))
             assert _eval(expr, {"object": obj, "oldObject": None, "request": _request()}), f"{k}: {label}"
-            assert _eval(expr, {"object": obj, "oldObject": obj, "request": _request("UPDATE")}), f"{k}: {label}"
+            assert _eval(expr, {"object": obj, "oldObject": obj, "request": _request("UPDATE")}), (
+                f"{k}: {label}"
+            )
         for label, spec in NEGATIVE.items():
             obj = _wrap(k, copy.deepcopy(spec))
             assert not _eval(expr, {"object": obj, "oldObject": None, "request": _request()}), f"{k}: {label}"
         # Shapes that must not error: DELETE (object null), missing spec/template, a different kind.
-        shells = [None, {"kind": k, "metadata": {"name": "x"}}, {"kind": k, "spec": {}},
-                  {"kind": k, "spec": {"template": {}}}, {"kind": k, "spec": {"jobTemplate": {"spec": {}}}},
-                  _wrap("Pod", POSITIVE["limit nvidia.com/gpu"]) if k != "Pod" else _wrap("Job", NEGATIVE["no resources"])]
+        shells = [
+            None,
+            {"kind": k, "metadata": {"name": "x"}},
+            {"kind": k, "spec": {}},
+            {"kind": k, "spec": {"template": {}}},
+            {"kind": k, "spec": {"jobTemplate": {"spec": {}}}},
+            _wrap("Pod", POSITIVE["limit nvidia.com/gpu"])
+            if k != "Pod"
+            else _wrap("Job", NEGATIVE["no resources"]),
+        ]
         for obj in shells:
-            assert not _eval(expr, {"object": obj, "oldObject": None, "request": _request("DELETE")}), (k, obj)
+            assert not _eval(expr, {"object": obj, "oldObject": None, "request": _request("DELETE")}), (
+                k,
+                obj,
+            )
 
 
 def test_a_condition_reading_the_wrong_path_would_be_caught() -> None:
@@ -118,6 +140,7 @@ def test_a_condition_reading_the_wrong_path_would_be_caught() -> None:
 
 
 # --- DeviceClass selectors against the driver's own devices -----------------------------------------
+
 
 def _cel_device(dev: Any, driver: str) -> dict[str, Any]:
     """A driver.devices.DriverDevice as the scheduler's CEL sees it: attributes by domain."""
@@ -145,7 +168,10 @@ def _classes() -> dict[str, Any]:
 
 
 def _selects(cls: dict[str, Any], device: dict[str, Any]) -> bool:
-    return all(_eval(DEVICE_ENV.compile(s["cel"]["expression"]), {"device": device}) for s in cls["spec"]["selectors"])
+    return all(
+        _eval(DEVICE_ENV.compile(s["cel"]["expression"]), {"device": device})
+        for s in cls["spec"]["selectors"]
+    )
 
 
 MIG_PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.40gb", "7g.80gb"]
@@ -163,13 +189,20 @@ def test_device_class_names_cover_the_seed_table() -> None:
 def test_device_classes_select_the_right_simulated_devices() -> None:
     classes = _classes()
     devices = _sim_devices()
-    picked = {name: {(topo, i) for topo, devs in devices.items() for i, d in enumerate(devs) if _selects(cls, d)}
-              for name, cls in classes.items()}
+    picked = {
+        name: {(topo, i) for topo, devs in devices.items() for i, d in enumerate(devs) if _selects(cls, d)}
+        for name, cls in classes.items()
+    }
 
     def kinds(name: str) -> set[tuple[str, str, str | None]]:
-        return {(devices[t][i]["attributes"]["gpu.nvidia.com"]["type"],
-                 devices[t][i]["attributes"]["gpu.nvidia.com"]["productName"],
-                 devices[t][i]["attributes"]["gpu.nvidia.com"].get("profile")) for t, i in picked[name]}
+        return {
+            (
+                devices[t][i]["attributes"]["gpu.nvidia.com"]["type"],
+                devices[t][i]["attributes"]["gpu.nvidia.com"]["productName"],
+                devices[t][i]["attributes"]["gpu.nvidia.com"].get("profile"),
+            )
+            for t, i in picked[name]
+        }
 
     # Whole A100s only: the MIG slices of an A100 inherit productName but must not match.
     assert kinds("gpu.nvidia.com-a100") == {("gpu", "NVIDIA A100 80GB PCIe", None)}
@@ -186,18 +219,32 @@ def test_device_classes_select_the_right_simulated_devices() -> None:
 def test_each_mig_class_selects_only_its_profile(profile: str) -> None:
     """Devices of every profile in the table, shaped like the driver's MIG devices (a simulated A100
     MIG device with its profile changed; the bundled topologies only carve 3g.20gb)."""
-    template = next(d for devs in _sim_devices().values() for d in devs
-                    if d["attributes"]["gpu.nvidia.com"]["type"] == "mig")
+    template = next(
+        d
+        for devs in _sim_devices().values()
+        for d in devs
+        if d["attributes"]["gpu.nvidia.com"]["type"] == "mig"
+    )
     cls = _classes()[f"mig-{profile.replace('.', '')}.nvidia.com"]
     for other in MIG_PROFILES:
         dev = copy.deepcopy(template)
         dev["attributes"]["gpu.nvidia.com"]["profile"] = other
         assert _selects(cls, dev) == (other == profile), (profile, other)
-    full_gpu = next(d for devs in _sim_devices().values() for d in devs
-                    if d["attributes"]["gpu.nvidia.com"]["type"] == "gpu")
+    full_gpu = next(
+        d
+        for devs in _sim_devices().values()
+        for d in devs
+        if d["attributes"]["gpu.nvidia.com"]["type"] == "gpu"
+    )
     assert not _selects(cls, full_gpu)  # no error either: `profile` is read only after the type check
-    assert not _selects(cls, {**template, "driver": "other.example.com",
-                              "attributes": {"other.example.com": {"type": "mig", "profile": profile}}})
+    assert not _selects(
+        cls,
+        {
+            **template,
+            "driver": "other.example.com",
+            "attributes": {"other.example.com": {"type": "mig", "profile": profile}},
+        },
+    )
 
 
 def test_selectors_use_only_published_attributes_and_guard_the_driver() -> None:
@@ -209,7 +256,9 @@ def test_selectors_use_only_published_attributes_and_guard_the_driver() -> None:
             expr = " ".join(s["cel"]["expression"].split())
             assert expr.startswith("device.driver == 'gpu.nvidia.com' && "), name
             for domain, attr in re.findall(r"device\.attributes\['([^']+)'\]\.(\w+)", expr):
-                assert lookup(domain, attr, "attribute") is not None, f"{name}: {domain}/{attr} is not published"
+                assert lookup(domain, attr, "attribute") is not None, (
+                    f"{name}: {domain}/{attr} is not published"
+                )
                 used += 1
             assert "migProfile" not in expr
     assert used == 19  # 2 per whole-GPU class, 3 for the A100 MIG class, 2 per MIG-table class

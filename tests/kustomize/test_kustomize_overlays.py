@@ -13,7 +13,9 @@ def _driver_spec(overlay: str) -> dict:  # type: ignore[type-arg]
 
 
 def _required_terms(spec: dict) -> list[dict]:  # type: ignore[type-arg]
-    return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]  # type: ignore[no-any-return]
+    return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]  # type: ignore[no-any-return]
 
 
 def test_base_driver_targets_labelled_gpu_nodes() -> None:
@@ -60,8 +62,11 @@ def test_gke_driver_selects_accelerator_nodes_and_mounts_the_gke_driver_root() -
     assert vols["nvidia-driver-root"]["hostPath"]["path"] == "/home/kubernetes/bin/nvidia"
     c = spec["containers"][0]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["nvidia-driver-root"] == {"name": "nvidia-driver-root", "mountPath": "/usr/local/nvidia",
-                                            "readOnly": True}
+    assert mounts["nvidia-driver-root"] == {
+        "name": "nvidia-driver-root",
+        "mountPath": "/usr/local/nvidia",
+        "readOnly": True,
+    }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
     # Only GKE mounts a host driver root; elsewhere the NVIDIA container runtime injects NVML.
@@ -72,7 +77,9 @@ def test_gke_driver_selects_accelerator_nodes_and_mounts_the_gke_driver_root() -
 def test_gke_webhook_listens_on_443_for_private_clusters_without_new_capabilities() -> None:
     objs = build("gke")
     spec = one(objs, "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
-    assert {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"} in spec["securityContext"]["sysctls"]
+    assert {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"} in spec["securityContext"][
+        "sysctls"
+    ]
     c = spec["containers"][0]
     assert c["ports"][0]["containerPort"] == 443
     assert c["args"][c["args"].index("--port") + 1] == "443"
@@ -94,8 +101,12 @@ def test_eks_driver_selects_p4d_and_p5_instances() -> None:
 
 
 def test_eks_host_network_component() -> None:
-    assert "hostNetwork" not in one(build("eks"), "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
-    spec = one(build("eks", ("eks-host-network",)), "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
+    assert (
+        "hostNetwork" not in one(build("eks"), "Deployment", "draguard-webhook")["spec"]["template"]["spec"]
+    )
+    spec = one(build("eks", ("eks-host-network",)), "Deployment", "draguard-webhook")["spec"]["template"][
+        "spec"
+    ]
     assert spec["hostNetwork"] is True
     assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
 
@@ -110,7 +121,10 @@ def test_eks_karpenter_nodepool_is_an_example_not_applied() -> None:
     assert set(reqs["node.kubernetes.io/instance-type"]["values"]) <= EKS_TYPES
     assert reqs["karpenter.sh/capacity-type"]["values"] == ["on-demand"]
     assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
-        "group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu-nodes"}
+        "group": "karpenter.k8s.aws",
+        "kind": "EC2NodeClass",
+        "name": "gpu-nodes",
+    }
     assert pool["spec"]["limits"]["nvidia.com/gpu"] == "64"
     assert pool["spec"]["disruption"] == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30m"}
     spec = _driver_spec("eks")
@@ -126,9 +140,13 @@ def test_local_webhooks_call_the_host_process_by_url() -> None:
         for h in cfg["webhooks"]:
             assert h["clientConfig"] == {"url": f"https://127.0.0.1:9443{path}"}, h["name"]
     # Nothing in-cluster would serve (or overwrite caBundle for) the host webhook.
-    for kind, name in (("Deployment", "draguard-webhook"), ("Service", "draguard-webhook"),
-                       ("PodDisruptionBudget", "draguard-webhook"), ("Job", "draguard-certs"),
-                       ("CronJob", "draguard-certs-renew")):
+    for kind, name in (
+        ("Deployment", "draguard-webhook"),
+        ("Service", "draguard-webhook"),
+        ("PodDisruptionBudget", "draguard-webhook"),
+        ("Job", "draguard-certs"),
+        ("CronJob", "draguard-certs-renew"),
+    ):
         assert not find(objs, kind, name), f"{kind}/{name} should be left out of the local overlay"
 
 
@@ -138,7 +156,9 @@ def test_local_driver_runs_simulated_with_a_topology_the_image_ships() -> None:
     topo = Path(args[args.index("--sim") + 1])
     assert "--real" not in args
     assert topo.parent == Path("/usr/share/draguard/topologies")
-    assert (REPO / "driver" / "sim" / "topologies" / topo.name).is_file(), f"{topo.name} not in driver/sim/topologies"
+    assert (REPO / "driver" / "sim" / "topologies" / topo.name).is_file(), (
+        f"{topo.name} not in driver/sim/topologies"
+    )
     assert "COPY driver/sim/topologies /usr/share/draguard/topologies" in (REPO / "Containerfile").read_text()
     assert "/dev" not in {v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     assert "/dev" not in {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}

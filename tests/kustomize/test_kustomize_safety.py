@@ -5,16 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kbundle import OVERLAYS, Obj, build, containers, find, one, webhook_configs
+from kbundle import OVERLAYS, Obj, build, containers, find, one
 
 EXCLUDED = {"kube-system", "draguard-system"}
 RESOURCE_VERSIONS = {"v1", "v1beta1", "v1beta2"}
 # (group, resource) pairs the webhooks must see.
 REQUIRED_RULES = {
-    ("", "pods"), ("", "replicationcontrollers"),
-    ("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
-    ("batch", "jobs"), ("batch", "cronjobs"),
-    ("resource.k8s.io", "resourceclaims"), ("resource.k8s.io", "resourceclaimtemplates"),
+    ("", "pods"),
+    ("", "replicationcontrollers"),
+    ("apps", "deployments"),
+    ("apps", "replicasets"),
+    ("apps", "statefulsets"),
+    ("apps", "daemonsets"),
+    ("batch", "jobs"),
+    ("batch", "cronjobs"),
+    ("resource.k8s.io", "resourceclaims"),
+    ("resource.k8s.io", "resourceclaimtemplates"),
     ("resource.k8s.io", "deviceclasses"),
 }
 
@@ -44,9 +50,11 @@ def test_webhook_configurations_are_safe(overlay: str) -> None:
             assert h["sideEffects"] == "NoneOnDryRun"
             assert h["admissionReviewVersions"] == ["v1"]
             sel = h["namespaceSelector"]["matchExpressions"]
-            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(EXCLUDED)} in [
-                {**e, "values": sorted(e["values"])} for e in sel
-            ], h["name"]
+            assert {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": sorted(EXCLUDED),
+            } in [{**e, "values": sorted(e["values"])} for e in sel], h["name"]
             assert "objectSelector" not in h, "labels on objects can be spoofed; exclude by namespace name"
             for g, v, res, ops in _rules(h):
                 assert set(ops) == {"CREATE", "UPDATE"}, (h["name"], ops)
@@ -65,7 +73,9 @@ def test_fail_open_component_switches_only_validation_to_ignore() -> None:
     vwc = one(objs, "ValidatingWebhookConfiguration", "draguard")
     assert {h["failurePolicy"] for h in vwc["webhooks"]} == {"Ignore"}
     assert {h["timeoutSeconds"] for h in vwc["webhooks"]} == {3}
-    assert {h["failurePolicy"] for h in one(objs, "MutatingWebhookConfiguration", "draguard")["webhooks"]} == {"Ignore"}
+    assert {
+        h["failurePolicy"] for h in one(objs, "MutatingWebhookConfiguration", "draguard")["webhooks"]
+    } == {"Ignore"}
 
 
 def _rbac_rules(objs: tuple[Obj, ...]) -> list[tuple[Obj, Obj]]:
@@ -88,11 +98,16 @@ def test_rbac_has_no_wildcards_and_secrets_only_by_name(overlay: str) -> None:
             else:
                 assert set(r["resourceNames"]) <= {"draguard-webhook-tls", "draguard-webhook-tls-ca"}, r
                 assert set(r["verbs"]) <= {"get", "update"}, r
-        if "mutatingwebhookconfigurations" in r["resources"] or "validatingwebhookconfigurations" in r["resources"]:
+        if (
+            "mutatingwebhookconfigurations" in r["resources"]
+            or "validatingwebhookconfigurations" in r["resources"]
+        ):
             assert r["resourceNames"] == ["draguard"] and set(r["verbs"]) == {"get", "patch"}, r
     for binding in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding"):
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
-        assert all(s["kind"] == "ServiceAccount" and s["namespace"] == "draguard-system" for s in binding["subjects"])
+        assert all(
+            s["kind"] == "ServiceAccount" and s["namespace"] == "draguard-system" for s in binding["subjects"]
+        )
 
 
 def _verbs(role: Obj) -> dict[tuple[str, str], set[str]]:
@@ -117,17 +132,29 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
     }
     role = one(objs, "Role", "draguard-webhook")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
-                              "resourceNames": ["draguard-webhook-tls"], "verbs": ["get", "update"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["draguard-webhook-tls"],
+            "verbs": ["get", "update"],
+        }
+    ]
     assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
         ("", "nodes"): {"get"},
     }
-    sa_of = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
-             for o in objs if o["kind"] in {"Deployment", "DaemonSet", "Job"}}
-    assert sa_of == {"draguard-webhook": "draguard-webhook", "draguard-driver": "draguard-driver",
-                     "draguard-certs": "draguard-certs"}
+    sa_of = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
+        for o in objs
+        if o["kind"] in {"Deployment", "DaemonSet", "Job"}
+    }
+    assert sa_of == {
+        "draguard-webhook": "draguard-webhook",
+        "draguard-driver": "draguard-driver",
+        "draguard-certs": "draguard-certs",
+    }
 
 
 def _restricted(ctr: Obj, pod: Obj, where: str) -> None:
@@ -152,8 +179,11 @@ def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
             where = f"{o['kind']}/{o['metadata']['name']}:{c['name']}"
             assert res.get("requests", {}).keys() >= {"cpu", "memory"}, where
             assert res.get("limits", {}).keys() >= {"cpu", "memory"}, where
-            spec = o["spec"]["template"]["spec"] if o["kind"] != "CronJob" else \
-                o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            spec = (
+                o["spec"]["template"]["spec"]
+                if o["kind"] != "CronJob"
+                else o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            )
             if o["metadata"]["name"] == "draguard-driver":
                 # Privileged by necessity (Bidirectional propagation, /dev/nvidia*); still read-only root.
                 assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
@@ -189,8 +219,10 @@ def test_webhook_deployment_is_highly_available(overlay: str) -> None:
     svc = one(objs, "Service", "draguard-webhook")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
-    for cfg in (one(objs, "MutatingWebhookConfiguration", "draguard"),
-                one(objs, "ValidatingWebhookConfiguration", "draguard")):
+    for cfg in (
+        one(objs, "MutatingWebhookConfiguration", "draguard"),
+        one(objs, "ValidatingWebhookConfiguration", "draguard"),
+    ):
         for h in cfg["webhooks"]:
             assert h["clientConfig"]["service"]["name"] == "draguard-webhook"
             assert h["clientConfig"]["service"]["namespace"] == "draguard-system"
@@ -200,8 +232,10 @@ def test_webhook_deployment_is_highly_available(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_driver_daemonset_contract(overlay: str) -> None:
     ds = one(build(overlay), "DaemonSet", "draguard-driver")
-    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
-                                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     env = {e["name"]: e for e in c["env"]}
@@ -221,4 +255,3 @@ def test_driver_daemonset_contract(overlay: str) -> None:
     assert ("/dev" in host) == (overlay != "local")
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"]
-

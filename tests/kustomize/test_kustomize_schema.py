@@ -15,11 +15,18 @@ import pytest
 from kbundle import OVERLAYS, build
 
 CRD_KINDS = {
-    ("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
-    ("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 _PRIMITIVES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "datetime": (str,), "date": (str,),
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "datetime": (str,),
+    "date": (str,),
 }
 
 
@@ -64,7 +71,7 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
     if not errs:
         # Required fields and enum values are enforced by the models' constructors.
         try:
-            k8s.ApiClient()._ApiClient__deserialize(obj, name)  # noqa: SLF001
+            k8s.ApiClient()._ApiClient__deserialize(obj, name)
         except (ValueError, TypeError) as exc:
             errs.append(f"{obj['kind']}: {exc}")
     return errs
@@ -76,7 +83,9 @@ VARIANTS = [(o, ()) for o in OVERLAYS] + [
 ]
 
 
-@pytest.mark.parametrize(("overlay", "components"), VARIANTS, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize(
+    ("overlay", "components"), VARIANTS, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v
+)
 def test_every_built_object_matches_the_kubernetes_schema(overlay: str, components: tuple[str, ...]) -> None:
     checked = 0
     for obj in build(overlay, components):
@@ -109,7 +118,10 @@ def test_schema_check_catches_typos_wrong_types_and_missing_fields() -> None:
 
 
 def test_only_the_listed_custom_resources_skip_the_model_check() -> None:
-    kinds = {(o["apiVersion"], o["kind"]) for o in build("aks", ("cert-manager", "monitoring", "fail-open-validation"))}
+    kinds = {
+        (o["apiVersion"], o["kind"])
+        for o in build("aks", ("cert-manager", "monitoring", "fail-open-validation"))
+    }
     assert kinds & CRD_KINDS == CRD_KINDS
     for api_version, kind in kinds - CRD_KINDS:
         assert hasattr(k8s, model_name(api_version, kind)), (api_version, kind)
