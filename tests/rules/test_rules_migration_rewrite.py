@@ -355,3 +355,9 @@ def test_rewrite_is_consistent(
     for e in plan.edits:
         t = next(t for t in plan.templates if t["metadata"]["name"] == e.template)
         assert t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == e.use.count > 0
+
+
+def test_zero_count_is_not_a_use() -> None:
+    pod = _pod([{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 0}}}])
+    assert find_legacy(pod["spec"], "/spec") == []
+    assert rewrite(pod, POLICY)[0] == []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import read_claim_spec
@@ -311,3 +313,9 @@ def test_render_resource_quotas() -> None:
     assert "team budgets span namespaces" in notes
     assert "gpuEquivalents 3" in notes and "'gpu.nvidia.com-*'" in notes
     assert "team-*" in notes  # no namespaces given to unrenderable(): the glob matched nothing
+
+
+def test_inline_source_claims_are_not_charged(seed_dir: Path) -> None:
+    # The seed's inline `source` pod gets no device from the API server, so it charges nothing.
+    inline = [d for d in yaml.safe_load_all((seed_dir / "inline-pod.yaml").read_text()) if d]
+    assert _run(inline, _quota(QuotaBudget("namespace", "*", {"*": 0}, gpu_equivalents=0, claims=0))) == []

@@ -147,6 +147,8 @@ def find_legacy(podspec: Mapping[str, Any], pointer: str) -> list[LegacyUse]:
                 if not is_legacy_resource(name):
                     continue
                 raw = limits[name] if name in limits else requests[name]
+                if raw == 0 or raw == "0":
+                    continue  # asks for no device: nothing to migrate
                 count = _parse_count(raw)
                 found.append(
                     LegacyUse(

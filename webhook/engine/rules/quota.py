@@ -88,12 +88,13 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
     unit = "pod" if pods == 1 else "pods"
     d = Demand(pods=pods, pointer="/spec/replicas" if "replicas" in as_map(obj.get("spec")) else pod_ptr)
     for pc in rc.pod_claims(item):
-        if pc.kind == "claim" or pc.spec is None:
-            continue  # a shared ResourceClaim is charged once, as its own object
+        if pc.kind != "template" or pc.spec is None:
+            # A shared ResourceClaim is charged once, as its own object; an inline `source` spec
+            # is dropped by the API server (structure/inline-source reports it).
+            continue
         d.claims += pods
-        label = f"template {pc.target}" if pc.kind == "template" else "inline claim"
         for cls, n in calc.claim_demand(pc.spec).items():
-            d.add(cls, n * pods, f"{pods} {unit} x {n} ({label})")
+            d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target})")
     extended = False
     for cref in containers_of(pod_ptr, podspec):
         limits = as_map(as_map(cref.container.get("resources")).get("limits"))
