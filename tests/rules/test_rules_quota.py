@@ -128,6 +128,11 @@ def test_compute_usage_namespaces_and_teams(inventory: Inventory) -> None:
         _claim([_exact("m", "a100-mig-3g20gb", 1)], ns="a", name="d"),
         _claim([_exact("g", "gpu.nvidia.com", 1)], ns="b"),
         {"kind": "ConfigMap", "metadata": {"namespace": "a"}},
+        # As a raw API list item: no apiVersion/kind.
+        {
+            "metadata": {"namespace": "c"},
+            "spec": {"devices": {"requests": [_exact("g", "gpu.nvidia.com", 1)]}},
+        },
     ]
     labels = {"a": {"draguard.io/team": "red"}, "b": {"draguard.io/team": "red"}}
     u = compute_usage(claims, labels, PolicySet.empty(), inventory)
@@ -135,7 +140,7 @@ def test_compute_usage_namespaces_and_teams(inventory: Inventory) -> None:
     assert u.devices[("team:red", "gpu.nvidia.com")] == 3
     assert u.gpu_equivalents["a"] == pytest.approx(2 + 3 / 7)
     assert u.gpu_equivalents["team:red"] == pytest.approx(3 + 3 / 7)
-    assert u.claims == {"a": 2, "team:red": 3, "b": 1}
+    assert u.claims == {"a": 2, "team:red": 3, "b": 1, "c": 1}
 
 
 def test_calculator_reuses_matches(inventory: Inventory) -> None:

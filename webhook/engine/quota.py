@@ -226,7 +226,10 @@ def compute_usage(
     for obj in claims:
         if not isinstance(obj, Mapping) or obj.get("kind") not in (None, "ResourceClaim"):
             continue
-        read = claim_spec_of({**obj, "kind": "ResourceClaim"})
+        # Items of a raw API list carry no apiVersion/kind: they are v1 ResourceClaims.
+        read = claim_spec_of(
+            {**obj, "kind": "ResourceClaim", "apiVersion": obj.get("apiVersion") or "resource.k8s.io/v1"}
+        )
         if read is None:
             continue
         ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
