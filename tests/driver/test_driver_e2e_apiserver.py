@@ -1,0 +1,236 @@
+"""The publisher and the claim reader against a real kube-apiserver (etcd + apiserver binaries)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apiserver import ApiServer, find_bin, start
+from driver_helpers import NODE, make_claim, make_state
+
+from driver.devices import build_devices
+from driver.nvml import open_sim
+from driver.slices import SlicePublisher
+from driver.state import ClaimRef, KubeClaimReader
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BIN = find_bin()
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[ApiServer]:
+    if BIN is None:
+        pytest.skip("kube-apiserver/etcd binaries not built (see DRAGUARD_K8S_BIN)")
+    base = Path(tempfile.mkdtemp(prefix="dg-api-", dir="/tmp"))
+    server = start(BIN, base)
+    server.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def pool(server: ApiServer, version: str = "v1") -> list[dict]:
+    items = server.request("GET", f"/apis/resource.k8s.io/{version}/resourceslices")["items"]
+    return [s for s in items if s["spec"]["pool"]["name"] == NODE]
+
+
+def publisher(server: ApiServer, **kw) -> SlicePublisher:
+    return SlicePublisher.from_kubeconfig(str(server.kubeconfig), NODE, "gpu.nvidia.com", **kw)
+
+
+def test_publish_update_and_shrink_pool(apiserver, tmp_path):
+    pub = publisher(apiserver)
+    assert pub.served_versions()[0] == "v1"
+    h100 = build_devices(open_sim("h100-8x-nvlink").enumerate())
+    r = pub.publish(h100)
+    assert (r.version, r.generation, r.created, r.unchanged) == ("v1", 0, 1, False)
+    (s,) = pool(apiserver)
+    node_uid = apiserver.request("GET", f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+    assert s["metadata"]["ownerReferences"][0]["uid"] == node_uid
+    assert s["metadata"]["name"].startswith(f"{NODE}-gpu.nvidia.com-")
+    dev = s["spec"]["devices"][0]
+    assert dev["attributes"]["driverVersion"] == {"version": "550.54.15"}
+    assert dev["capacity"]["memory"]["value"] == "81559Mi"
+    # Same devices again: nothing written, generation kept.
+    r = pub.publish(h100)
+    assert r.unchanged and r.generation == 0
+    # More than 128 devices: split into slices of one pool, generation bumped.
+    big = build_devices(open_sim(_big(tmp_path)).enumerate())
+    r = pub.publish(big)
+    assert r.generation == 1 and not r.unchanged
+    slices = pool(apiserver)
+    assert sorted(len(x["spec"]["devices"]) for x in slices) == [12, 128]
+    assert {x["spec"]["pool"]["generation"] for x in slices} == {1}
+    assert {x["spec"]["pool"]["resourceSliceCount"] for x in slices} == {2}
+    # Shrink back: the stale slice is deleted and the generation bumped again.
+    r = pub.publish(h100)
+    assert r.generation == 2 and r.deleted == 1
+    (s,) = pool(apiserver)
+    assert len(s["spec"]["devices"]) == 8 and s["spec"]["pool"]["generation"] == 2
+
+
+def test_mig_and_mixed_slices_are_accepted(apiserver):
+    for topo in ("a100-4x-mig", "mixed-nvlink-pairs", "a100-4x-nvlink"):
+        devs = build_devices(open_sim(topo).enumerate())
+        r = publisher(apiserver).publish(devs)
+        assert not r.unchanged
+        names = {d["name"] for s in pool(apiserver) for d in s["spec"]["devices"]}
+        assert names == {d.name for d in devs}
+
+
+def test_v1beta2_writer_is_accepted(apiserver):
+    devs = build_devices(open_sim("a100-4x-mig").enumerate())
+    r = publisher(apiserver, version="v1beta2").publish(devs)
+    assert r.version == "v1beta2"
+    (s,) = pool(apiserver)  # read back as v1: same devices
+    assert s["spec"]["devices"][0]["attributes"]["profile"] == {"string": "3g.20gb"}
+
+
+def test_prepare_reads_the_claim_from_the_api(apiserver, short_dir):
+    ns = "ml-workloads"
+    apiserver.request(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "training", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]
+            }
+        },
+    }
+    created = apiserver.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim)
+    uid = created["metadata"]["uid"]
+    reader = KubeClaimReader(publisher(apiserver).api, "v1")
+    state = make_state(short_dir, reader)
+    out = state.prepare(ClaimRef(ns, "training", uid))
+    assert "not allocated" in out.error
+    # Allocate it as the scheduler would (status subresource), then prepare succeeds.
+    alloc = copy.deepcopy(created)
+    alloc["status"] = make_claim("training", uid, [("gpu", "gpu-0"), ("gpu", "gpu-1")])["status"]
+    apiserver.request(
+        "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/training/status", alloc
+    )
+    out = state.prepare(ClaimRef(ns, "training", uid))
+    assert out.error == "" and [d.device_name for d in out.devices] == ["gpu-0", "gpu-1"]
+    assert "UID" in state.prepare(ClaimRef(ns, "training", "other-uid")).error
+    assert "not found" in state.prepare(ClaimRef(ns, "nope", "u")).error
+    # The claim is deleted: restart recovery drops it and removes its CDI spec.
+    apiserver.request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/training")
+    report = make_state(short_dir, reader).recover()
+    assert report.dropped == [uid]
+    assert not list((short_dir / "cdi").iterdir())
+
+
+def _big(tmp_path: Path) -> Path:
+    from test_driver_slices import big_mig_topology
+
+    return big_mig_topology(tmp_path / "big.yaml", 20)
+
+
+async def test_driver_run_end_to_end(apiserver, short_dir):
+    """`draguard driver run` as a process: publishes, registers, prepares a claim from the API, stops cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from apiserver import _free_port
+    from driver_helpers import Kubelet
+
+    root = Path(__file__).resolve().parents[2]
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DRAGUARD_NVML_SIM"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "driver.cli",
+            "driver",
+            "run",
+            "--sim",
+            "mixed-nvlink-pairs",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(apiserver.kubeconfig),
+            "--plugin-dir",
+            str(short_dir / "plugins"),
+            "--registry-dir",
+            str(short_dir / "registry"),
+            "--cdi-root",
+            str(short_dir / "cdi"),
+            "--metrics-port",
+            str(port),
+            "--pod-uid",
+            "pod-1",
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    reg = short_dir / "registry" / "gpu.nvidia.com-pod-1-reg.sock"
+    try:
+        deadline = time.monotonic() + 60
+        while not reg.exists():
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "plugin did not register in 60 s"
+            time.sleep(0.2)
+        while True:  # the slices are published in the background
+            names = {d["name"] for s in pool(apiserver) for d in s["spec"]["devices"]}
+            if names == {f"gpu-{i}" for i in range(5)}:
+                break
+            assert time.monotonic() < deadline, f"slices not published: {names}"
+            time.sleep(0.2)
+        ns = "e2e-run"
+        apiserver.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        )
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "pair", "namespace": ns},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
+                    ]
+                }
+            },
+        }
+        created = apiserver.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim)
+        created["status"] = make_claim(
+            "pair", created["metadata"]["uid"], [("gpu", "gpu-2"), ("gpu", "gpu-3")]
+        )["status"]
+        apiserver.request(
+            "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/pair/status", created
+        )
+        kubelet = Kubelet(reg)
+        info = await kubelet.register()
+        assert info.endpoint.endswith("dra-pod-1.sock")
+        resp = await kubelet.prepare(created)
+        entry = resp.claims[created["metadata"]["uid"]]
+        assert entry.error == "" and [d.device_name for d in entry.devices] == ["gpu-2", "gpu-3"]
+        await kubelet.close()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'dra_plugin_devices_published{type="gpu"} 5.0' in metrics
+        assert 'dra_plugin_prepare_total{result="success"} 1.0' in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "SIMULATED NVML" in out
+    assert not reg.exists() and not (short_dir / "plugins" / "dra-pod-1.sock").exists()
