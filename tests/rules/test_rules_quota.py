@@ -324,3 +324,13 @@ def test_inline_source_claims_are_not_charged(seed_dir: Path) -> None:
     # The seed's inline `source` pod gets no device from the API server, so it charges nothing.
     inline = [d for d in yaml.safe_load_all((seed_dir / "inline-pod.yaml").read_text()) if d]
     assert _run(inline, _quota(QuotaBudget("namespace", "*", {"*": 0}, gpu_equivalents=0, claims=0))) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "severity"),
+    [(Mode.ENFORCE, Severity.ERROR), (Mode.WARN, Severity.WARNING), (Mode.AUDIT, Severity.INFO)],
+)
+def test_policy_mode_sets_finding_mode(mode: Mode, severity: Severity) -> None:
+    claim = _claim([_exact("g", "gpu.nvidia.com", 3)])
+    findings = _run([claim], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 2}), mode=mode))
+    assert [(f.mode, f.severity) for f in findings] == [(mode, severity)]
