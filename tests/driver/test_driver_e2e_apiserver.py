@@ -138,7 +138,7 @@ def _big(tmp_path: Path) -> Path:
 
 
 async def test_driver_run_end_to_end(apiserver, short_dir):
-    """`draguard driver run` as a process: publishes, registers, prepares a claim from the API, stops cleanly."""
+    """`draguard driver run` as a process: publishes, registers, prepares an API claim, stops cleanly."""
     import os
     import signal
     import subprocess
