@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from cel_devices import A100, DRIVER, H100, gpu, inventory, mig
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from webhook.cel.env import CelCompileError
 from webhook.cel.match import match_devices, match_naive
@@ -108,3 +110,47 @@ def test_bad_expression_raises_compile_error() -> None:
 def test_empty_inventory() -> None:
     result = match_devices([EXPRESSIONS[0]], [])
     assert result.matched == [] and result.profiles == 0
+
+
+_VALUES = st.sampled_from(["a", "b", "1.0.0", Version("1.0.0"), Version("2.0.0"), True, False, 1, 0, 7])
+
+
+@st.composite
+def _device(draw: st.DrawFn) -> Device:
+    attrs = {
+        name: draw(_VALUES)
+        for name in ("productName", "type", "level", "profile")
+        if draw(st.booleans())
+    }
+    domains = {DRIVER: attrs}
+    if draw(st.booleans()):
+        domains["vendor.example.com"] = {"level": draw(_VALUES)}
+    capacity = {DRIVER: {"memory": draw(st.sampled_from(["40Gi", "80Gi", "81920Mi", "1"]))}} if draw(
+        st.booleans()) else {}
+    index = draw(st.integers(0, 10**6))
+    return Device(draw(st.sampled_from([DRIVER, "other.example.com"])), "pool", f"d{index}", "node", domains,
+                  capacity)
+
+
+_RANDOM_EXPRESSIONS = [
+    f"{NV}.productName == 'a'",
+    f"{NV}.level == '1.0.0'",
+    f"{NV}.level == semver('1.0.0')",
+    f"has({NV}.profile) && {NV}.profile == true",
+    f"'type' in {NV} && {NV}.type == 1",
+    f"{GUARD} && device.capacity['{DRIVER}'].memory.compareTo(quantity('80Gi')) >= 0",
+    f"device.attributes['vendor.example.com'].level == 7 || {NV}.productName == 'b'",
+    f"{NV}.exists(k, k == 'level')",
+    f"cel.bind(x, {NV}, has(x.type) && x.type == 0)",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(_device(), max_size=25),
+    st.lists(st.sampled_from(_RANDOM_EXPRESSIONS), min_size=1, max_size=3),
+)
+def test_grouping_never_changes_the_answer(devices: list[Device], expressions: list[str]) -> None:
+    grouped = match_devices(expressions, devices)
+    assert names(grouped.matched) == names(match_naive(expressions, devices))
+    assert grouped.profiles <= len(devices)

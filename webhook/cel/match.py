@@ -62,33 +62,38 @@ def profile_key(selectors: Sequence[CompiledSelector]) -> ProfileKey:
         return _full_key
     reads_driver = any(s.analysis.reads_driver for s in selectors)
     keys = sorted({k for s in selectors for k in s.analysis.visible_keys})
-    attr_keys = tuple((d, n) for kind, d, n in keys if kind == "attributes")
-    cap_keys = tuple((d, n) for kind, d, n in keys if kind == "capacity")
-    empty: dict[str, object] = {}
+    return _compile_key(reads_driver, keys)
 
-    if reads_driver and len(attr_keys) == 1 and not cap_keys:
-        # The common DeviceClass shape: a driver guard and one attribute (e.g. productName).
-        (domain0, name0), = attr_keys
 
-        def key1(device: Device) -> Hashable:
-            value = device.attributes.get(domain0, empty).get(name0, _MISSING)
-            return (device.driver, value.__class__, value)
+def _compile_key(reads_driver: bool, keys: Sequence[tuple[str, str, str]]) -> ProfileKey:
+    """Build the key function as straight-line code: it runs once per device of the inventory.
 
-        return key1
-
-    def key(device: Device) -> Hashable:
-        parts: list[object] = [device.driver] if reads_driver else []
-        attributes = device.attributes
-        for domain, name in attr_keys:
-            value = attributes.get(domain, empty).get(name, _MISSING)
-            # The class is part of the key: True == 1 and Version("1.0.0") == "1.0.0" in Python.
-            parts.append(value.__class__)
-            parts.append(value)
-        capacity = device.capacity
-        for domain, name in cap_keys:
-            parts.append(capacity.get(domain, empty).get(name, _MISSING))
-        return tuple(parts)
-
+    Each domain map is fetched once; attribute values carry their class, because True == 1 and
+    Version("1.0.0") == "1.0.0" in Python but not in CEL. Domain and attribute names enter the
+    generated source only through repr(), so they are inert string literals.
+    """
+    plan: dict[tuple[str, str], list[str]] = {}
+    for kind, domain, name in keys:
+        if kind not in ("attributes", "capacity"):
+            raise ValueError(f"unexpected device field {kind!r}")
+        plan.setdefault((kind, domain), []).append(name)
+    lines = ["def key(device):"]
+    items: list[str] = ["device.driver"] if reads_driver else []
+    counter = 0
+    for index, ((kind, domain), names) in enumerate(plan.items()):
+        lines.append(f"    m{index} = device.{kind}.get({domain!r}, EMPTY)")
+        for name in names:
+            if kind == "attributes":
+                items.append(f"(v{counter} := m{index}.get({name!r}, MISSING))")
+                items.append(f"v{counter}.__class__")
+                counter += 1
+            else:
+                items.append(f"m{index}.get({name!r}, MISSING)")
+    lines.append(f"    return ({', '.join(items)}{',' if len(items) == 1 else ''})")
+    namespace: dict[str, object] = {"EMPTY": {}, "MISSING": _MISSING}
+    exec("\n".join(lines), namespace)
+    key = namespace["key"]
+    assert callable(key)
     return key
 
 
