@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from webhook.dra.inventory import Inventory, load_inventory
 from webhook.engine.context import Context, SourceObject
 from webhook.engine.evaluate import evaluate
-from webhook.policy.load import load_policies, source_objects
+from webhook.policy.load import (
+    PolicyError,
+    load_policies,
+    parse_policy_documents,
+    parse_yaml_documents,
+    source_objects,
+)
 
 POLICY_SET = load_policies(POLICIES)
 INVENTORY = load_inventory(SEED / "cluster-inventory.yaml")
@@ -129,3 +135,32 @@ def test_random_yaml_parses_cleanly_or_raises_value_error(text: str) -> None:
         assert str(e).startswith("random.yaml")
         return
     _check(objs, Context(), INVENTORY)
+
+
+POLICY_DOCS = [
+    d.data
+    for p in sorted(POLICIES.glob("*.yaml"))
+    for d in parse_yaml_documents(p.read_text(encoding="utf-8"), str(p))
+]
+
+
+@st.composite
+def mutated_policy(draw: st.DrawFn) -> dict[str, Any]:
+    doc = copy.deepcopy(draw(st.sampled_from(POLICY_DOCS)))
+    path = draw(st.sampled_from([p for p in _paths(doc) if p]))
+    cur: Any = doc
+    for part in path[:-1]:
+        cur = cur[part]
+    cur[path[-1]] = draw(json_values)
+    return dict(doc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mutated_policy())
+def test_mutated_policies_load_or_raise_policy_error(doc: dict[str, Any]) -> None:
+    try:
+        ps = parse_policy_documents([(doc, "p.yaml", 1)])
+    except PolicyError as e:
+        assert str(e).startswith("p.yaml:")
+        return
+    assert len(ps) == 1
