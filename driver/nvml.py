@@ -26,6 +26,7 @@ ERR_NOT_FOUND = 6
 ERR_INVALID_ARGUMENT = 2
 ERR_FUNCTION_NOT_FOUND = 13
 MAX_NVLINKS = 18
+_ABSENT = (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT)
 
 BRAND_NAMES = {
     0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
@@ -131,26 +132,30 @@ class Nvml:
     on_error: Callable[[str], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _call(self, name: str, *args: Any) -> Any:
+    def _call(self, name: str, *args: Any, expected: tuple[int, ...] = ()) -> Any:
         try:
             return getattr(self.lib, name)(*args)
         except Exception as exc:
             code = _code(exc)
             if code is None and not type(exc).__name__.startswith(("NVMLError", "SimNVMLError")):
                 raise
-            if self.on_error is not None and code not in (ERR_NOT_SUPPORTED, ERR_NOT_FOUND):
+            if self.on_error is not None and code not in expected:
                 self.on_error(name)
             raise NvmlCallError(name, code, str(exc)) from exc
 
     def _optional(self, name: str, *args: Any) -> Any:
-        """A call whose NOT_SUPPORTED / NOT_FOUND / missing-function answer means "absent"."""
+        """A call whose NOT_SUPPORTED / NOT_FOUND / missing-function answer means "absent".
+
+        Those answers are normal (e.g. probing NVLink links a GPU does not have), so they are not
+        counted as NVML errors.
+        """
         try:
-            return self._call(name, *args)
+            return self._call(name, *args, expected=_ABSENT)
         except NvmlCallError as exc:
-            if exc.code in (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT):
+            if exc.code in _ABSENT:
                 return None
             raise
-        except AttributeError:
+        except AttributeError:  # an older nvidia-ml-py without this function
             return None
 
     def enumerate(self) -> NodeGpus:
@@ -219,9 +224,12 @@ class Nvml:
             gi_info = self._call(
                 "nvmlGpuInstanceGetInfo", self._call("nvmlDeviceGetGpuInstanceById", parent, gi_id)
             )
-            prof = self._call("nvmlDeviceGetGpuInstanceProfileInfoById", parent, int(gi_info.profileId))
-            name = _text(prof.name).removeprefix("MIG ").strip()
             gi_slices, ci_slices = int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount)
+            prof = self._optional("nvmlDeviceGetGpuInstanceProfileInfoById", parent, int(gi_info.profileId))
+            if prof is not None and _text(prof.name).strip():
+                name = _text(prof.name).removeprefix("MIG ").strip()
+            else:  # older drivers: NVIDIA's naming rule, <slices>g.<memory GB rounded up>gb
+                name = f"{gi_slices}g.{-(-int(attrs.memorySizeMB) // 1024)}gb"
             if ci_slices and ci_slices != gi_slices:
                 name = f"{ci_slices}c.{name}"
             out.append(

@@ -8,6 +8,7 @@ like `pynvml.NVMLError`, so the code in `driver/nvml.py` handles both the same w
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +211,10 @@ class SimulatedNvml:
                 if ident in seen:
                     raise TopologyError(f"{where}: duplicate UUID or PCI bus id {ident!r}")
                 seen.add(ident)
+        faults = topology.get("faults") or {}
+        if not isinstance(faults, dict) or not all(isinstance(v, int) for v in faults.values()):
+            raise TopologyError(f"{where}.faults: expected a mapping of NVML call name to NVML error code")
+        self.faults: dict[str, int] = dict(faults)  # call name -> NVML error code it fails with
         self._initialised = 0
         self._lock = threading.Lock()
         self.calls = 0  # how many NVML calls were answered (tests and benchmarks read it)
@@ -229,6 +234,10 @@ class SimulatedNvml:
         self.calls += 1
         if self._initialised == 0:
             raise SimNVMLError(NVML_ERROR_UNINITIALIZED, "NVML used before nvmlInit")
+        if self.faults:
+            call = sys._getframe(1).f_code.co_name
+            if call in self.faults:
+                raise SimNVMLError(self.faults[call], f"{call} (injected by the topology's faults)")
 
     # --- system ----------------------------------------------------------------------------------
     def nvmlSystemGetDriverVersion(self) -> str:

@@ -199,3 +199,24 @@ def test_bad_topology_errors_name_file_and_field(tmp_path, text, needle):
     with pytest.raises(TopologyError) as err:
         load_topology(p)
     assert needle in str(err.value) and str(p) in str(err.value)
+
+
+def test_nvml_errors_are_counted_and_probing_is_not(tmp_path):
+    from driver.metrics import DriverMetrics
+    from driver.nvml import NvmlCallError
+
+    m = DriverMetrics()
+    open_sim(
+        "mixed-nvlink-pairs", on_error=m.nvml_error
+    ).enumerate()  # the L4 answers NOT_SUPPORTED to NVLink probes
+    assert m.registry.get_sample_value("dra_plugin_errors_total", {"operation": "nvml"}) is None
+
+    topo = tmp_path / "lost.yaml"
+    topo.write_text(
+        (Path(__file__).parents[2] / "driver/sim/topologies/a100-4x-nvlink.yaml").read_text()
+        + "faults: {nvmlDeviceGetUUID: 15}\n"
+    )  # NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(NvmlCallError, match="nvmlDeviceGetUUID failed") as err:
+        open_sim(topo, on_error=m.nvml_error).enumerate()
+    assert err.value.code == 15
+    assert m.registry.get_sample_value("dra_plugin_nvml_errors_total", {"call": "nvmlDeviceGetUUID"}) == 1
