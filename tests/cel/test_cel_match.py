@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from webhook.cel.env import CelCompileError
 from webhook.cel.match import match_devices, match_naive
-from webhook.dra.device import Device, Version
+from webhook.dra.device import AttrValue, Device, Version
 
 GUARD = f"device.driver == '{DRIVER}'"
 NV = f"device.attributes['{DRIVER}']"
@@ -112,17 +112,17 @@ def test_empty_inventory() -> None:
     assert result.matched == [] and result.profiles == 0
 
 
-_VALUES = st.sampled_from(["a", "b", "1.0.0", Version("1.0.0"), Version("2.0.0"), True, False, 1, 0, 7])
+_VALUES: st.SearchStrategy[AttrValue] = st.sampled_from(["a", "b", "1.0.0", Version("1.0.0"), Version("2.0.0"), True, False, 1, 0, 7])
 
 
 @st.composite
 def _device(draw: st.DrawFn) -> Device:
-    attrs = {
+    attrs: dict[str, AttrValue] = {
         name: draw(_VALUES)
         for name in ("productName", "type", "level", "profile")
         if draw(st.booleans())
     }
-    domains = {DRIVER: attrs}
+    domains: dict[str, dict[str, AttrValue]] = {DRIVER: attrs}
     if draw(st.booleans()):
         domains["vendor.example.com"] = {"level": draw(_VALUES)}
     capacity = {DRIVER: {"memory": draw(st.sampled_from(["40Gi", "80Gi", "81920Mi", "1"]))}} if draw(
