@@ -112,7 +112,9 @@ def test_empty_inventory() -> None:
     assert result.matched == [] and result.profiles == 0
 
 
-_VALUES: st.SearchStrategy[AttrValue] = st.sampled_from(["a", "b", "1.0.0", Version("1.0.0"), Version("2.0.0"), True, False, 1, 0, 7])
+_VALUES: st.SearchStrategy[AttrValue] = st.sampled_from(
+    ["a", "b", "1.0.0", Version("1.0.0"), Version("2.0.0"), True, False, 1, 0, 7]
+)
 
 
 @st.composite
