@@ -1,0 +1,88 @@
+"""One real local control plane per test session (etcd, kube-apiserver, controller-manager, scheduler).
+
+Binaries come from scripts/build-k8s.sh ($DRAGUARD_K8S_BIN or the build cache).  Without them the
+e2e tests skip with a one-line reason, except under CI=true where a missing control plane is a failure.
+When a test fails, the tail of every component's log is attached to its report.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import Kubectl
+from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir
+
+E2E_DIR = Path(__file__).parent
+_CLUSTER: list[LocalCluster] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.failed and _CLUSTER and E2E_DIR in Path(str(item.fspath)).parents:
+        rep.sections.append(("local cluster component logs", _CLUSTER[0].all_logs(lines=40)))
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"e2e: {reason}", pytrace=False)
+    pytest.skip(f"e2e: {reason}")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The session's cluster: simulated GPU nodes, drivers and the webhook when their modules exist."""
+    try:
+        bin_dir = find_bin_dir()
+    except ClusterError as exc:
+        _unavailable(str(exc).splitlines()[0])
+        raise  # unreachable: skip/fail raise
+    lines: list[str] = []
+    c = LocalCluster(tmp_path_factory.mktemp("dev"), bin_dir, progress=lines.append)
+    try:
+        c.up()
+    except ClusterError as exc:
+        pytest.fail(f"local cluster did not start: {exc}\n" + "\n".join(lines), pytrace=False)
+    _CLUSTER.append(c)
+    try:
+        yield c
+    finally:
+        _CLUSTER.clear()
+        c.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: LocalCluster) -> Kubectl:
+    return Kubectl(cluster)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Callable[..., str]:
+    """Factory: a fresh namespace with the given labels, deleted (without waiting) after the test."""
+    made: list[str] = []
+
+    def make(prefix: str = "e2e", labels: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        cluster.kube().create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}},
+        )
+        made.append(name)
+        cluster.wait_default_sa(name)
+        return name
+
+    yield make  # type: ignore[misc]
+    for name in made:
+        kubectl.run("delete", "namespace", name, "--wait=false")

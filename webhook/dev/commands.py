@@ -1,0 +1,125 @@
+"""`draguard dev up|down|status` and `draguard demo`: the local control plane from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from webhook.dev.cluster import DEFAULT_NODES, ClusterError, LocalCluster, default_state_dir
+from webhook.dev.kube import ApiError
+
+
+def register(subparsers: Any) -> None:
+    dev = subparsers.add_parser(
+        "dev",
+        help="local Kubernetes control plane with simulated GPU nodes (needs scripts/build-k8s.sh)",
+    )
+    sub = dev.add_subparsers(dest="dev_command", metavar="SUBCOMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"certs, pid files, logs and etcd data (default {default_state_dir()}; env DRAGUARD_DEV_STATE)",
+    )
+    common.add_argument(
+        "--bin-dir",
+        type=Path,
+        default=None,
+        help="Kubernetes binaries (default: $DRAGUARD_K8S_BIN or the newest scripts/build-k8s.sh build)",
+    )
+
+    up = sub.add_parser("up", parents=[common], help="start etcd, API server, controller-manager, scheduler, "
+                        "simulated nodes, drivers and the webhook")  # fmt: skip
+    up.add_argument("--no-webhook", action="store_true", help="do not start or register the webhook")
+    up.add_argument("--no-driver", action="store_true", help="do not start the simulated-NVML drivers")
+    up.add_argument(
+        "--policies", type=Path, default=None, help="policy directory for the webhook (default policies/)"
+    )
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", parents=[common], help="stop every process `dev up` started")
+    down.add_argument("--purge", action="store_true", help="also delete the state directory (logs included)")
+    down.set_defaults(func=cmd_down)
+
+    st = sub.add_parser("status", parents=[common], help="what runs, on which ports, where the logs are")
+    st.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    st.set_defaults(func=cmd_status)
+    dev.set_defaults(func=lambda _a: (dev.print_help(sys.stderr), 2)[1])
+
+    demo = subparsers.add_parser(
+        "demo", parents=[common], help="start the local cluster and walk through the article's scenarios"
+    )
+    demo.add_argument("--down", action="store_true", help="tear the demo cluster down instead")
+    demo.add_argument("--keep", action="store_true", help="keep the demo namespaces afterwards")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    return LocalCluster(args.state_dir, args.bin_dir)
+
+
+def _fail(msg: str) -> int:
+    print(f"draguard dev: {msg}", file=sys.stderr)
+    return 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        cluster = _cluster(args)
+        cluster.up(
+            DEFAULT_NODES,
+            with_driver=not args.no_driver,
+            with_webhook=not args.no_webhook,
+            policies=args.policies,
+        )
+    except ClusterError as exc:
+        return _fail(str(exc))
+    except ApiError as exc:
+        return _fail(f"API server refused a set-up request: {exc}")
+    print(cluster.kubeconfig)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    try:
+        cluster = _cluster(args)
+        stopped = cluster.down(keep_logs=not args.purge)
+    except ClusterError as exc:
+        return _fail(str(exc))
+    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    st = cluster.status()
+    if args.output == "json":
+        print(json.dumps(st, indent=2))
+    else:
+        print(f"state dir:  {st['state_dir']}")
+        print(f"ready:      {'yes' if st['ready'] else 'no'}")
+        print(f"kubeconfig: {st['kubeconfig'] or '-'}")
+        for name, c in st["components"].items():
+            port = st["ports"].get(name, "")
+            print(f"  {name:<28} pid {c['pid']:<8} {'running' if c['alive'] else 'STOPPED'} {port}")
+        if st["nodes"]:
+            print(f"nodes:      {', '.join(st['nodes'])}")
+        print(f"logs:       {st['logs']}")
+    return 0 if st["ready"] else 3
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.down:
+        return cmd_down(argparse.Namespace(state_dir=args.state_dir, bin_dir=args.bin_dir, purge=False))
+    from webhook.dev.demo import run_demo
+
+    try:
+        cluster = _cluster(args)
+        cluster.up(DEFAULT_NODES)
+        return run_demo(cluster, keep=args.keep)
+    except ClusterError as exc:
+        return _fail(str(exc))

@@ -1,0 +1,145 @@
+"""Certificates for the local control plane: one CA, serving and client certs, SA keys."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Short-lived dev clusters: a year is plenty and never expires mid-run.
+VALIDITY = dt.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """PEM files of one certificate and its key."""
+
+    cert: Path
+    key: Path
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    # P-256 keys are fast to generate and accepted by every Kubernetes component.
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+def make_ca(directory: Path, cn: str) -> KeyPair:
+    """Create a self-signed CA in `directory` as <cn-slug>-ca.crt/.key."""
+    key = _key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pair = KeyPair(directory / f"{cn}.crt", directory / f"{cn}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, pair.key)
+    return pair
+
+
+def issue(
+    ca: KeyPair,
+    directory: Path,
+    name: str,
+    *,
+    cn: str,
+    org: str | None = None,
+    server_names: tuple[str, ...] = (),
+    client: bool = False,
+) -> KeyPair:
+    """Issue a certificate signed by `ca`; server_names become DNS/IP SANs."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca.key}: expected an EC private key")
+    key = _key()
+    now = dt.datetime.now(dt.UTC)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    if server_names:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn, org))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    if server_names:
+        sans: list[x509.GeneralName] = []
+        for n in server_names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+            except ValueError:
+                sans.append(x509.DNSName(n))
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, pair.key)
+    return pair
+
+
+def make_sa_keys(directory: Path) -> KeyPair:
+    """Service-account token signing key (sa.key) and its public half (sa.pub)."""
+    key = _key()
+    pair = KeyPair(directory / "sa.pub", directory / "sa.key")
+    _write_key(key, pair.key)
+    pair.cert.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pair
