@@ -16,6 +16,7 @@ from driver.schema import ATTRIBUTES, lookup
 from webhook.dra.device import Device
 from webhook.dra.objects import (
     ALL,
+    DRA_KINDS,
     VERSIONS,
     ClaimSpec,
     DeviceRequest,
@@ -27,6 +28,7 @@ from webhook.dra.objects import (
     claim_template,
     dra_version,
     read_claim_spec,
+    split_api_version,
     write_claim_spec,
 )
 from webhook.dra.workloads import pod_spec_of
@@ -188,10 +190,11 @@ def _at(obj: Mapping[str, Any], pointer: str) -> Any:
 def check_deprecated_version(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     obj = item.obj
     version = dra_version(obj.get("apiVersion"))
-    if version is None:
-        return
     served = rc.ctx.served_versions
     best = newest_served(served)
+    if version is None:
+        yield from _retired_version(item, rc, best)
+        return
     if best is None or VERSIONS.index(version) <= VERSIONS.index(best):
         return
     target = f"resource.k8s.io/{best}"
@@ -219,6 +222,29 @@ def check_deprecated_version(item: SourceObject, rc: RuleContext) -> Iterator[Fi
         )
     yield rc.finding(
         item, "structure/deprecated-version", severity, mode, msg, fix=fix, pointer="/apiVersion"
+    )
+
+
+def _retired_version(item: SourceObject, rc: RuleContext, best: str | None) -> Iterator[Finding]:
+    """resource.k8s.io/v1alpha2 / v1alpha3 claims and classes: what older guides show, gone today."""
+    group, version = split_api_version(item.obj.get("apiVersion"))
+    kind = item.obj.get("kind")
+    if group != "resource.k8s.io" or not isinstance(kind, str) or kind not in DRA_KINDS:
+        return
+    target = f"resource.k8s.io/{best or 'v1'}"
+    yield rc.finding(
+        item,
+        "structure/deprecated-version",
+        Severity.ERROR,
+        Mode.ENFORCE,
+        f"{kind} uses resource.k8s.io/{version}, which no supported Kubernetes release serves for {kind} "
+        "(v1alpha2 was removed in 1.31; v1alpha3 holds only DeviceTaintRule since 1.34)",
+        fix=(
+            f"change apiVersion to {target}; claims list device requests "
+            "(`requests: [{name, exactly: {deviceClassName, count, selectors}}]` in v1/v1beta2); a v1alpha2 "
+            "resourceClassName/parametersRef claim must be rewritten as such a request"
+        ),
+        pointer="/apiVersion",
     )
 
 
