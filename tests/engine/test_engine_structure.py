@@ -311,5 +311,7 @@ def test_alpha_versions_of_claims_are_no_longer_served() -> None:
     text = claim("    - name: gpu\n      deviceClassName: gpu.nvidia.com-h100", version="v1alpha2")
     (f,) = run(text, modules=ONLY).findings
     assert f.rule == "structure/deprecated-version" and f.mode is Mode.ENFORCE and "v1alpha2" in f.message
-    taint_rule = "apiVersion: resource.k8s.io/v1alpha3\nkind: DeviceTaintRule\nmetadata: {name: t}\nspec: {}\n"
+    taint_rule = (
+        "apiVersion: resource.k8s.io/v1alpha3\nkind: DeviceTaintRule\nmetadata: {name: t}\nspec: {}\n"
+    )
     assert run(taint_rule, modules=ONLY).findings == []
