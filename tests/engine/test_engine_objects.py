@@ -283,3 +283,50 @@ def test_inventory_errors_name_the_file(tmp_path: Any) -> None:
         load_inventory(bad)
     with pytest.raises(InventoryError, match="expected Kubernetes objects"):
         parse_inventory_text("- 1\n- 2\n", "x.yaml")
+
+
+def test_per_node_capacity_groups_by_constraint_and_counts_shared_devices() -> None:
+    from webhook.dra.device import Device
+    from webhook.engine.resolve import per_node_capacity
+
+    def dev(node: str | None, dom: str | None) -> Device:
+        attrs = {"gpu.nvidia.com": {"nvlinkDomain": dom}} if dom else {"gpu.nvidia.com": {}}
+        return Device("gpu.nvidia.com", "p", f"{node}-{dom}", node, attrs, {})  # type: ignore[arg-type]
+
+    devices = [
+        dev("n1", "a"),
+        dev("n1", "a"),
+        dev("n1", "b"),
+        dev("n2", None),
+        dev("n2", None),
+        dev("n2", None),
+    ]
+    assert per_node_capacity(devices)[0] == 3  # n1 and n2 both have three
+    assert per_node_capacity(devices, ["gpu.nvidia.com/nvlinkDomain"]) == (2, "n1")
+    # A device without a node (network-attached) is reachable from every node.
+    assert per_node_capacity([*devices, dev(None, "a")], ["gpu.nvidia.com/nvlinkDomain"]) == (3, "n1")
+    assert per_node_capacity([], []) == (0, None)
+
+
+def test_pod_labels_merge_workload_and_template() -> None:
+    from webhook.dra.workloads import containers_of, pod_annotations, pod_labels
+
+    obj = {
+        "kind": "Deployment",
+        "metadata": {"labels": {"a": "1", "b": "1"}, "annotations": {"x": "1"}},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"b": "2"}, "annotations": {"y": 2}},
+                "spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "c"}, "junk"]},
+            }
+        },
+    }
+    assert pod_labels(obj) == {"a": "1", "b": "2"}
+    assert pod_annotations(obj) == {"x": "1"}  # non-string values are not annotations
+    found = pod_spec_of(obj)
+    assert found is not None
+    refs = list(containers_of(*found))
+    assert [(r.pointer, r.init) for r in refs] == [
+        ("/spec/template/spec/initContainers/0", True),
+        ("/spec/template/spec/containers/0", False),
+    ]
