@@ -9,6 +9,7 @@ claims prepared by an older driver version and for claims already deleted from t
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,15 @@ from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
 log = logging.getLogger("draguard.driver.state")
 
 GROUP = "resource.k8s.io"
+
+
+# Fault injection for crash tests: the process exits (no cleanup, like SIGKILL) at the named point.
+CRASH_ENV = "DRAGUARD_DRIVER_CRASH_AT"
+
+
+def env_fault(point: str) -> None:
+    if os.environ.get(CRASH_ENV) == point:
+        os._exit(137)
 
 
 class ClaimReadError(RuntimeError):
@@ -144,7 +154,7 @@ class DeviceState:
         self.nvml = nvml
         self.metrics = metrics
         self.version = version
-        self.fault = fault or (lambda _point: None)
+        self.fault = fault or env_fault
 
     # --- prepare ---------------------------------------------------------------------------------
     def prepare(self, ref: ClaimRef) -> PrepareOutcome:
@@ -180,6 +190,7 @@ class DeviceState:
             self.checkpoint.save(claims)
         obj = self._read(ref)
         plan = self._plan(ref, obj)
+        self.fault("before-prepare-checkpoint")
         prepared = [
             PreparedDevice(list(reqs), self.node_name, dev.name, [], share) for dev, reqs, share, _cfg in plan
         ]
@@ -200,6 +211,7 @@ class DeviceState:
             p.cdi_device_ids = [cdi_id]
         claims[ref.uid] = ClaimEntry(PREPARE_COMPLETED, ref.name, ref.namespace, prepared, self.version)
         self.checkpoint.save(claims)
+        self.fault("after-prepare-completed")
         return prepared
 
     def _read(self, ref: ClaimRef) -> dict[str, Any]:
@@ -322,9 +334,12 @@ class DeviceState:
         try:
             with self.checkpoint.locked():
                 claims = self.checkpoint.load()
+                self.fault("before-unprepare")
                 self.cdi.remove(ref.uid)
+                self.fault("after-cdi-removed")
                 if claims.pop(ref.uid, None) is not None:
                     self.checkpoint.save(claims)
+                self.fault("after-unprepare-checkpoint")
         except CheckpointCorrupt as exc:
             error = f"checkpoint unreadable, restart the plugin to recover: {exc}"
         except OSError as exc:
