@@ -101,6 +101,8 @@ def parse_review(body: bytes) -> dict[str, Any]:
         doc = json.loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise ReviewError(400, "malformed-json", f"request body is not valid JSON: {e}") from e
+    except RecursionError as e:  # json nests on the C stack; a hostile body must not become a 500
+        raise ReviewError(400, "too-deep", "request body nests too deeply to be an AdmissionReview") from e
     if not isinstance(doc, dict):
         raise ReviewError(400, "not-a-review", "request body must be a JSON object (an AdmissionReview)")
     api = doc.get("apiVersion")
