@@ -118,6 +118,15 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 @dataclass(frozen=True)
 class Paths:
     """Layout of the state directory."""
@@ -219,7 +228,7 @@ class LocalCluster:
         """Components whose recorded process is still alive, name -> pid."""
         alive: dict[str, int] = {}
         for name, pid in (self.state.get("pids") or {}).items():
-            if pid_alive(int(pid)):
+            if self._ours(name, int(pid)):
                 alive[name] = int(pid)
         return alive
 
@@ -254,8 +263,10 @@ class LocalCluster:
             raise ClusterError(f"cannot start {name} ({argv[0]}): {exc}") from None
         finally:
             log.close()
-        (self.paths.pids / f"{name}.pid").write_text(str(proc.pid))
+        start = proc_start_time(proc.pid)
+        (self.paths.pids / f"{name}.pid").write_text(f"{proc.pid} {start}\n")
         self.state.setdefault("pids", {})[name] = proc.pid
+        self.state.setdefault("starts", {})[name] = start
         self.state.setdefault("order", []).append(name)
         self._save_state()
         return proc.pid
@@ -294,16 +305,28 @@ class LocalCluster:
                 )
             time.sleep(0.25)
 
+    def _ours(self, name: str, pid: int) -> bool:
+        """True only for a live process this harness started: same start time, own process group."""
+        if pid <= 1 or pid == os.getpid() or not pid_alive(pid):
+            return False
+        recorded = (self.state.get("starts") or {}).get(name)
+        if recorded is None or proc_start_time(pid) != recorded:
+            return False  # the pid was reused by an unrelated process
+        try:
+            return os.getpgid(pid) == pid
+        except ProcessLookupError:
+            return False
+
     def _stop_pid(self, name: str, pid: int, grace: float = 10.0) -> None:
-        if not pid_alive(pid):
+        # Signals go only to the process group of a process we started (checked by start time),
+        # never to a bare or recycled pid.
+        if not self._ours(name, pid):
             return
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
             except ProcessLookupError:
                 return
-            except PermissionError:
-                os.kill(pid, sig)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 # Reap it if it is our child (start-up in this process); harmless otherwise.
@@ -728,9 +751,12 @@ class LocalCluster:
         pids: dict[str, int] = dict(self.state.get("pids") or {})
         # pid files cover a state.json lost mid-start.
         if self.paths.pids.is_dir():
+            starts = self.state.setdefault("starts", {})
             for f in self.paths.pids.glob("*.pid"):
                 try:
-                    pids.setdefault(f.stem, int(f.read_text().strip()))
+                    pid_text, start_text = f.read_text().split()
+                    pids.setdefault(f.stem, int(pid_text))
+                    starts.setdefault(f.stem, start_text)
                 except ValueError:
                     continue
         order = list(self.state.get("order") or [])
@@ -738,12 +764,13 @@ class LocalCluster:
         stopped = []
         for name in names:
             pid = pids[name]
-            if pid_alive(pid):
+            if self._ours(name, pid):
                 self._stop_pid(name, pid)
                 stopped.append(name)
             (self.paths.pids / f"{name}.pid").unlink(missing_ok=True)
         busy = [f"{n}:{p}" for n, p in (self.state.get("ports") or {}).items() if port_open(int(p))]
         self.state["pids"] = {}
+        self.state["starts"] = {}
         self.state["order"] = []
         if self.paths.root.exists():
             self._save_state()

@@ -1,0 +1,188 @@
+"""`draguard demo`: the article's scenarios, live, against the local cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+from webhook.dev import scenarios
+from webhook.dev.cluster import ClusterError, LocalCluster, wait_until
+
+NAMESPACES = {
+    "migrate": ("demo-migrate", scenarios.MIGRATE_LABELS),
+    "tiers": ("demo-llm", {}),
+    "quota": ("team-demo", {}),
+    "training": ("demo-training", {}),
+}
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _indent(text: str) -> str:
+    return textwrap.indent(text.strip() or "(no output)", "    ")
+
+
+class Demo:
+    """Runs the steps, printing what a user would type and what the cluster answered."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.failures: list[str] = []
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        _say(f"  $ kubectl {' '.join(args)}")
+        proc = self.cluster.kubectl_run(*args, input=input)
+        _say(_indent(proc.stdout + proc.stderr))
+        return proc
+
+    def get(self, *args: str) -> Any:
+        proc = self.cluster.kubectl_run("get", *args, "-o", "json")
+        if proc.returncode != 0:
+            raise ClusterError(proc.stderr.strip())
+        return json.loads(proc.stdout)
+
+    def expect(self, ok: bool, what: str) -> None:
+        _say(f"  {'OK ' if ok else 'FAIL'} {what}")
+        if not ok:
+            self.failures.append(what)
+
+    def namespace(self, key: str) -> str:
+        name, labels = NAMESPACES[key]
+        self.cluster.kube().create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}},
+        )
+        self.cluster.wait_default_sa(name)
+        return name
+
+    def wait(self, check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+        try:
+            return wait_until(check, timeout, what, interval=0.5)
+        except ClusterError:
+            return None
+
+    def allocation(self, claim: dict[str, Any]) -> list[dict[str, Any]]:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        return list((alloc.get("devices") or {}).get("results") or [])
+
+    def show_allocation(self, ns: str, claim_name: str) -> list[dict[str, Any]]:
+        claim = self.wait(
+            lambda: (c := self.get("resourceclaim", claim_name, "-n", ns)) and self.allocation(c) and c,
+            f"claim {ns}/{claim_name} allocated",
+        )
+        results = self.allocation(claim) if claim else []
+        for r in results:
+            _say(f"    allocated: driver={r['driver']} pool={r['pool']} device={r['device']}")
+        return results
+
+    def pod_claims(self, ns: str, pod: str) -> list[str]:
+        bound = self.wait(
+            lambda: (p := self.get("pod", pod, "-n", ns))["spec"].get("nodeName") and p,
+            f"pod {ns}/{pod} scheduled",
+        )
+        if not bound:
+            return []
+        _say(f"    pod {pod} bound to node {bound['spec']['nodeName']}")
+        return [s["resourceClaimName"] for s in bound["status"].get("resourceClaimStatuses") or []]
+
+    # ---- steps -------------------------------------------------------------------------------
+    def step_migrate(self) -> None:
+        _say("\n== 1. A device-plugin pod (nvidia.com/gpu: 2) in a namespace in migrate mode")
+        ns = self.namespace("migrate")
+        _say(f"  namespace {ns} is labelled draguard.io/migration-mode=migrate")
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.legacy_pod(ns))
+        self.expect(proc.returncode == 0, "pod admitted")
+        pod = self.get("pod", "gpu-training-legacy", "-n", ns)
+        claims = pod["spec"].get("resourceClaims") or []
+        limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        self.expect(bool(claims) and "nvidia.com/gpu" not in limits, "rewritten to a ResourceClaimTemplate")
+        for c in claims:
+            _say(f"    resourceClaims: {c.get('name')} -> template {c.get('resourceClaimTemplateName')}")
+        names = self.pod_claims(ns, "gpu-training-legacy")
+        results = self.show_allocation(ns, names[0]) if names else []
+        self.expect(len(results) == 2, "controller-manager made the claim; scheduler allocated 2 GPUs")
+
+    def step_tiers(self) -> None:
+        _say("\n== 2. GPU tiers: an LLM inference Deployment may only use H100")
+        ns = self.namespace("tiers")
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.llm_deployment(ns, scenarios.A100))
+        self.expect(proc.returncode != 0 and "denied" in proc.stderr, "A100 Deployment denied by policy")
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.llm_deployment(ns, scenarios.H100))
+        self.expect(proc.returncode == 0, "H100 Deployment admitted")
+
+        def scheduled() -> list[dict[str, Any]]:
+            pods = self.get("pods", "-n", ns, "-l", "app=llm-inference-h100")["items"]
+            done = [p for p in pods if p["spec"].get("nodeName")]
+            return done if len(done) == 2 else []
+
+        pods = self.wait(scheduled, "2 LLM pods scheduled") or []
+        for p in pods:
+            _say(f"    pod {p['metadata']['name']} -> node {p['spec']['nodeName']}")
+        self.expect(len(pods) == 2, "both replicas scheduled on H100 devices")
+
+    def step_cel(self) -> None:
+        _say("\n== 3. A DeviceClass with the article's CEL mistake (migProfile)")
+        proc = self.kubectl("apply", "--dry-run=server", "-f", "-", input=scenarios.mig_profile_deviceclass())
+        self.expect("migProfile" in proc.stderr, "the linter names migProfile and suggests a fix")
+
+    def step_quota(self) -> None:
+        _say("\n== 4. Quota: 9 A100s in a team-* namespace (budget 8)")
+        ns = self.namespace("quota")
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.big_a100_claim(ns))
+        denied = proc.returncode != 0 and "quota" in proc.stderr.lower()
+        self.expect(denied, "claim denied by the quota policy")
+
+    def step_training(self) -> None:
+        _say("\n== 5. 4x A100 training claim, all on one NVLink domain")
+        ns = self.namespace("training")
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.training_claim(ns))
+        self.expect(proc.returncode == 0, "claim and pod admitted")
+        self.pod_claims(ns, "distributed-training")
+        results = self.show_allocation(ns, "training-gpu-claim")
+        self.expect(len(results) == 4 and len({r["pool"] for r in results}) == 1, "4 GPUs from one node")
+
+    def cleanup(self) -> None:
+        names = [n for n, _ in NAMESPACES.values()]
+        self.cluster.kubectl_run("delete", "namespace", "--ignore-not-found", "--wait=false", *names)
+        self.cluster.kubectl_run(
+            "delete", "deviceclass", "--ignore-not-found", "gpu.nvidia.com-a100-mig-3g20gb-typo"
+        )
+
+
+def run_demo(cluster: LocalCluster, keep: bool = False) -> int:
+    demo = Demo(cluster)
+    demo.cleanup()
+    # Namespaces from an earlier run may still be terminating.
+    for name, _ in NAMESPACES.values():
+
+        def gone(n: str = name) -> bool:
+            return cluster.kubectl_run("get", "namespace", n).returncode != 0
+
+        wait_until(gone, 120, f"namespace {name} from an earlier demo to be deleted")
+    t0 = time.monotonic()
+    slices = demo.get("resourceslices")["items"]
+    _say(f"kubeconfig: {cluster.kubeconfig}")
+    nodes = ", ".join(n["name"] for n in cluster.state.get("nodes") or [])
+    _say(f"nodes: {nodes}; {len(slices)} ResourceSlices")
+    for step in (demo.step_migrate, demo.step_tiers, demo.step_cel, demo.step_quota, demo.step_training):
+        try:
+            step()
+        except ClusterError as exc:
+            demo.expect(False, f"{step.__name__}: {exc}")
+    if not keep:
+        demo.cleanup()
+    _say(f"\n{len(demo.failures)} of the checks failed" if demo.failures else "\nall checks passed")
+    _say(f"({time.monotonic() - t0:.0f}s) The cluster keeps running: export KUBECONFIG={cluster.kubeconfig}")
+    _say("Stop it with: draguard demo --down")
+    return 1 if demo.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(LocalCluster()))
