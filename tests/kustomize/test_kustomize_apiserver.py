@@ -1,0 +1,309 @@
+"""The bundle against a real kube-apiserver (etcd + kube-apiserver from scripts/build-k8s.sh).
+
+* every overlay passes `kubectl apply --dry-run=server` (full API validation, including the CEL of the
+  matchConditions and of the DeviceClass selectors, compiled by the API server itself);
+* with the webhook configurations installed and no webhook pod running, the API server's own
+  matchConditions and namespaceSelector decide which requests try to call draguard: GPU objects of
+  every kind are refused (failurePolicy Fail), everything else is admitted without a call, and the
+  fail-open component turns the refusals into admissions.
+
+Skips when the binaries are not built; `make k8s` builds them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kbundle import KUSTOMIZE, OVERLAYS, build, one
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _bin_dir() -> Path | None:
+    env = os.environ.get("DRAGUARD_K8S_BIN")
+    root = Path(os.environ.get("DRAGUARD_K8S_CACHE", Path.home() / ".cache" / "draguard" / "k8s"))
+    cands = [Path(env)] if env else sorted(root.glob("*/bin"), reverse=True)
+    for c in cands:
+        if all(os.access(c / b, os.X_OK) for b in ("etcd", "kube-apiserver")):
+            return c
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Api:
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def apply_kustomization(self, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("apply", *extra, "-k", str(path))
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Api]:
+    bin_dir = _bin_dir()
+    if bin_dir is None or shutil.which("kubectl") is None:
+        pytest.skip("etcd/kube-apiserver not built (make k8s, or set DRAGUARD_K8S_BIN) or kubectl missing")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    tmp = Path(tempfile.mkdtemp(prefix="draguard-bundle-api-"))
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (tmp / "sa.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    (tmp / "sa.pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    (tmp / "tokens.csv").write_text("bundle-admin-token,admin,admin,system:masters\n")
+    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        etcd_log = open(tmp / "etcd.log", "wb")  # noqa: SIM115 - closed in finally
+        logs.append(etcd_log)
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(bin_dir / "etcd"),
+                    "--data-dir",
+                    str(tmp / "etcd"),
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{etcd_port}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{etcd_port}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{peer_port}",
+                ],
+                stdout=etcd_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        api_log = open(tmp / "apiserver.log", "wb")  # noqa: SIM115
+        logs.append(api_log)
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(bin_dir / "kube-apiserver"),
+                    "--etcd-servers",
+                    f"http://127.0.0.1:{etcd_port}",
+                    "--secure-port",
+                    str(api_port),
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--cert-dir",
+                    str(tmp / "certs"),
+                    "--token-auth-file",
+                    str(tmp / "tokens.csv"),
+                    "--authorization-mode",
+                    "RBAC",
+                    # Real clusters run with privileged pods allowed; the DRA driver needs it.
+                    "--allow-privileged=true",
+                    "--service-account-key-file",
+                    str(tmp / "sa.pub"),
+                    "--service-account-signing-key-file",
+                    str(tmp / "sa.key"),
+                    "--service-account-issuer",
+                    "https://kubernetes.default.svc",
+                    "--service-cluster-ip-range",
+                    "10.96.0.0/16",
+                ],
+                stdout=api_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        (tmp / "kubeconfig").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "t",
+                    "clusters": [
+                        {
+                            "name": "t",
+                            "cluster": {
+                                "server": f"https://127.0.0.1:{api_port}",
+                                "insecure-skip-tls-verify": True,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "a", "user": {"token": "bundle-admin-token"}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "a"}}],
+                }
+            )
+        )
+        a = Api(tmp / "kubeconfig")
+        deadline = time.monotonic() + 120
+        while a.kubectl("get", "--raw", "/readyz").returncode != 0:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail(
+                    "kube-apiserver did not become ready:\n"
+                    + (tmp / "apiserver.log").read_text(errors="replace")[-3000:]
+                )
+            time.sleep(1)
+        # Namespaced objects need their namespace to exist even in a dry run; create it from the bundle.
+        ns_obj = one(build("eks"), "Namespace", "draguard-system")
+        assert a.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ns_obj)).returncode == 0
+        assert a.kubectl("create", "namespace", "ml").returncode == 0
+        # No controller-manager here: create the ServiceAccounts pods default to.
+        for ns in ("ml", "kube-system"):
+            a.kubectl("-n", ns, "create", "serviceaccount", "default")
+        yield a
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_passes_server_side_dry_run(api: Api, overlay: str) -> None:
+    res = api.apply_kustomization(KUSTOMIZE / "overlays" / overlay, "--dry-run=server")
+    assert res.returncode == 0, res.stderr
+    assert "(server dry run)" in res.stdout
+    assert "Warning" not in res.stderr, res.stderr
+
+
+def _pod_spec(gpu: bool, restart: str = "Always") -> dict[str, object]:
+    limits = {"nvidia.com/gpu": "1"} if gpu else {"cpu": "100m"}
+    return {
+        "automountServiceAccountToken": False,
+        "restartPolicy": restart,
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+    }
+
+
+def _object(kind: str, gpu: bool, namespace: str = "ml") -> dict[str, object]:
+    meta = {"name": f"{kind.lower()}-{'gpu' if gpu else 'cpu'}", "namespace": namespace}
+    restart = "Never" if kind in {"Pod", "Job", "CronJob"} else "Always"
+    tmpl = {"metadata": {"labels": {"app": "t"}}, "spec": _pod_spec(gpu, restart)}
+    sel = {"matchLabels": {"app": "t"}}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": _pod_spec(gpu, restart)}
+    if kind == "ReplicationController":
+        return {
+            "apiVersion": "v1",
+            "kind": kind,
+            "metadata": meta,
+            "spec": {"selector": {"app": "t"}, "template": tmpl},
+        }
+    if kind == "Job":
+        return {"apiVersion": "batch/v1", "kind": kind, "metadata": meta, "spec": {"template": tmpl}}
+    if kind == "CronJob":
+        return {
+            "apiVersion": "batch/v1",
+            "kind": kind,
+            "metadata": meta,
+            "spec": {"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": tmpl}}},
+        }
+    spec: dict[str, object] = {"selector": sel, "template": tmpl}
+    if kind == "StatefulSet":
+        spec["serviceName"] = "t"
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": meta, "spec": spec}
+
+
+WORKLOADS = {
+    "Pod": "pods",
+    "Deployment": "workloads",
+    "ReplicaSet": "workloads",
+    "StatefulSet": "workloads",
+    "DaemonSet": "workloads",
+    "Job": "workloads",
+    "ReplicationController": "workloads",
+    "CronJob": "cronjobs",
+}
+DRA_OBJECTS = [
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ml"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-h100"}}]
+                }
+            }
+        },
+    },
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "extra.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+    },
+]
+
+
+def _create(api: Api, obj: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    return api.kubectl("create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(obj))
+
+
+def test_api_server_sends_exactly_gpu_objects_to_the_webhook(api: Api) -> None:
+    installed = api.apply_kustomization(KUSTOMIZE / "overlays" / "eks")
+    assert installed.returncode == 0, installed.stderr
+    for kind, family in WORKLOADS.items():
+        refused = _create(api, _object(kind, gpu=True))
+        assert refused.returncode != 0, f"{kind} with a GPU was admitted without the webhook"
+        assert f'failed calling webhook "{family}.validate.draguard.io"' in refused.stderr, refused.stderr
+        admitted = _create(api, _object(kind, gpu=False))
+        assert admitted.returncode == 0, f"{kind} without a GPU reached the webhook: {admitted.stderr}"
+    # kube-system is excluded by name, even for GPU pods.
+    assert _create(api, _object("Pod", gpu=True, namespace="kube-system")).returncode == 0
+    # A pod that only references a claim is a GPU pod too.
+    claim_pod = _object("Pod", gpu=False)
+    claim_pod["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "t"}]  # type: ignore[index]
+    refused = _create(api, claim_pod)
+    assert 'failed calling webhook "pods.validate.draguard.io"' in refused.stderr, refused.stderr
+    for obj in DRA_OBJECTS:
+        refused = _create(api, obj)
+        assert 'failed calling webhook "dra.validate.draguard.io"' in refused.stderr, refused.stderr
+
+
+def test_fail_open_component_admits_when_the_webhook_is_down(api: Api) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "kustomization.yaml").write_text(
+            f"resources:\n  - {os.path.relpath(KUSTOMIZE / 'overlays' / 'eks', tmp)}\n"
+            f"components:\n  - {os.path.relpath(KUSTOMIZE / 'components' / 'fail-open-validation', tmp)}\n"
+        )
+        res = api.apply_kustomization(Path(tmp))
+    assert res.returncode == 0, res.stderr
+    try:
+        for kind in WORKLOADS:
+            admitted = _create(api, _object(kind, gpu=True))
+            assert admitted.returncode == 0, admitted.stderr
+    finally:
+        back = api.apply_kustomization(KUSTOMIZE / "overlays" / "eks")
+        assert back.returncode == 0, back.stderr
