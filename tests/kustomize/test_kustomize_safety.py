@@ -255,3 +255,25 @@ def test_driver_daemonset_contract(overlay: str) -> None:
     assert ("/dev" in host) == (overlay != "local")
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mounts_match_volumes_and_the_tls_secret(overlay: str) -> None:
+    for o in build(overlay):
+        spec = (
+            o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            if o["kind"] == "CronJob"
+            else o["spec"]["template"]["spec"]
+            if o["kind"] in {"Deployment", "DaemonSet", "Job"}
+            else None
+        )
+        if spec is None:
+            continue
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in vols, (
+                    f"{o['kind']}/{o['metadata']['name']}: mount {m['name']} has no volume"
+                )
+        if "tls" in vols:
+            assert vols["tls"]["secret"]["secretName"] == "draguard-webhook-tls"

@@ -1,0 +1,95 @@
+"""The monitoring component: alerts match the DRA monitoring table, and every series they read is one
+the webhook or the driver really exports, with the labels the expressions group by."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from kbundle import build, find, one
+
+prometheus_parser = pytest.importorskip("prometheus_client.parser")
+
+
+def _rules() -> dict[str, dict[str, object]]:
+    objs = build("eks", ("monitoring",))
+    rule = one(objs, "PrometheusRule", "draguard")
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def _exported() -> dict[str, set[str]]:
+    """Series name -> label names, from the exporters' own /metrics rendering."""
+    from prometheus_client import generate_latest
+
+    from driver.metrics import DriverMetrics
+    from webhook.server.metrics import DraStats, Metrics
+
+    hook = Metrics()
+    hook.bind(lambda: DraStats(1, 1, 0, {"gpu.nvidia.com-h100": 3}, {"gpu.nvidia.com-h100": 5}), dict)
+    hook.allocation.observe(2.0)
+    drv = DriverMetrics()
+    drv.nvml_error("nvmlDeviceGetCount")
+    out: dict[str, set[str]] = {}
+    for text in (hook.render().decode(), generate_latest(drv.registry).decode()):
+        for fam in prometheus_parser.text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
+def test_alerts_encode_the_seed_thresholds() -> None:
+    rules = _rules()
+    assert set(rules) == {
+        "DRAResourceClaimsPending",
+        "DRADeviceAvailabilityLow",
+        "DRAAllocationSlow",
+        "DRAPluginErrors",
+    }
+    pending = rules["DRAResourceClaimsPending"]
+    assert "dra_resource_claims_pending" in str(pending["expr"]) and pending["for"] == "5m"
+    avail = " ".join(str(rules["DRADeviceAvailabilityLow"]["expr"]).split())
+    assert "dra_devices_available" in avail and "dra_devices_allocated" in avail and avail.endswith("< 0.10")
+    slow = " ".join(str(rules["DRAAllocationSlow"]["expr"]).split())
+    assert slow.startswith("histogram_quantile(0.99,") and "dra_allocation_duration_seconds_bucket" in slow
+    assert slow.endswith("> 30")
+    errors = rules["DRAPluginErrors"]
+    assert re.search(r"increase\(dra_plugin_errors_total\[1m\]\)\) >= 5$", str(errors["expr"]))
+    assert errors["labels"] == {"severity": "critical"}
+    assert {r["labels"]["severity"] for n, r in rules.items() if n != "DRAPluginErrors"} == {"warning"}  # type: ignore[index]
+
+
+def test_alerts_read_series_the_exporters_publish() -> None:
+    exported = _exported()
+    for name, rule in _rules().items():
+        expr = str(rule["expr"])
+        for series in set(re.findall(r"\b(dra_[a-z_]+)\b", expr)):
+            assert series in exported, f"{name}: {series} is not exported by the webhook or the driver"
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                if label in {"le"}:
+                    continue
+                if label == "node":  # added by the driver ServiceMonitor's relabeling
+                    continue
+                users = [s for s in re.findall(r"\b(dra_[a-z_]+)\b", expr)]
+                assert all(label in exported[s] for s in users), f"{name}: label {label} missing on {users}"
+
+
+def test_scrape_targets_match_the_workloads() -> None:
+    objs = build("eks", ("monitoring",))
+    monitors = {m["metadata"]["name"]: m for m in find(objs, "ServiceMonitor")}
+    webhook_svc = one(objs, "Service", "draguard-webhook")
+    driver_svc = one(objs, "Service", "draguard-driver-metrics")
+    hook = monitors["draguard-webhook"]
+    assert hook["spec"]["selector"]["matchLabels"].items() <= webhook_svc["metadata"]["labels"].items()
+    (ep,) = hook["spec"]["endpoints"]
+    assert ep["port"] in {p["name"] for p in webhook_svc["spec"]["ports"]} and ep["scheme"] == "https"
+    assert ep["tlsConfig"]["ca"]["secret"] == {"name": "draguard-webhook-tls", "key": "ca.crt"}
+    assert ep["tlsConfig"]["serverName"] == "draguard-webhook.draguard-system.svc"
+    drv = monitors["draguard-driver"]
+    assert drv["spec"]["selector"]["matchLabels"].items() <= driver_svc["metadata"]["labels"].items()
+    ds = one(objs, "DaemonSet", "draguard-driver")
+    assert driver_svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (dep,) = drv["spec"]["endpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in dep["relabelings"]
+    ctr = ds["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in ctr["ports"]
