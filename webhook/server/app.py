@@ -334,7 +334,7 @@ class Webhook:
                     "kind": o.kind,
                     "operation": o.operation,
                     "namespace": o.namespace,
-                    "name": o.name,
+                    "object": o.name,  # "name" is a LogRecord attribute; logging refuses it
                     "verdict": o.verdict,
                     "dry_run": o.dry_run,
                     "rules": sorted({f.rule for f in o.findings}),
