@@ -164,3 +164,20 @@ def test_local_driver_runs_simulated_with_a_topology_the_image_ships() -> None:
     assert "/dev" not in {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     # the volume list and the mounts still agree after the deletions
     assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} <= {v["name"] for v in spec["volumes"]}
+
+
+def test_gke_allows_critical_priority_pods_in_draguard_system() -> None:
+    objs = build("gke")
+    quota = one(objs, "ResourceQuota", "draguard-critical-pods")
+    assert quota["metadata"]["namespace"] == "draguard-system"
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    used = {
+        pod_spec["priorityClassName"]
+        for o in objs
+        if o["kind"] in {"Deployment", "DaemonSet"}
+        for pod_spec in [o["spec"]["template"]["spec"]]
+    }
+    assert expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
+    assert used == {"system-cluster-critical", "system-node-critical"} and used <= set(expr["values"])
+    assert int(quota["spec"]["hard"]["pods"]) >= 100
+    assert not find(build("eks"), "ResourceQuota")
