@@ -169,7 +169,9 @@ def generate_serving(
             critical=True,
         )
         .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
             critical=False,
         )
         .add_extension(
@@ -386,6 +388,7 @@ def ensure_certificates(
     inject: Callable[[bytes], tuple[list[str], list[str]]] | None = None,
     now: dt.datetime | None = None,
     force: bool = False,
+    rotate_ca: bool = False,
 ) -> CertResult:
     """Issue or renew what is needed; inject the bundle (before storing a serving cert from a new CA)."""
     now = now or _now()
@@ -404,7 +407,7 @@ def ensure_certificates(
         old_bundle = load_certs(m.ca_bundle) + ([ca] if ca else [])
     except ValueError:
         res.reasons.append("stored CA bundle unreadable; rebuilding it")
-    if ca is None or renewal_due(ca, now) or ca.not_valid_after_utc <= now or force:
+    if ca is None or renewal_due(ca, now) or ca.not_valid_after_utc <= now or rotate_ca:
         if ca is not None:
             res.reasons.append(
                 "CA renewal forced"

@@ -72,9 +72,13 @@ def seed_inventory() -> Inventory:
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": "one-a100", "namespace": "team-a"},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}
-            ]}}},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}]
+                    }
+                }
+            },
         }
     )
     return Inventory.from_objects(o for o in objs if o)
@@ -94,7 +98,9 @@ class RecordingCreator:
         return "created"
 
 
-def make_webhook(policies: Path, creator: Any = None, labels: Mapping[str, Mapping[str, str]] | None = None) -> Webhook:
+def make_webhook(
+    policies: Path, creator: Any = None, labels: Mapping[str, Mapping[str, str]] | None = None
+) -> Webhook:
     wh = Webhook(ServeOptions(policies=str(policies), no_watch=True, poll_interval=0.1), creator=creator)
     assert wh.load_policies(first=True), wh.watcher.last_error
     wh.set_inventory(seed_inventory())
@@ -161,5 +167,7 @@ def policy_dir(tmp_path: Path) -> Callable[[str], Path]:
 @pytest.fixture
 def cert_dir(tmp_path: Path) -> Path:
     out = tmp_path / "tls"
-    assert run_cli(["certs", "--out-dir", str(out), "--extra-san", "127.0.0.1", "--extra-san", "localhost"]) == 0
+    assert (
+        run_cli(["certs", "--out-dir", str(out), "--extra-san", "127.0.0.1", "--extra-san", "localhost"]) == 0
+    )
     return out

@@ -35,13 +35,19 @@ def legacy_pod_spec() -> dict[str, Any]:
 def tier_pod_spec() -> dict[str, Any]:
     return {
         "containers": [
-            {"name": "server", "image": "example.com/llm-server:1", "resources": {"claims": [{"name": "gpu"}]}}
+            {
+                "name": "server",
+                "image": "example.com/llm-server:1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
         ],
         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-a100"}],
     }
 
 
-def workload(kind: str, spec: dict[str, Any], labels: dict[str, str] | None = None, name: str = "w") -> dict[str, Any]:
+def workload(
+    kind: str, spec: dict[str, Any], labels: dict[str, str] | None = None, name: str = "w"
+) -> dict[str, Any]:
     group, version = WORKLOADS[kind]
     api = f"{group}/{version}" if group else version
     labels = labels or {}
@@ -84,11 +90,18 @@ def request(version: str, cls: str, expression: str | None = None, count: int = 
 def dra_object(kind: str, version: str, expression: str | None = None, name: str = "c") -> dict[str, Any]:
     api = f"resource.k8s.io/{version}"
     if kind == "DeviceClass":
-        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression or "device.driver == 'gpu.nvidia.com'"}}]}
+        spec: dict[str, Any] = {
+            "selectors": [{"cel": {"expression": expression or "device.driver == 'gpu.nvidia.com'"}}]
+        }
         return {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": spec}
     claim = {"devices": {"requests": [request(version, "gpu.nvidia.com-a100", expression)]}}
     if kind == "ResourceClaim":
-        return {"apiVersion": api, "kind": kind, "metadata": {"name": name, "namespace": "team-a"}, "spec": claim}
+        return {
+            "apiVersion": api,
+            "kind": kind,
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": claim,
+        }
     return {
         "apiVersion": api,
         "kind": kind,

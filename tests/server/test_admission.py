@@ -31,9 +31,15 @@ MIGRATION_MODE = {"enforce": "enforce", "warn": "warn", "audit": "observe"}
 DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
 # Model class names in the kubernetes client, to check patched objects against the schema.
 MODELS = {
-    "Pod": "V1Pod", "PodTemplate": "V1PodTemplate", "ReplicationController": "V1ReplicationController",
-    "Deployment": "V1Deployment", "ReplicaSet": "V1ReplicaSet", "StatefulSet": "V1StatefulSet",
-    "DaemonSet": "V1DaemonSet", "Job": "V1Job", "CronJob": "V1CronJob",
+    "Pod": "V1Pod",
+    "PodTemplate": "V1PodTemplate",
+    "ReplicationController": "V1ReplicationController",
+    "Deployment": "V1Deployment",
+    "ReplicaSet": "V1ReplicaSet",
+    "StatefulSet": "V1StatefulSet",
+    "DaemonSet": "V1DaemonSet",
+    "Job": "V1Job",
+    "CronJob": "V1CronJob",
 }
 
 
@@ -63,7 +69,9 @@ def assert_placed(resp: dict[str, Any], rule: str, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
-async def test_tier_rule_on_every_workload_kind(kind: str, mode: str, policy_dir: Callable[[str], Path]) -> None:
+async def test_tier_rule_on_every_workload_kind(
+    kind: str, mode: str, policy_dir: Callable[[str], Path]
+) -> None:
     wh = make_webhook(policy_dir(mode))
     group, version = WORKLOADS[kind]
     obj = workload(kind, tier_pod_spec(), {"draguard.io/workload-class": "llm"})
@@ -73,7 +81,9 @@ async def test_tier_rule_on_every_workload_kind(kind: str, mode: str, policy_dir
     assert doc["response"]["uid"] == "0b8e3f3c-1111-4a5e-9e1a-3c6f0d2a7b01"
     assert_placed(doc["response"], "tier/gpu-tiers", mode)
     if mode == "enforce":
-        assert "gpu.nvidia.com-h100" in doc["response"]["status"]["message"]  # the fix names the allowed class
+        assert (
+            "gpu.nvidia.com-h100" in doc["response"]["status"]["message"]
+        )  # the fix names the allowed class
     # The mutating side never decides verdicts.
     status, doc = await post(wh, "mutate", review(obj, group=group, version=version, kind=kind))
     assert status == 200 and doc["response"] == {"uid": doc["response"]["uid"], "allowed": True}
@@ -107,7 +117,9 @@ async def test_cel_rules_on_every_dra_kind_and_version(
     wh = make_webhook(policy_dir(mode))
     obj = dra_object(kind, version, NO_MATCH_CEL)
     ns = "" if kind == "DeviceClass" else "team-a"
-    status, doc = await post(wh, "validate", review(obj, group="resource.k8s.io", version=version, kind=kind, namespace=ns))
+    status, doc = await post(
+        wh, "validate", review(obj, group="resource.k8s.io", version=version, kind=kind, namespace=ns)
+    )
     assert status == 200
     assert_placed(doc["response"], "cel/no-match", mode)
     if version != "v1":
@@ -150,16 +162,22 @@ async def test_migrate_mode_patch_applies_and_validates(kind: str, policy_dir: C
 
 async def test_migrate_dry_run_patches_without_creating(policy_dir: Callable[[str], Path]) -> None:
     creator = RecordingCreator()
-    wh = make_webhook(policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    wh = make_webhook(
+        policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}}
+    )
     status, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec()), dry_run=True))
     assert "patch" in doc["response"] and creator.made == []
 
 
-async def test_migrate_reuses_existing_template_and_refuses_foreign_one(policy_dir: Callable[[str], Path]) -> None:
+async def test_migrate_reuses_existing_template_and_refuses_foreign_one(
+    policy_dir: Callable[[str], Path],
+) -> None:
     from dataclasses import replace
 
     creator = RecordingCreator()
-    wh = make_webhook(policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    wh = make_webhook(
+        policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}}
+    )
     body = review(workload("Pod", legacy_pod_spec()))
     _s, doc = await post(wh, "mutate", body)
     tmpl = creator.made[0]
@@ -177,7 +195,8 @@ async def test_migrate_reuses_existing_template_and_refuses_foreign_one(policy_d
 
 async def test_migrate_template_creation_failure_withdraws_patch(policy_dir: Callable[[str], Path]) -> None:
     wh = make_webhook(
-        policy_dir("enforce"), creator=RecordingCreator(fail=TimeoutError("API server slow")),
+        policy_dir("enforce"),
+        creator=RecordingCreator(fail=TimeoutError("API server slow")),
         labels={"team-a": {"draguard.io/migration-mode": "migrate"}},
     )
     _s, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec())))
@@ -213,10 +232,15 @@ async def test_other_kinds_and_subresources_pass_and_are_counted(policy_dir: Cal
     _s, doc = await post(wh, "validate", review(obj, sub_resource="status", operation="UPDATE"))
     assert doc["response"]["allowed"] is True
     text = wh.metrics.render().decode()
-    assert 'draguard_admission_ignored_total{endpoint="validate",kind="ConfigMap",operation="CREATE"} 1.0' in text
+    assert (
+        'draguard_admission_ignored_total{endpoint="validate",kind="ConfigMap",operation="CREATE"} 1.0'
+        in text
+    )
 
 
-async def test_rule_exception_never_500(policy_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_rule_exception_never_500(
+    policy_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A rule that raises: validate denies naming the rule, mutate allows without a patch; both counted."""
     import webhook.engine.evaluate as ev
     from webhook.engine.rules import RuleModule, registry
@@ -227,8 +251,11 @@ async def test_rule_exception_never_500(policy_dir: Callable[[str], Path], monke
 
     broken = RuleModule("boom", (FunctionRule("boom/rule", boom),))
     monkeypatch.setattr(ev, "modules", lambda names=None: (*registry(), broken))
-    wh = make_webhook(policy_dir("enforce"), creator=RecordingCreator(),
-                      labels={"team-a": {"draguard.io/migration-mode": "migrate"}})
+    wh = make_webhook(
+        policy_dir("enforce"),
+        creator=RecordingCreator(),
+        labels={"team-a": {"draguard.io/migration-mode": "migrate"}},
+    )
     obj = workload("Pod", legacy_pod_spec())
     status, doc = await post(wh, "validate", review(obj))
     assert status == 200 and doc["response"]["allowed"] is False
@@ -249,9 +276,17 @@ async def test_metrics_count_requests_findings_and_latency(policy_dir: Callable[
         r = await c.get("/metrics")
         text = await r.text()
     assert r.status == 200
-    assert 'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="CREATE",verdict="warned"} 1.0' in text
+    assert (
+        'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="CREATE",verdict="warned"} 1.0'
+        in text
+    )
     assert 'draguard_findings_total{endpoint="validate",mode="warn",rule="tier/gpu-tiers"} 1.0' in text
     assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 1.0' in text
-    for name in ("dra_resource_claims_total", "dra_resource_claims_pending", "dra_resource_claims_allocated",
-                 "dra_allocation_duration_seconds_count", "draguard_policy_reload_failures_total"):
+    for name in (
+        "dra_resource_claims_total",
+        "dra_resource_claims_pending",
+        "dra_resource_claims_allocated",
+        "dra_allocation_duration_seconds_count",
+        "draguard_policy_reload_failures_total",
+    ):
         assert name in text

@@ -279,9 +279,7 @@ class Webhook:
                     self.metrics.generated.labels("reused").inc()
                     continue
                 self.metrics.generated.labels("conflict").inc()
-                return admission.without_patch(
-                    outcome, f"template {key[1]} exists, not managed by draguard"
-                )
+                return admission.without_patch(outcome, f"template {key[1]} exists, not managed by draguard")
             if self.creator is None:
                 self.metrics.generated.labels("unavailable").inc()
                 return admission.without_patch(
@@ -445,7 +443,12 @@ async def serve(
         extra={"delay_s": opts.shutdown_delay},
     )
     await asyncio.sleep(opts.shutdown_delay)
-    await runner.cleanup()  # stops accepting, lets in-flight handlers finish
+    await site.stop()  # no new connections
+    # Let requests already being read or evaluated finish before connections are closed.
+    deadline = time.monotonic() + 25.0
+    while wh.inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await runner.cleanup()
     await wh.stop_background()
     wh.tls.close()
     log.info("stopped")

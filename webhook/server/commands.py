@@ -71,6 +71,11 @@ def register(sub: Any) -> None:
     c.add_argument("--ca-days", type=float, default=3650.0)
     c.add_argument("--cert-days", type=float, default=365.0)
     c.add_argument("--force", action="store_true", help="renew the serving certificate now")
+    c.add_argument(
+        "--rotate-ca",
+        action="store_true",
+        help="issue a new CA now (the old one stays in the bundle until it expires)",
+    )
     c.add_argument("--no-inject", action="store_true", help="do not touch the webhook configurations")
     c.set_defaults(func=cmd_certs)
 
@@ -161,7 +166,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
                 return certs.inject_ca_bundle(adm, args.webhook_config, bundle)
 
         res = certs.ensure_certificates(
-            store, names, ca_days=args.ca_days, cert_days=args.cert_days, inject=inject, force=args.force
+            store,
+            names,
+            ca_days=args.ca_days,
+            cert_days=args.cert_days,
+            inject=inject,
+            force=args.force,
+            rotate_ca=args.rotate_ca,
         )
     except certs.CertError as e:
         return _err(str(e))
