@@ -165,7 +165,7 @@ async def test_migrate_dry_run_patches_without_creating(policy_dir: Callable[[st
     wh = make_webhook(
         policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}}
     )
-    status, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec()), dry_run=True))
+    _status, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec()), dry_run=True))
     assert "patch" in doc["response"] and creator.made == []
 
 
@@ -277,8 +277,8 @@ async def test_metrics_count_requests_findings_and_latency(policy_dir: Callable[
         text = await r.text()
     assert r.status == 200
     assert (
-        'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="CREATE",verdict="warned"} 1.0'
-        in text
+        'draguard_admission_requests_total{endpoint="validate",kind="Pod",'
+        'operation="CREATE",verdict="warned"} 1.0' in text
     )
     assert 'draguard_findings_total{endpoint="validate",mode="warn",rule="tier/gpu-tiers"} 1.0' in text
     assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 1.0' in text
@@ -290,3 +290,26 @@ async def test_metrics_count_requests_findings_and_latency(policy_dir: Callable[
         "draguard_policy_reload_failures_total",
     ):
         assert name in text
+
+
+async def test_info_log_line_per_review_without_the_object(policy_dir: Callable[[str], Path]) -> None:
+    import io
+    import logging
+
+    from webhook.server import logs
+
+    stream = io.StringIO()
+    logs.setup("info", stream)
+    try:
+        wh = make_webhook(policy_dir("enforce"))
+        obj = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+        status, _doc = await post(wh, "validate", review(obj))
+    finally:
+        logging.getLogger().handlers.clear()
+    assert status == 200
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    entry = next(e for e in lines if e["msg"] == "admission")
+    assert entry["uid"] == "0b8e3f3c-1111-4a5e-9e1a-3c6f0d2a7b01"
+    assert entry["verdict"] == "denied" and entry["rules"] == ["tier/gpu-tiers"]
+    assert entry["object"] == "Pod/team-a/w"
+    assert "llm-server" not in stream.getvalue()  # the object itself is not logged at info

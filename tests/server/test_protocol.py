@@ -99,7 +99,8 @@ async def test_not_ready_without_valid_policies(tmp_path: Path) -> None:
     bad = tmp_path / "p"
     bad.mkdir()
     (bad / "x.yaml").write_text(
-        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\nmetadata: {name: t}\nspec: {mode: sometimes}\n"
+        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\n"
+        "metadata: {name: t}\nspec: {mode: sometimes}\n"
     )
     from webhook.server.app import ServeOptions
 

@@ -100,15 +100,17 @@ async def test_client_certificate_required_with_client_ca(tmp_path: Path, cert_d
     crt, key = certs.generate_serving(ca_pem, ca_key, ["kube-apiserver"], client=True)
     (tmp_path / "client.crt").write_bytes(crt)
     (tmp_path / "client.key").write_bytes(key)
-    async with running(pol, cert_dir, client_ca=str(tmp_path / "clients-ca.crt")) as (url, _wh):
-        async with aiohttp.ClientSession() as s:
-            with pytest.raises(aiohttp.ClientError):
-                async with s.get(f"{url}/healthz", ssl=client_ctx(cert_dir / "ca.crt")) as r:
-                    await r.read()
-            ctx = client_ctx(cert_dir / "ca.crt")
-            ctx.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
-            async with s.get(f"{url}/healthz", ssl=ctx) as r:
-                assert r.status == 200
+    async with (
+        running(pol, cert_dir, client_ca=str(tmp_path / "clients-ca.crt")) as (url, _wh),
+        aiohttp.ClientSession() as s,
+    ):
+        with pytest.raises(aiohttp.ClientError):
+            async with s.get(f"{url}/healthz", ssl=client_ctx(cert_dir / "ca.crt")) as r:
+                await r.read()
+        ctx = client_ctx(cert_dir / "ca.crt")
+        ctx.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
+        async with s.get(f"{url}/healthz", ssl=ctx) as r:
+            assert r.status == 200
 
 
 def _served_serial(port: int, ca: Path) -> int:
@@ -194,7 +196,7 @@ async def test_half_written_key_pair_keeps_serving_old_certificate(tmp_path: Pat
 
 
 def _configmap_dir(root: Path, version: str, mode: str, broken: bool = False) -> None:
-    """Lay out policies as the kubelet mounts a ConfigMap: ..<ts>/files, ..data -> ..<ts>, file -> ..data/file."""
+    """Policies laid out as the kubelet mounts a ConfigMap: ..<ts>/f, ..data -> ..<ts>, f -> ..data/f."""
     data = root / f"..{version}"
     write_policies(data, mode)
     if broken:

@@ -249,7 +249,10 @@ class Webhook:
             outcome = admission.review(endpoint, request, self.snapshot)
             if outcome.generated and endpoint == "mutate":
                 outcome = await self._ensure_generated(outcome)
-            self._account(endpoint, outcome, time.perf_counter() - t0)
+            try:
+                self._account(endpoint, outcome, time.perf_counter() - t0)
+            except Exception:  # bookkeeping must never cost the API server its answer
+                log.exception("recording an admission outcome failed")
             return web.Response(
                 body=json.dumps(outcome.document(), separators=(",", ":")), content_type="application/json"
             )
@@ -332,7 +335,7 @@ class Webhook:
                     "kind": o.kind,
                     "operation": o.operation,
                     "namespace": o.namespace,
-                    "object": o.name,  # "name" is a LogRecord attribute; logging refuses it
+                    "object": f"{o.kind}/{o.namespace + '/' if o.namespace else ''}{o.name}",  # "name" is reserved by LogRecord
                     "verdict": o.verdict,
                     "dry_run": o.dry_run,
                     "rules": sorted({f.rule for f in o.findings}),
