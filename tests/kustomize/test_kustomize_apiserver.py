@@ -307,3 +307,92 @@ def test_fail_open_component_admits_when_the_webhook_is_down(api: Api) -> None:
     finally:
         back = api.apply_kustomization(KUSTOMIZE / "overlays" / "eks")
         assert back.returncode == 0, back.stderr
+
+
+CERTS_SCRIPT = """
+import argparse, sys
+from webhook.server import commands
+p = argparse.ArgumentParser(prog="draguard")
+commands.register(p.add_subparsers(dest="command"))
+a = p.parse_args(sys.argv[1:])
+sys.exit(a.func(a))
+"""
+
+
+def _sa_kubeconfig(api: Api, sa: str, path: Path) -> Path:
+    token = api.kubectl("-n", "draguard-system", "create", "token", sa)
+    assert token.returncode == 0, token.stderr
+    cfg = yaml.safe_load(api.kubeconfig.read_text())
+    cfg["users"] = [{"name": "a", "user": {"token": token.stdout.strip()}}]
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_cert_job_identity_issues_secret_and_injects_ca(api: Api, tmp_path: Path) -> None:
+    """`draguard certs`, run with exactly the Job's arguments and ServiceAccount, has every right it needs."""
+    import base64
+    import json
+    import sys
+
+    assert api.apply_kustomization(KUSTOMIZE / "overlays" / "eks").returncode == 0
+    job = one(build("eks"), "Job", "draguard-certs")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    kubeconfig = _sa_kubeconfig(api, "draguard-certs", tmp_path / "certs.kubeconfig")
+    repo = KUSTOMIZE.parent
+    for attempt in ("first run", "second run (renewal path)"):
+        run = subprocess.run(
+            [sys.executable, "-c", CERTS_SCRIPT, *args, "--kubeconfig", str(kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=repo,
+            env={**os.environ, "PYTHONPATH": str(repo)},
+        )
+        assert run.returncode == 0, f"{attempt}: {run.stderr}"
+    secret = json.loads(
+        api.kubectl("-n", "draguard-system", "get", "secret", "draguard-webhook-tls", "-o", "json").stdout
+    )
+    assert secret["type"] == "kubernetes.io/tls"
+    assert {"tls.crt", "tls.key", "ca.crt"} <= set(secret["data"])
+    bundle = secret["data"]["ca.crt"]
+    assert base64.b64decode(bundle).startswith(b"-----BEGIN CERTIFICATE-----")
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cfg = json.loads(api.kubectl("get", kind, "draguard", "-o", "json").stdout)
+        assert {h["clientConfig"].get("caBundle") for h in cfg["webhooks"]} == {bundle}, kind
+    # Re-applying the bundle (as GitOps does) keeps the injected caBundle.
+    assert api.apply_kustomization(KUSTOMIZE / "overlays" / "eks").returncode == 0
+    cfg = json.loads(api.kubectl("get", "validatingwebhookconfiguration", "draguard", "-o", "json").stdout)
+    assert {h["clientConfig"].get("caBundle") for h in cfg["webhooks"]} == {bundle}
+
+
+def _can(api: Api, sa: str, *args: str) -> bool:
+    res = api.kubectl("auth", "can-i", *args, f"--as=system:serviceaccount:draguard-system:{sa}")
+    return res.stdout.strip() == "yes"
+
+
+def test_service_accounts_hold_what_they_need_and_nothing_broader(api: Api) -> None:
+    assert api.apply_kustomization(KUSTOMIZE / "overlays" / "eks").returncode == 0
+    dra = "resource.k8s.io"
+    for verb in ("list", "watch"):
+        for res in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"):
+            assert _can(api, "draguard-webhook", verb, f"{res}.{dra}", "-A"), (verb, res)
+        for res in ("namespaces", "resourcequotas"):
+            assert _can(api, "draguard-webhook", verb, res, "-A"), (verb, res)
+    assert _can(api, "draguard-webhook", "create", f"resourceclaimtemplates.{dra}", "-n", "ml")
+    assert _can(api, "draguard-webhook", "get", "secret/draguard-webhook-tls", "-n", "draguard-system")
+    assert _can(api, "draguard-webhook", "patch", "validatingwebhookconfigurations/draguard")
+    assert not _can(api, "draguard-webhook", "get", "secret/draguard-webhook-tls-ca", "-n", "draguard-system")
+    assert not _can(api, "draguard-webhook", "list", "secrets", "-n", "draguard-system")
+    assert not _can(api, "draguard-webhook", "create", "secrets", "-n", "draguard-system")
+    assert not _can(api, "draguard-webhook", "patch", "validatingwebhookconfigurations/other")
+    assert not _can(api, "draguard-webhook", "create", f"resourceclaims.{dra}", "-n", "ml")
+    for verb in ("create", "update", "delete", "list", "watch"):
+        assert _can(api, "draguard-driver", verb, f"resourceslices.{dra}"), verb
+    assert _can(api, "draguard-driver", "get", f"resourceclaims.{dra}", "-n", "ml")
+    assert _can(api, "draguard-driver", "get", "nodes")
+    assert not _can(api, "draguard-driver", "list", f"resourceclaims.{dra}", "-A")
+    assert not _can(api, "draguard-driver", "get", "secrets", "-n", "draguard-system")
+    assert not _can(api, "draguard-driver", "update", "nodes")
+    assert not _can(api, "draguard-certs", "create", "secrets", "-n", "ml")
+    assert not _can(api, "draguard-certs", "get", "secret/other", "-n", "draguard-system")

@@ -125,7 +125,7 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         ("resource.k8s.io", "resourceslices"): {"list", "watch"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
         ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
-        ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create"},
+        ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create", "get"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
