@@ -170,3 +170,30 @@ def test_a_broken_kustomization_fails_loudly(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources:\n  - does-not-exist.yaml\n")
     with pytest.raises(BuildError, match="does-not-exist"):
         run_build(tmp_path)
+
+
+def test_generated_configmap_loads_as_mounted(tmp_path: Path) -> None:
+    """Lay the ConfigMap out the way the kubelet mounts it (timestamped dir, `..data` link, one link per
+    key) and load it with the loader `draguard serve --policies /etc/draguard/policies` uses."""
+    import os
+
+    load = pytest.importorskip("webhook.policy.load")
+    cm = next(
+        c for c in find(build("base"), "ConfigMap") if c["metadata"]["name"].startswith("draguard-policies-")
+    )
+    data = cm.get("data", {})
+    if not data:
+        pytest.skip("policies/ holds no policy yet")
+    stamp = tmp_path / "..2026_01_01_00_00_00.000000001"
+    stamp.mkdir()
+    for key, text in data.items():
+        (stamp / key).write_text(text)
+    os.symlink(stamp.name, tmp_path / "..data")
+    for key in data:
+        os.symlink(f"..data/{key}", tmp_path / key)
+    policies = load.load_policies(tmp_path)
+    direct = load.load_policies(REPO / "policies")
+    # Same policies, same order; only the source paths differ.
+    assert repr(policies).replace(str(tmp_path), "<dir>") == repr(direct).replace(
+        str(REPO / "policies"), "<dir>"
+    )
