@@ -189,9 +189,12 @@ def api() -> Iterator[Api]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.parametrize("mode", ["client-side apply", "server-side apply"])
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_passes_server_side_dry_run(api: Api, overlay: str) -> None:
-    res = api.apply_kustomization(KUSTOMIZE / "overlays" / overlay, "--dry-run=server")
+def test_overlay_passes_server_side_dry_run(api: Api, overlay: str, mode: str) -> None:
+    """Both the way `kubectl apply`/Argo CD sends objects and the way Flux does (server-side apply)."""
+    extra = ["--server-side", "--field-manager=draguard-test"] if mode.startswith("server") else []
+    res = api.apply_kustomization(KUSTOMIZE / "overlays" / overlay, "--dry-run=server", *extra)
     assert res.returncode == 0, res.stderr
     assert "(server dry run)" in res.stdout
     assert "Warning" not in res.stderr, res.stderr
