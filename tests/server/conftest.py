@@ -136,7 +136,8 @@ def review(
         "dryRun": dry_run,
     }
     if obj is not None:
-        req["name"] = (obj.get("metadata") or {}).get("name")
+        meta = obj.get("metadata")
+        req["name"] = meta.get("name") if isinstance(meta, dict) else None
     if sub_resource:
         req["subResource"] = sub_resource
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import client as k8s
 
-from tests.server.conftest import RecordingCreator, make_webhook, review
+from tests.server.conftest import RecordingCreator, make_webhook, review, write_policies
 from tests.server.objects import (
     DRA_VERSIONS,
     NO_MATCH_CEL,
@@ -313,3 +313,27 @@ async def test_info_log_line_per_review_without_the_object(policy_dir: Callable[
     assert entry["verdict"] == "denied" and entry["rules"] == ["tier/gpu-tiers"]
     assert entry["object"] == "Pod/team-a/w"
     assert "llm-server" not in stream.getvalue()  # the object itself is not logged at info
+
+
+async def test_review_cache_answers_repeats_with_their_own_uid(policy_dir: Callable[[str], Path]) -> None:
+    wh = make_webhook(policy_dir("enforce"))
+    obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    first = review(obj, group="apps", kind="Deployment", uid="11111111-aaaa")
+    second = review(obj, group="apps", kind="Deployment", uid="22222222-bbbb")
+    async with TestClient(TestServer(wh.build_app())) as c:
+        d1 = await (await c.post("/validate", json=first)).json()
+        d2 = await (await c.post("/validate", json=second)).json()
+        assert d1["response"]["uid"] == "11111111-aaaa" and d2["response"]["uid"] == "22222222-bbbb"
+        assert {**d1["response"], "uid": ""} == {**d2["response"], "uid": ""}
+        text = wh.metrics.render().decode()
+        assert 'draguard_review_cache_total{result="hit"} 1.0' in text
+        # New policies (a new snapshot generation) are never answered from the old entries.
+        write_policies(Path(wh.opts.policies), "warn")
+        assert wh.load_policies()
+        d3 = await (await c.post("/validate", json=second)).json()
+        assert d3["response"]["allowed"] is True
+        # A different object is a different entry.
+        other = review(workload("Pod", legacy_pod_spec()), uid="33333333-cccc")
+        d4 = await (await c.post("/validate", json=other)).json()
+        assert d4["response"]["uid"] == "33333333-cccc"
+        assert any("migrate/legacy-gpu" in w for w in d4["response"]["warnings"])

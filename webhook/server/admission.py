@@ -8,10 +8,13 @@ module only maps findings onto the fields of `admission.k8s.io/v1` for the endpo
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jsonpatch
@@ -360,3 +363,76 @@ def without_patch(outcome: Outcome, reason: str) -> Outcome:
         namespace=outcome.namespace,
         name=outcome.name,
     )
+
+
+_UID = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+_UID_SENTINEL = "\u0000draguard-uid\u0000"
+
+
+def peek_uid(body: bytes) -> str | None:
+    """The first `"uid": "..."` in the body: request.uid in every API server's encoding.
+
+    Only used to look up the review cache: a wrong guess cannot produce a hit, because the key is
+    the body with that uid removed and entries are stored under the parsed request.uid.
+    """
+    m = _UID.search(body)
+    return m.group(1).decode("utf-8", "replace") if m else None
+
+
+@dataclass(frozen=True)
+class Cached:
+    outcome: Outcome
+    prefix: bytes  # serialised response document around the uid
+    suffix: bytes
+
+    def render(self, uid: str) -> tuple[Outcome, bytes]:
+        out = replace(self.outcome, response={**self.outcome.response, "uid": uid})
+        return out, self.prefix + json.dumps(uid).encode() + self.suffix
+
+
+def serialise(outcome: Outcome) -> bytes:
+    return json.dumps(outcome.document(), separators=(",", ":")).encode()
+
+
+class ReviewCache:
+    """Outcomes of identical requests (same bytes but for the uid) under the same snapshot.
+
+    Controllers and retries send the same object again and again (a ReplicaSet's pods differ only
+    in generated names, a re-applied Deployment not at all). The key covers everything a verdict
+    may depend on: endpoint, the request bytes (object, namespace, operation, userInfo, dryRun),
+    the snapshot generation (policies, inventory, usage, namespace labels) and the date (exception
+    expiry). A hit skips parsing and evaluation; side effects (creating generated templates) still
+    run on every request.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._data: OrderedDict[tuple[str, int, str, bytes], Cached] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(endpoint: str, body: bytes, uid: str, generation: int) -> tuple[str, int, str, bytes]:
+        digest = hashlib.blake2b(body.replace(uid.encode(), b""), digest_size=16).digest()
+        return endpoint, generation, dt.date.today().isoformat(), digest
+
+    def get(self, key: tuple[str, int, str, bytes]) -> Cached | None:
+        hit = self._data.get(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self.hits += 1
+        return hit
+
+    def put(self, key: tuple[str, int, str, bytes], outcome: Outcome) -> None:
+        if outcome.verdict == "error":
+            return  # an internal error may be transient; evaluate again next time
+        tmpl = serialise(replace(outcome, response={**outcome.response, "uid": _UID_SENTINEL}))
+        prefix, _, suffix = tmpl.partition(json.dumps(_UID_SENTINEL).encode())
+        self._data[key] = Cached(outcome, prefix, suffix)
+        if len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)

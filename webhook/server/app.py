@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -19,7 +18,7 @@ from aiohttp import web
 
 from webhook.dra.inventory import Inventory
 from webhook.engine.context import ALL_RESOURCE_VERSIONS
-from webhook.server import admission
+from webhook.server import admission, logs
 from webhook.server.admission import Outcome, ReviewError, Snapshot
 from webhook.server.metrics import DraStats, Metrics
 
@@ -42,6 +41,7 @@ class ServeOptions:
     poll_interval: float = 2.0
     template_timeout: float = 2.0
     sync_timeout: float = 60.0
+    review_cache: bool = True
 
 
 class TemplateCreator(Protocol):
@@ -121,6 +121,9 @@ class Webhook:
         self._tasks: list[asyncio.Task[None]] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="draguard-api")
         self._dra_stats = DraStats()
+        self.review_cache: admission.ReviewCache | None = (
+            admission.ReviewCache() if opts.review_cache else None
+        )
         self.metrics.bind(lambda: self._dra_stats, self._cache_states)
 
     # --- state -----------------------------------------------------------------------------------
@@ -239,23 +242,31 @@ class Webhook:
                 body = await req.read()
             except web.HTTPRequestEntityTooLarge:
                 return self._bad(413, "too-large", "request body exceeds 3 MiB")
+            snap = self.snapshot
+            cache = self.review_cache if snap.policies is not None else None
+            peeked = admission.peek_uid(body) if cache is not None else None
+            if cache is not None and peeked:
+                hit = cache.get(admission.ReviewCache.key(endpoint, body, peeked, snap.generation))
+                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
+                    outcome, payload = hit.render(peeked)
+                    self._safe_account(endpoint, outcome, t0, cached=True)
+                    return web.Response(body=payload, content_type="application/json")
             try:
                 request = admission.parse_review(body)
             except ReviewError as e:
                 return self._bad(e.status, e.reason, e.message)
-            if self.snapshot.policies is None:
+            if snap.policies is None:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
-            outcome = admission.review(endpoint, request, self.snapshot)
+            outcome = admission.review(endpoint, request, snap)
+            if cache is not None:
+                cache.put(
+                    admission.ReviewCache.key(endpoint, body, str(request["uid"]), snap.generation), outcome
+                )
             if outcome.generated and endpoint == "mutate":
                 outcome = await self._ensure_generated(outcome)
-            try:
-                self._account(endpoint, outcome, time.perf_counter() - t0)
-            except Exception:  # bookkeeping must never cost the API server its answer
-                log.exception("recording an admission outcome failed")
-            return web.Response(
-                body=json.dumps(outcome.document(), separators=(",", ":")), content_type="application/json"
-            )
+            self._safe_account(endpoint, outcome, t0, cached=False)
+            return web.Response(body=admission.serialise(outcome), content_type="application/json")
         finally:
             self.inflight -= 1
 
@@ -312,6 +323,13 @@ class Webhook:
             self.metrics.generated.labels(result).inc()
         return outcome
 
+    def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
+        try:
+            self.metrics.review_cache.labels("hit" if cached else "miss").inc()
+            self._account(endpoint, o, time.perf_counter() - t0)
+        except Exception:  # bookkeeping must never cost the API server its answer
+            log.exception("recording an admission outcome failed")
+
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
         m.latency.labels(endpoint).observe(seconds)
@@ -324,24 +342,22 @@ class Webhook:
             m.rule_errors.labels(r, endpoint).inc()
         if o.patch:
             m.patches.labels("dry-run" if o.dry_run else "applied").inc()
-        if o.verdict != "ignored" or log.isEnabledFor(logging.DEBUG):
-            level = logging.DEBUG if o.verdict == "ignored" else logging.INFO
-            log.log(
-                level,
-                "admission",
-                extra={
-                    "uid": o.uid,
-                    "endpoint": endpoint,
-                    "kind": o.kind,
-                    "operation": o.operation,
-                    "namespace": o.namespace,
-                    "object": f"{o.kind}/{o.namespace + '/' if o.namespace else ''}{o.name}",  # "name" is reserved by LogRecord
-                    "verdict": o.verdict,
-                    "dry_run": o.dry_run,
-                    "rules": sorted({f.rule for f in o.findings}),
-                    "ms": round(seconds * 1000, 3),
-                },
-            )
+        if o.verdict == "ignored" and not log.isEnabledFor(logging.DEBUG):
+            return
+        fields = {
+            "uid": o.uid,
+            "endpoint": endpoint,
+            "kind": o.kind,
+            "operation": o.operation,
+            "namespace": o.namespace,
+            # "object", not "name": LogRecord reserves "name" and logging would raise.
+            "object": f"{o.kind}/{o.namespace + '/' if o.namespace else ''}{o.name}",
+            "verdict": o.verdict,
+            "dry_run": o.dry_run,
+            "rules": sorted({f.rule for f in o.findings}),
+            "ms": round(seconds * 1000, 3),
+        }
+        logs.emit(log, logging.DEBUG if o.verdict == "ignored" else logging.INFO, "admission", fields)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

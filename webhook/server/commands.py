@@ -47,6 +47,11 @@ def register(sub: Any) -> None:
         metavar="S",
         help="timeout for creating a migration ResourceClaimTemplate (default 2)",
     )
+    p.add_argument(
+        "--no-review-cache",
+        action="store_true",
+        help="evaluate every request, even byte-identical repeats under unchanged policies and caches",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 
@@ -139,6 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_delay=args.shutdown_delay,
         poll_interval=args.poll_interval,
         template_timeout=args.template_timeout,
+        review_cache=not args.no_review_cache,
     )
     try:
         return asyncio.run(serve(opts))

@@ -31,14 +31,51 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
+_handler: logging.StreamHandler[TextIO] | None = None
+
+
+def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
+    """Log one structured line. With `setup()` done, the per-request line skips LogRecord and the
+    formatter (the same JSON comes out, at a fraction of the cost on the admission path)."""
+    if not logger.isEnabledFor(level):
+        return
+    h = _handler
+    if h is None or logging.getLogger().handlers != [h]:
+        logger.log(level, msg, extra=fields)
+        return
+    out = {
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+        "level": logging.getLevelName(level).lower(),
+        "logger": logger.name,
+        "msg": msg,
+        **fields,
+    }
+    line = json.dumps(out, default=str, separators=(",", ":")) + "\n"
+    with h.lock or _NOLOCK:
+        h.stream.write(line)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOLOCK = _NoLock()
+
+
 def setup(level: str = "info", stream: TextIO | None = None) -> None:
     """Route the `draguard` loggers (and aiohttp's) to JSON lines on stderr."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    global _handler
+    handler: logging.StreamHandler[TextIO] = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
+    _handler = handler
     root.setLevel(logging.WARNING)
     lvl = getattr(logging, level.upper(), None)
     if not isinstance(lvl, int):

@@ -123,6 +123,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.review_cache = Counter(
+            "draguard_review_cache_total",
+            "Reviews answered from the review cache or evaluated",
+            ["result"],
+            registry=r,
+        )
         self.policy_reloads = Counter(
             "draguard_policy_reloads_total", "Policy set reloads that took effect", registry=r
         )

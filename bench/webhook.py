@@ -1,0 +1,406 @@
+"""Admission webhook load benchmark: draguard vs a bare aiohttp TLS server, same client, same core.
+
+    .venv/bin/python bench/webhook.py [--seconds 10] [--connections 16] [--devices 10000] [--json]
+
+Each server runs in its own process pinned to CPU 0 (when there are two or more CPUs); the load
+generator runs in this process, pinned to another CPU. draguard serves the shipped policies with a
+10,000-device inventory in its caches; the bare server parses each review and answers allowed. The
+client keeps 16 TLS connections open and sends realistic reviews (legacy GPU pods, Deployments with
+claims, DeviceClasses). Printed: throughput, p50/p99 latency and server RSS for both, and the ratio.
+Targets: draguard >= 50 % of bare throughput, p99 <= 5 ms, RSS <= 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PRODUCTS = (
+    ("NVIDIA A100 80GB PCIe", "Ampere", "8.0.0", "80Gi"),
+    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi"),
+)
+
+
+def inventory_objects(devices: int, per_node: int = 8) -> list[dict[str, Any]]:
+    """ResourceSlices (v1) for `devices` GPUs, 8 per node, A100 and H100 nodes alternating."""
+    import yaml
+
+    objs: list[dict[str, Any]] = []
+    nodes = (devices + per_node - 1) // per_node
+    for n in range(nodes):
+        product, arch, cc, mem = PRODUCTS[n % 2]
+        node = f"gpu-node-{n:05d}"
+        devs = []
+        for i in range(min(per_node, devices - n * per_node)):
+            devs.append(
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": f"GPU-{n:05d}-{i}"},
+                        "productName": {"string": product},
+                        "brand": {"string": "Nvidia"},
+                        "architecture": {"string": arch},
+                        "cudaComputeCapability": {"version": cc},
+                        "driverVersion": {"version": "550.54.15"},
+                        "cudaDriverVersion": {"version": "12.4.0"},
+                        "index": {"int": i},
+                        "nvlinkDomain": {"string": f"{node}-nvl-0"},
+                    },
+                    "capacity": {"memory": {"value": mem}},
+                }
+            )
+        objs.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-gpu.nvidia.com"},
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devs,
+                },
+            }
+        )
+    seed = ROOT / "tests" / "fixtures" / "seed"
+    objs += [d for d in yaml.safe_load_all((seed / "deviceclasses.yaml").read_text()) if d]
+    objs += [
+        d
+        for d in yaml.safe_load_all((seed / "inference-deployment.yaml").read_text())
+        if d and d.get("kind") == "ResourceClaimTemplate"
+    ]
+    return objs
+
+
+def reviews() -> list[bytes]:
+    """A realistic mix: legacy pods, Deployments with claims, DeviceClasses; as request bodies."""
+    import yaml
+
+    seed = ROOT / "tests" / "fixtures" / "seed"
+    legacy = yaml.safe_load((seed / "legacy-pod.yaml").read_text())
+    deployment = next(
+        d
+        for d in yaml.safe_load_all((seed / "inference-deployment.yaml").read_text())
+        if d and d.get("kind") == "Deployment"
+    )
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com-h100-new"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+                    }
+                }
+            ]
+        },
+    }
+    out = []
+    for i, (obj, group, kind, ns) in enumerate(
+        [
+            (legacy, "", "Pod", "team-a"),
+            (deployment, "apps", "Deployment", "ml-workloads"),
+            (legacy, "", "Pod", "team-b"),
+            (deployment, "apps", "Deployment", "ml-workloads"),
+            (device_class, "resource.k8s.io", "DeviceClass", ""),
+        ]
+    ):
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": f"bench-{i:04d}-0000-0000-000000000000",
+                "kind": {"group": group, "version": "v1", "kind": kind},
+                "resource": {"group": group, "version": "v1", "resource": kind.lower() + "s"},
+                "name": obj["metadata"]["name"],
+                "namespace": ns,
+                "operation": "CREATE",
+                "userInfo": {
+                    "username": "system:serviceaccount:ci:deployer",
+                    "groups": ["system:authenticated"],
+                },
+                "object": obj,
+                "oldObject": None,
+                "dryRun": False,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            },
+        }
+        out.append(json.dumps(body).encode())
+    return out
+
+
+# --- servers (child processes) ---------------------------------------------------------------------
+
+
+def _pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {cpu})
+
+
+def run_bare(port: int, cert: str, key: str) -> None:
+    from aiohttp import web
+
+    async def handle(req: web.Request) -> web.Response:
+        doc = json.loads(await req.read())
+        out = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": doc["request"]["uid"], "allowed": True},
+        }
+        return web.Response(body=json.dumps(out), content_type="application/json")
+
+    app = web.Application(client_max_size=3 * 1024 * 1024)
+    app.router.add_post("/validate", handle)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None, print=None)
+
+
+def run_draguard(port: int, cert: str, key: str, policies: str, inventory: str, cache: bool) -> None:
+    from webhook.server import logs
+    from webhook.server.app import ServeOptions, serve
+
+    # Info level: one JSON line per review, as in production (to /dev/null here).
+    logs.setup("info", open(os.devnull, "w"))  # noqa: SIM115
+    opts = ServeOptions(
+        policies=policies,
+        host="127.0.0.1",
+        port=port,
+        tls_cert=cert,
+        tls_key=key,
+        inventory=inventory,
+        no_watch=True,
+        shutdown_delay=0.0,
+        review_cache=cache,
+    )
+    if os.environ.get("DRAGUARD_BENCH_PROFILE"):
+        import cProfile
+
+        cProfile.runctx("asyncio.run(serve(opts))", globals(), locals(), os.environ["DRAGUARD_BENCH_PROFILE"])
+    else:
+        asyncio.run(serve(opts))
+
+
+# --- load ------------------------------------------------------------------------------------------
+
+
+async def _connection(
+    host: str,
+    port: int,
+    ctx: ssl.SSLContext,
+    bodies: list[bytes],
+    offset: int,
+    stop_at: float,
+    warm_until: float,
+    lat: list[float],
+    errors: list[str],
+) -> int:
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname="127.0.0.1")
+    reqs = [
+        b"POST /validate HTTP/1.1\r\nHost: draguard\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(b)}\r\n\r\n".encode()
+        + b
+        for b in bodies
+    ]
+    n = offset
+    count = 0
+    try:
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                break
+            writer.write(reqs[n % len(reqs)])
+            n += 1
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head[9:12]
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            body = await reader.readexactly(length)
+            done = time.perf_counter()
+            if status != b"200" or b'"allowed"' not in body:
+                errors.append(head[:40].decode(errors="replace"))
+            if now >= warm_until:
+                lat.append(done - now)
+                count += 1
+    finally:
+        writer.close()
+    return count
+
+
+async def load(port: int, ca: str, connections: int, seconds: float, warmup: float) -> dict[str, Any]:
+    ctx = ssl.create_default_context(cafile=ca)
+    bodies = reviews()
+    lat: list[float] = []
+    errors: list[str] = []
+    start = time.perf_counter()
+    warm_until = start + warmup
+    stop_at = warm_until + seconds
+    counts = await asyncio.gather(
+        *(
+            _connection("127.0.0.1", port, ctx, bodies, i, stop_at, warm_until, lat, errors)
+            for i in range(connections)
+        )
+    )
+    lat.sort()
+    total = sum(counts)
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
+
+    return {
+        "requests": total,
+        "rps": total / seconds,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+    }
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited early with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("server did not start")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(role: str, extra: list[str], tls: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import psutil
+
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        __file__,
+        "--role",
+        role,
+        "--port",
+        str(port),
+        "--cert",
+        str(tls / "tls.crt"),
+        "--key",
+        str(tls / "tls.key"),
+        *extra,
+    ]
+    proc = subprocess.Popen(cmd)
+    try:
+        _wait_port(port, proc)
+        if role == "draguard":
+            time.sleep(0.5)
+        res = asyncio.run(load(port, str(tls / "ca.crt"), args.connections, args.seconds, args.warmup))
+        res["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server (default 10)")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--devices", type=int, default=10000)
+    p.add_argument("--policies", default=str(ROOT / "policies"))
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-cache", action="store_true", help="disable draguard's review cache (engine cost per request)"
+    )
+    p.add_argument("--role", choices=["bare", "draguard"], help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cert", help=argparse.SUPPRESS)
+    p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--inventory", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.role:
+        _pin(0)
+        if args.role == "bare":
+            run_bare(args.port, args.cert, args.key)
+        else:
+            run_draguard(args.port, args.cert, args.key, args.policies, args.inventory, not args.no_cache)
+        return 0
+
+    from webhook import certs
+
+    _pin(1)
+    with tempfile.TemporaryDirectory(prefix="draguard-bench-") as tmp:
+        tls = Path(tmp) / "tls"
+        certs.ensure_certificates(certs.DirStore(tls), ["127.0.0.1", "localhost"])
+        inv = Path(tmp) / "inventory.json"
+        inv.write_text(
+            json.dumps({"apiVersion": "v1", "kind": "List", "items": inventory_objects(args.devices)})
+        )
+        bare = measure("bare", [], tls, args)
+        extra = ["--policies", args.policies, "--inventory", str(inv)] + (
+            ["--no-cache"] if args.no_cache else []
+        )
+        dg = measure("draguard", extra, tls, args)
+    ratio = dg["rps"] / bare["rps"] if bare["rps"] else 0.0
+    ok = ratio >= 0.5 and dg["p99_ms"] <= 5.0 and dg["rss_mb"] <= 200 and dg["errors"] == 0
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "bare": bare,
+                    "draguard": dg,
+                    "ratio": ratio,
+                    "targets_met": ok,
+                    "connections": args.connections,
+                    "devices": args.devices,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            f"{args.connections} TLS connections, {args.devices} devices, {args.seconds:g} s measured per server"
+        )
+        print(f"{'server':<10} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>8} {'errors':>7}")
+        for name, r in (("bare", bare), ("draguard", dg)):
+            print(
+                f"{name:<10} {r['rps']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['rss_mb']:>8.1f} {r['errors']:>7}"
+            )
+        print(
+            f"throughput ratio draguard/bare: {ratio:.2f} (target >= 0.50); p99 target <= 5 ms; RSS target <= 200 MB"
+        )
+        print("targets met" if ok else "targets NOT met")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
