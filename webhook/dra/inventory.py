@@ -68,6 +68,8 @@ class Inventory:
     # (namespace, name) -> record; filled when the cluster's claims/templates are known.
     claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    # Derived facts computed once per inventory (rules ask for them once per object).
+    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def empty() -> Inventory:
@@ -129,9 +131,13 @@ class Inventory:
 
     def published_attributes(self) -> frozenset[tuple[str, str]]:
         """Every (domain, name) attribute some device publishes."""
-        return frozenset(
-            (dom, name) for d in self.devices for dom, attrs in d.attributes.items() for name in attrs
-        )
+        cached: frozenset[tuple[str, str]] | None = self._memo.get("published")
+        if cached is None:
+            cached = frozenset(
+                (dom, name) for d in self.devices for dom, attrs in d.attributes.items() for name in attrs
+            )
+            self._memo["published"] = cached
+        return cached
 
     def merged(self, other: Inventory) -> Inventory:
         """This inventory with `other`'s devices added and its classes/claims taking precedence."""
