@@ -85,4 +85,7 @@ def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Callable[..., str]:
 
     yield make  # type: ignore[misc]
     for name in made:
+        # No kubelet confirms pod shutdown, so pods are force-deleted; their claims are then
+        # released by the controller-manager and the GPUs are free for the next test.
+        kubectl.run("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0")
         kubectl.run("delete", "namespace", name, "--wait=false")

@@ -39,6 +39,8 @@ BINARIES = (*CONTROL_PLANE, "kubectl")
 WANTED_GATES = ("DRAExtendedResource", "DRAAdminAccess", "DRAPrioritizedList")
 RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Server-side apply manager of what the harness registers; applying with it again replaces the fields.
+FIELD_MANAGER = "draguard-dev"
 SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 Progress = Callable[[str], None]
@@ -164,6 +166,8 @@ class Paths:
 
 DEFAULT_NODES = (
     SimNode("gpu-a100-0", "a100-4x-nvlink.yaml", {"draguard.io/gpu-product": "a100"}),
+    # A second NVLink A100 node: a 4-GPU training claim still fits while other pods hold A100s.
+    SimNode("gpu-a100-1", "a100-4x-nvlink.yaml", {"draguard.io/gpu-product": "a100"}),
     SimNode("gpu-h100-0", "h100-8x-nvlink.yaml", {"draguard.io/gpu-product": "h100"}),
     SimNode("gpu-mig-0", "a100-4x-mig.yaml", {"draguard.io/gpu-product": "a100-mig"}),
 )
@@ -267,7 +271,7 @@ class LocalCluster:
         (self.paths.pids / f"{name}.pid").write_text(f"{proc.pid} {start}\n")
         self.state.setdefault("pids", {})[name] = proc.pid
         self.state.setdefault("starts", {})[name] = start
-        self.state.setdefault("order", []).append(name)
+        self.state["order"] = [n for n in self.state.get("order") or [] if n != name] + [name]
         self._save_state()
         return proc.pid
 
@@ -336,6 +340,18 @@ class LocalCluster:
                     return
                 time.sleep(0.1)
         raise ClusterError(f"{name} (pid {pid}) did not stop")
+
+    def stop(self, name: str) -> bool:
+        """Stop one component (e.g. the webhook, to test failure policies); True if it was running."""
+        pid = (self.state.get("pids") or {}).get(name)
+        if pid is None or not self._ours(name, int(pid)):
+            return False
+        self._stop_pid(name, int(pid))
+        self.state["pids"].pop(name, None)
+        self.state["order"] = [n for n in self.state.get("order") or [] if n != name]
+        (self.paths.pids / f"{name}.pid").unlink(missing_ok=True)
+        self._save_state()
+        return True
 
     # ---- start-up ------------------------------------------------------------------------------
     def _feature_gates(self) -> str:
@@ -694,6 +710,8 @@ class LocalCluster:
         self.progress(
             f"webhook serving on https://127.0.0.1:{port} ({self._wait('webhook', ready, timeout):.1f}s)"
         )
+        self.state["policies"] = str(policies)
+        self._save_state()
         source = self.register_webhook(port)
         self.progress(f"webhook configurations registered ({source})")
 
@@ -723,7 +741,15 @@ class LocalCluster:
     def register_webhook(self, port: int) -> str:
         objs, source = self.webhook_objects(port)
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=doc)
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            f"--field-manager={FIELD_MANAGER}",
+            "-f",
+            "-",
+            input=doc,
+        )
         return source
 
     # ---- kubectl -------------------------------------------------------------------------------

@@ -112,7 +112,16 @@ class Demo:
     def step_tiers(self) -> None:
         _say("\n== 2. GPU tiers: an LLM inference Deployment may only use H100")
         ns = self.namespace("tiers")
-        proc = self.kubectl("apply", "-f", "-", input=scenarios.llm_deployment(ns, scenarios.A100))
+        for cls in (scenarios.A100, scenarios.H100):
+            self.kubectl("apply", "-f", "-", input=scenarios.llm_template(ns, cls))
+        a100 = scenarios.llm_deployment(ns, scenarios.A100)
+        # The webhook learns of new claim templates from its watch a moment later; wait for it.
+        self.wait(
+            lambda: self.cluster.kubectl_run("apply", "--dry-run=server", "-f", "-", input=a100).returncode,
+            "the webhook to see the new templates",
+            timeout=20,
+        )
+        proc = self.kubectl("apply", "-f", "-", input=a100)
         self.expect(proc.returncode != 0 and "denied" in proc.stderr, "A100 Deployment denied by policy")
         proc = self.kubectl("apply", "-f", "-", input=scenarios.llm_deployment(ns, scenarios.H100))
         self.expect(proc.returncode == 0, "H100 Deployment admitted")
@@ -150,6 +159,9 @@ class Demo:
 
     def cleanup(self) -> None:
         names = [n for n, _ in NAMESPACES.values()]
+        for n in names:
+            # No kubelet confirms shutdown: force-delete so the namespaces can go and claims are freed.
+            self.cluster.kubectl_run("delete", "pods", "--all", "-n", n, "--force", "--grace-period=0")
         self.cluster.kubectl_run("delete", "namespace", "--ignore-not-found", "--wait=false", *names)
         self.cluster.kubectl_run(
             "delete", "deviceclass", "--ignore-not-found", "gpu.nvidia.com-a100-mig-3g20gb-typo"

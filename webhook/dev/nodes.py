@@ -118,6 +118,13 @@ def register_nodes(kube: Kube, nodes: Sequence[SimNode]) -> None:
         kube.create("/api/v1/nodes", {k: v for k, v in obj.items() if k != "status"})
         # status is a subresource: a create ignores it, so it is written separately.
         kube.merge_patch(f"/api/v1/nodes/{node.name}/status", {"status": obj["status"]})
+        # The TaintNodesByCondition admission plugin gives every new Node a not-ready:NoSchedule
+        # taint, which the node-lifecycle controller would lift once the node reports Ready; that
+        # controller is off here (nothing renews node health the way it expects), so lift it now.
+        current = kube.get(f"/api/v1/nodes/{node.name}").get("spec", {}).get("taints") or []
+        kept = [t for t in current if not t.get("key", "").startswith("node.kubernetes.io/")]
+        if kept != current:
+            kube.merge_patch(f"/api/v1/nodes/{node.name}", {"spec": {"taints": kept or None}})
     heartbeat(kube, [n.name for n in nodes])
 
 

@@ -29,8 +29,8 @@ spec:
 """
 
 
-def llm_deployment(ns: str, device_class: str, replicas: int = 2) -> str:
-    """An LLM inference Deployment (app: llm-inference-*) with a one-GPU claim template of `device_class`."""
+def llm_template(ns: str, device_class: str) -> str:
+    """A one-GPU ResourceClaimTemplate of `device_class`, named llm-<a100|h100>."""
     short = device_class.rsplit("-", 1)[-1]
     return f"""\
 apiVersion: resource.k8s.io/v1
@@ -46,7 +46,17 @@ spec:
         exactly:
           deviceClassName: {device_class}
           count: 1
----
+"""
+
+
+def llm_deployment(ns: str, device_class: str, replicas: int = 2) -> str:
+    """An LLM inference Deployment (app: llm-inference-*) using the llm_template of `device_class`.
+
+    Apply the template first: the webhook resolves claim templates from its watch cache, which
+    learns of a new template a moment after it is created.
+    """
+    short = device_class.rsplit("-", 1)[-1]
+    return f"""\
 apiVersion: apps/v1
 kind: Deployment
 metadata:
