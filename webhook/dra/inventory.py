@@ -7,11 +7,11 @@ with `items`), any served `resource.k8s.io` version. `load_inventory` is the one
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -27,6 +27,8 @@ from webhook.dra.objects import (
     read_device_class,
     read_slice_devices,
 )
+
+T = TypeVar("T")
 
 
 class InventoryError(ValueError):
@@ -69,7 +71,7 @@ class Inventory:
     claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     # Derived facts computed once per inventory (rules ask for them once per object).
-    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def empty() -> Inventory:
@@ -128,6 +130,14 @@ class Inventory:
 
     def nodes(self) -> list[str]:
         return sorted({d.node for d in self.devices if d.node is not None})
+
+    def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """A derived fact of this (immutable) inventory, computed once: e.g. the devices a class's
+        selectors match, which every claim naming that class needs again."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        value: T = self._memo[key]
+        return value
 
     def published_attributes(self) -> frozenset[tuple[str, str]]:
         """Every (domain, name) attribute some device publishes."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import yaml
@@ -284,7 +285,7 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
                 break
             exprs = [s.expression for s in (*cls.selectors, *selectors)]
             try:
-                matched = _match(exprs, inv.devices)
+                matched = inv.cached(("match", tuple(exprs)), partial(_match, exprs, inv.devices))
             except ValueError:  # does not compile: cel/syntax reports it, no capacity verdict here
                 reasons.append("")
                 break
@@ -295,7 +296,9 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
                 and (not c.requests or req.name in {r.split("/", 1)[0] for r in c.requests})
                 and tuple(c.match_attribute.rpartition("/")[::2]) in published
             ]
-            best, node = per_node_capacity(matched, group_by)
+            best, node = inv.cached(
+                ("capacity", tuple(exprs), tuple(group_by)), partial(per_node_capacity, matched, group_by)
+            )
             need = 1 if mode == ALL else count
             if need <= best:
                 reasons.append("")
