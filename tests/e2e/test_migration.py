@@ -11,7 +11,16 @@ from webhook.dev import scenarios
 
 def test_legacy_pod_rewritten_claimed_and_allocated(kubectl: Kubectl, namespace: Callable[..., str]) -> None:
     ns = namespace("migrate", scenarios.MIGRATE_LABELS)
-    applied = kubectl.apply(scenarios.legacy_pod(ns))
+    pod_yaml = scenarios.legacy_pod(ns)
+
+    def rewritten_in_dry_run() -> bool:
+        # The webhook reads namespace labels from its watch cache, which learns of a new namespace a
+        # moment after it is created; a server dry run shows when it applies migrate mode here.
+        out = kubectl.run("apply", "--dry-run=server", "-o", "json", "-f", "-", input=pod_yaml)
+        return out.returncode == 0 and '"resourceClaimTemplateName"' in out.stdout
+
+    wait_for(rewritten_in_dry_run, "the webhook to see the new namespace's migrate label", timeout=20)
+    applied = kubectl.apply(pod_yaml)
     assert applied.returncode == 0, applied.stderr
 
     pod = kubectl.get("pod", "gpu-training-legacy", ns)

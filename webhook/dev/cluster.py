@@ -542,6 +542,13 @@ class LocalCluster:
                 f"--tls-cert-file={c / 'apiserver.crt'}",
                 f"--tls-private-key-file={c / 'apiserver.key'}",
                 f"--client-ca-file={c / 'ca.crt'}",
+                # Front-proxy settings: without them the controller-manager's and scheduler's
+                # delegated authentication logs an error about a missing CA every few seconds.
+                f"--requestheader-client-ca-file={c / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--service-account-issuer={SERVICE_ISSUER}",
                 f"--api-audiences={SERVICE_ISSUER}",
                 f"--service-account-key-file={c / 'sa.pub'}",

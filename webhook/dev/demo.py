@@ -97,7 +97,19 @@ class Demo:
         _say("\n== 1. A device-plugin pod (nvidia.com/gpu: 2) in a namespace in migrate mode")
         ns = self.namespace("migrate")
         _say(f"  namespace {ns} is labelled draguard.io/migration-mode=migrate")
-        proc = self.kubectl("apply", "-f", "-", input=scenarios.legacy_pod(ns))
+        pod_yaml = scenarios.legacy_pod(ns)
+        # The webhook learns a new namespace's labels from its watch a moment later; wait for it.
+        self.wait(
+            lambda: (
+                '"resourceClaimTemplateName"'
+                in self.cluster.kubectl_run(
+                    "apply", "--dry-run=server", "-o", "json", "-f", "-", input=pod_yaml
+                ).stdout
+            ),
+            "the webhook to see the namespace label",
+            timeout=20,
+        )
+        proc = self.kubectl("apply", "-f", "-", input=pod_yaml)
         self.expect(proc.returncode == 0, "pod admitted")
         pod = self.get("pod", "gpu-training-legacy", "-n", ns)
         claims = pod["spec"].get("resourceClaims") or []
