@@ -36,7 +36,7 @@ def _verifies(cert_pem: bytes, bundle: bytes) -> bool:
 
 
 def test_renewal_due_at_two_thirds() -> None:
-    ca, key = certs.generate_ca(days=30, now=T0)
+    ca, _key = certs.generate_ca(days=30, now=T0)
     c = x509.load_pem_x509_certificate(ca)
     start = c.not_valid_before_utc
     life = c.not_valid_after_utc - start

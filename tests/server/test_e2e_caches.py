@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (pytest fixtures imported from tests.e2e.conftest are parameters here)
 """The server's caches and `draguard certs` against a real kube-apiserver (the local control plane).
 
 Skips (with the reason) when the control-plane binaries are not built; see scripts/build-k8s.sh.
