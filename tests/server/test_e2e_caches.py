@@ -49,7 +49,7 @@ def claim(ns: str, name: str, cls: str, count: int) -> dict[str, Any]:
     }
 
 
-def test_caches_list_watch_and_usage(cluster: LocalCluster, namespace: Callable[..., str]) -> None:  # noqa: F811
+def test_caches_list_watch_and_usage(cluster: LocalCluster, namespace: Callable[..., str]) -> None:
     kube = cluster.kube()
     metrics = Metrics()
     cache = ClusterCache.connect(KubeHttp.from_kubeconfig(str(cluster.kubeconfig)), metrics)
@@ -100,7 +100,7 @@ def test_caches_list_watch_and_usage(cluster: LocalCluster, namespace: Callable[
         cache.stop()
 
 
-def test_running_webhook_reports_synced_caches(cluster: LocalCluster) -> None:  # noqa: F811
+def test_running_webhook_reports_synced_caches(cluster: LocalCluster) -> None:
     port = cluster.state["ports"].get("webhook")
     if not port:
         pytest.skip("the harness did not start the webhook")
