@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from functools import partial
 
 from driver.schema import DRIVER_NAME
 from webhook.cel.lint import lint_selector
@@ -65,7 +66,13 @@ def _lint(
     devices: Sequence[Device] | None,
 ) -> Iterable[Finding]:
     for sel in selectors:
-        for issue in lint_selector(sel.expression, devices=devices, driver=DRIVER_NAME):
+        # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
+        # many claims) lints the same way, so its issues are computed once per inventory.
+        issues = rc.inventory.cached(
+            ("cel-lint", sel.expression, devices is not None),
+            partial(lint_selector, sel.expression, devices=devices, driver=DRIVER_NAME),
+        )
+        for issue in issues:
             setting = policy.setting(issue.check)
             if setting is None:
                 continue
