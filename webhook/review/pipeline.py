@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -52,10 +52,26 @@ def load_inventory_file(path: str | None) -> Inventory:
 
     if not path:
         return Inventory.empty()
-    if not Path(path).exists():
+    p = Path(path)
+    if not p.exists():
         raise ReviewError(f"{path}: inventory file not found (fix: check --inventory)")
     try:
-        return load_inventory(path)
+        if p.is_dir():
+            return load_inventory(p)
+        # Parsed here with libyaml: a 10,000-device inventory is tens of MB of YAML, and the
+        # pure-Python loader takes half a minute on it. The objects are the engine's to read.
+        from webhook.review.inputs import load_data, read_text
+
+        docs = load_data(read_text(p, str(path)), str(path))
+        objs = [d for d in docs if isinstance(d, Mapping)]
+        if docs and not objs:
+            raise ReviewError(
+                f"{path}: expected Kubernetes objects (ResourceSlices, DeviceClasses); "
+                "fix: pass the output of `kubectl get resourceslices,deviceclasses -o yaml`"
+            )
+        return Inventory.from_objects(objs)
+    except InputError as exc:
+        raise ReviewError(f"inventory {exc}") from None
     except InventoryError as exc:
         raise ReviewError(str(exc)) from None
 
