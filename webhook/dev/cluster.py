@@ -747,16 +747,17 @@ class LocalCluster:
 
     def register_webhook(self, port: int) -> str:
         objs, source = self.webhook_objects(port)
-        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
-        self.kubectl(
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            f"--field-manager={FIELD_MANAGER}",
-            "-f",
-            "-",
-            input=doc,
-        )
+        hooks = [o for o in objs if o.get("kind", "").endswith("WebhookConfiguration")]
+        rest = [o for o in objs if o not in hooks]
+        # Configurations first: on a re-registration the old ones still point at a stopped webhook,
+        # which (failing closed) would refuse the DeviceClasses applied in the same batch.
+        for batch in (hooks, rest):
+            if batch:
+                doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": batch})
+                self.kubectl(
+                    "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+                    "-f", "-", input=doc,
+                )  # fmt: skip
         return source
 
     # ---- kubectl -------------------------------------------------------------------------------
