@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
 
 from webhook.dra.device import Device
 from webhook.engine.findings import Severity
@@ -79,32 +79,21 @@ def _match_report(expression: str, devices: list[Device]) -> list[str]:
 # --------------------------------------------------------------------------- explain
 
 
-def _jsonable(value: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)
-
-
 def explain_paths(paths: Sequence[str], *, inventory: str | None, namespace: str, fmt: str) -> str:
-    from webhook.engine import explain as explain_mod
+    """The engine's explanations for every claim and workload request in `paths`."""
+    from webhook.engine.explain import explain
 
     inv = load_inventory_file(inventory)
     try:
-        inputs = read_paths(paths)
+        inputs = read_paths(paths, exclude=[Path(inventory)] if inventory else ())
     except InputError as exc:
         raise ReviewError(str(exc)) from None
-    explanations = explain_mod.explain(inputs.objects, inv)
+    explanations = explain(inputs.objects, inv, namespace)
     if fmt == "json":
-        return json.dumps([_jsonable(e) for e in explanations], indent=2, ensure_ascii=False) + "\n"
-    render = getattr(explain_mod, "render_text", None)
-    if callable(render):
-        return str(render(explanations))
-    return "\n".join(str(e) for e in explanations) + "\n"
+        return json.dumps([e.to_json() for e in explanations], indent=2, ensure_ascii=False) + "\n"
+    if not explanations:
+        return "no claims, claim templates or workloads with resource claims in the input\n"
+    blocks = [e.render() for e in explanations]
+    if inv.is_empty:
+        blocks.append("(no --inventory: device matches were not checked)")
+    return "\n\n".join(blocks) + "\n"
