@@ -209,13 +209,31 @@ def test_schema_prints_the_policy_json_schema(draguard: Callable[..., Run]) -> N
     assert "GpuTierPolicy" in json.dumps(schema)
 
 
-def test_explain_lists_matching_devices(draguard: Callable[..., Run]) -> None:
-    pytest.importorskip("webhook.engine.explain")
-    run = draguard(
-        "explain", str(FIXTURES / "manifests/team-ml/training-claim.yaml"), "--inventory", INVENTORY
-    )
+def test_explain_says_why_nothing_would_match(draguard: Callable[..., Run]) -> None:
+    claim = str(FIXTURES / "manifests/team-ml/training-claim.yaml")
+    run = draguard("explain", claim, "--inventory", INVENTORY)
     assert run.code == 0, run.err
-    assert "gpu.nvidia.com-a100" in run.out
+    assert "DeviceClass gpu.nvidia.com-a100 does not exist" in run.out
+    # With the DeviceClasses among the inputs the class resolves and its devices are listed.
+    run = draguard("explain", claim, str(FIXTURES / "manifests/deviceclasses.yaml"), "--inventory", INVENTORY)
+    assert run.code == 0, run.err
+    assert "ResourceClaim/ml-workloads/training-gpu-claim" in run.out
+    assert "CANNOT be allocated" in run.out
+    assert "nvlinkInterconnect is published by no device" in run.out
+    assert "node1: 4 x NVIDIA A100 80GB PCIe" in run.out
+    doc = json.loads(
+        draguard(
+            "explain",
+            str(FIXTURES / "manifests/team-ml/notebook.yaml"),
+            "--inventory",
+            INVENTORY,
+            "-f",
+            "json",
+        ).out
+    )
+    assert {e["object"]["kind"] for e in doc} == {"ResourceClaimTemplate", "Pod"}
+    bad = draguard("explain", str(FIXTURES / "nope.yaml"))
+    assert bad.code == 2 and "no such file" in bad.err
 
 
 # --------------------------------------------------------------------------- console script
