@@ -156,3 +156,25 @@ def test_output_file(draguard: Callable[..., Run], in_fixtures: Path, tmp_path: 
     run = draguard(*ARGS, "-f", "sarif", "--output", str(target))
     assert run.code == 1 and run.out == ""
     assert json.loads(target.read_text())["version"] == "2.1.0"
+
+
+def _unescape(value: str) -> str:
+    for code, ch in (("%0D", "\r"), ("%0A", "\n"), ("%3A", ":"), ("%2C", ","), ("%25", "%")):
+        value = value.replace(code, ch)
+    return value
+
+
+def test_github_escaping_round_trips() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(st.text(alphabet=st.sampled_from("ab%:,\r\n %25%0A"), max_size=40))
+    def check(text: str) -> None:
+        prop = escape_property(text)
+        assert not set(prop) & set(":,\r\n")
+        assert _unescape(prop) == text
+        data = escape_data(text)
+        assert not set(data) & set("\r\n")
+        assert _unescape(data) == text
+
+    check()

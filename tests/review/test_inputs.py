@@ -219,3 +219,13 @@ def test_progress_only_when_asked(draguard: Callable[..., Run], tmp_path: Path) 
     loud = draguard("review", str(f), *POLICIES, "--progress")
     assert "evaluating 250 documents" in loud.err
     assert loud.out == quiet.out
+
+
+def test_billion_laughs_is_read_in_linear_time(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    rows = ['  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        rows.append(f"  {name}: &{name} [{','.join([f'*{prev}'] * 9)}]")
+    f = tmp_path / "laughs.yaml"
+    f.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lol}\ndata:\n" + "\n".join(rows) + "\n")
+    run = draguard("review", str(f), *POLICIES)  # 9**9 strings if aliases were expanded
+    assert run.code == 0 and "1 object in 1 file" in run.out

@@ -84,20 +84,28 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int]) -> None:
-    """Record the line of every value below `node` (a key's line for mapping values)."""
+def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int], seen: set[int] | None = None) -> None:
+    """Record the line of every value below `node` (a key's line for mapping values).
+
+    An aliased node is walked once: its text sits at the anchor, and walking every alias would
+    make a "billion laughs" document exponential.
+    """
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
             child = f"{pointer}/{_escape(str(key_node.value))}"
             out[child] = key_node.start_mark.line + 1
-            _walk_lines(value_node, child, out)
+            _walk_lines(value_node, child, out, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             child = f"{pointer}/{i}"
             out[child] = item.start_mark.line + 1
-            _walk_lines(item, child, out)
+            _walk_lines(item, child, out, seen)
 
 
 def _first_line(node: yaml.Node) -> int:
