@@ -145,6 +145,11 @@ def review(
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
     policy_set = load_policy_set(policies, required=policies_required)
+    if policies and not policy_set.all() and not Path(policies).exists():
+        print(
+            f"draguard review: no {policies}/ here: only the built-in checks ran (pass --policies DIR)",
+            file=sys.stderr,
+        )
     inv = load_inventory_file(inventory)
     exclude = [Path(p) for p in (policies, inventory) if p]
     try:

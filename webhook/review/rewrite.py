@@ -408,6 +408,10 @@ def migrate_paths(
         else:
             if "nvidia.com/" not in text:
                 continue  # nothing legacy here; skip the parse
+            if f.suffix == ".json":
+                # Claim templates are new documents, which a JSON file cannot hold next to the workload.
+                outcome.notes.append(f"{shown}: JSON manifests are not rewritten; convert it to YAML first")
+                continue
             new, notes = rewrite_text(text, shown, policy)
             outcome.notes.extend(notes)
         if new == text:
