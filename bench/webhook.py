@@ -1,16 +1,18 @@
 """Admission webhook load benchmark: draguard vs a bare aiohttp TLS server, same client, same core.
 
-    .venv/bin/python bench/webhook.py [--seconds 10] [--connections 16] [--devices 10000] [--json]
+    .venv/bin/python bench/webhook.py [--rounds 3] [--seconds 5] [--connections 16] [--devices 10000]
 
 Each server runs in its own process pinned to CPU 0 (when there are two or more CPUs); the load
-generator runs in this process, pinned to another CPU. The servers take turns for a few rounds and
-each one's least disturbed round is shown (all rounds are printed too): on a shared machine other
-work lands in some rounds. Latency is measured twice: closed loop (16 requests always in flight, so
-it includes queueing) and paced at a fixed rate well below saturation (the service latency). draguard serves the shipped policies with a
+generator runs in this process, pinned to another CPU. draguard serves the shipped policies with a
 10,000-device inventory in its caches; the bare server parses each review and answers allowed. The
 client keeps 16 TLS connections open and sends realistic reviews (legacy GPU pods, Deployments with
-claims, DeviceClasses). Printed: throughput, p50/p99 latency and server RSS for both, and the ratio.
-Targets: draguard >= 50 % of bare throughput, p99 <= 5 ms, RSS <= 200 MB.
+claims, DeviceClasses).
+
+The servers take turns for a few rounds and each one's least disturbed round is shown (all rounds
+are printed too): on a shared machine other work lands in some rounds. Latency is measured twice:
+closed loop (16 requests always in flight, so it includes queueing) and paced at a fixed rate well
+below saturation (the service latency). Printed: throughput, p50/p99 latency and server RSS for both,
+and the ratio. Targets: draguard >= 50 % of bare throughput, p99 <= 5 ms, RSS <= 200 MB.
 """
 
 from __future__ import annotations
@@ -438,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     print(
         f"{args.connections} TLS connections, {args.devices} devices; {args.rounds} alternating rounds of "
-        f"{args.seconds:g} s closed loop + {args.paced_seconds:g} s paced at {args.rate:g} req/s; best round shown"
+        f"{args.seconds:g} s closed loop + {args.paced_seconds:g} s paced at {args.rate:g} req/s; "
+        "best round shown"
     )
     print(
         f"{'server':<9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} | {'paced p50':>9} {'paced p99':>9} "
