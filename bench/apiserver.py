@@ -1,0 +1,308 @@
+"""Create latency through a real kube-apiserver, with draguard's webhooks registered vs without.
+
+    python bench/apiserver.py [--pods 2000] [--deployments 500] [--blocks 4] [--replicas 1]
+                              [--state-dir DIR] [--keep] [--json OUT]
+
+Starts the local control plane (`webhook/dev`, binaries from scripts/build-k8s.sh: etcd,
+kube-apiserver, controller-manager, scheduler, simulated GPU nodes with the simulated-NVML driver)
+and `draguard serve` on loopback. Every object requests a GPU through a ResourceClaimTemplate, so
+each create passes the webhooks' matchConditions and calls /mutate and /validate (the worst case;
+pods without GPUs skip the webhooks entirely). One client creates objects one after another over
+a kept-alive connection and times each POST; arms alternate in blocks (webhooks registered, then
+not), so drift in etcd or background controllers hits both. Prints p50/p99 per arm and kind and
+the added latency (target: <= 5 ms at p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TEMPLATE_CLASS = "gpu.nvidia.com-h100"
+
+
+class Api:
+    """A kept-alive HTTPS connection to the API server with the admin client certificate."""
+
+    def __init__(self, server: str, certs: Path) -> None:
+        host, port = server.removeprefix("https://").split(":")
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        ctx.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
+        self.host, self.port, self.ctx = host, int(port), ctx
+        self.conn = self._connect()
+
+    def _connect(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=30)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in (1, 2):
+            try:
+                self.conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+                raw = r.read()
+                return r.status, (json.loads(raw) if raw else None), {k.lower(): v for k, v in r.getheaders()}
+            except (http.client.HTTPException, OSError):
+                self.conn.close()
+                self.conn = self._connect()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def pod_spec(i: int) -> dict[str, Any]:
+    return {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example.com/batch/worker:1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-h100"}],
+    }
+
+
+def pod(ns: str, i: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p-{i}", "namespace": ns},
+        "spec": pod_spec(i),
+    }
+
+
+def deployment(ns: str, i: int, replicas: int) -> dict[str, Any]:
+    name = f"d-{i}"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec(i)},
+        },
+    }
+
+
+def template(ns: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-h100", "namespace": ns},
+        "spec": {
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": TEMPLATE_CLASS}}]}
+            }
+        },
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def webhooks_active(api: Api, ns: str) -> bool:
+    """A dry-run create of a legacy-GPU pod: draguard's migration warning shows the webhook is called."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": ns},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        },
+    }
+    status, _body, headers = api.call("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", probe)
+    return "draguard" in headers.get("warning", "") or status == 403
+
+
+def set_webhooks(cluster: Any, api: Api, port: int, on: bool, probe_ns: str) -> None:
+    if on:
+        cluster.register_webhook(port)
+    else:
+        cluster.kubectl(
+            "delete",
+            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+            "draguard",
+            "--ignore-not-found",
+        )
+    deadline = time.monotonic() + 30
+    while webhooks_active(api, probe_ns) != on:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"webhooks did not become {'active' if on else 'inactive'} within 30 s")
+        time.sleep(0.2)
+
+
+def create_all(api: Api, objs: list[tuple[str, dict[str, Any]]]) -> tuple[list[float], list[str]]:
+    lat: list[float] = []
+    errors: list[str] = []
+    for path, obj in objs:
+        t0 = time.perf_counter()
+        status, body, _h = api.call("POST", path, obj)
+        lat.append(time.perf_counter() - t0)
+        if status != 201:
+            errors.append(
+                f"{obj['kind']} {obj['metadata']['name']}: HTTP {status}: {(body or {}).get('message')}"
+            )
+    return lat, errors
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--pods", type=int, default=2000, help="pods per arm")
+    ap.add_argument("--deployments", type=int, default=500, help="Deployments per arm")
+    ap.add_argument("--blocks", type=int, default=4, help="alternations between the arms")
+    ap.add_argument("--replicas", type=int, default=1, help="replicas of each Deployment")
+    ap.add_argument("--state-dir", type=Path, default=None)
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+
+    from webhook.dev.cluster import ClusterError, LocalCluster
+
+    state = args.state_dir or Path(tempfile.mkdtemp(prefix="draguard-bench-apiserver-"))
+    cluster = LocalCluster(state, None, progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    try:
+        t0 = time.monotonic()
+        cluster.up(with_driver=True, with_webhook=True)
+        print(f"cluster up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        port = int(cluster.state["ports"]["webhook"])
+        api = Api(cluster.server, cluster.paths.certs)
+        namespaces = {"off": "bench-off", "on": "bench-on"}
+        for ns in namespaces.values():
+            api.call(
+                "POST",
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            )
+            cluster.wait_default_sa(ns)
+            status, body, _ = api.call(
+                "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", template(ns)
+            )
+            if status not in (201, 409):
+                raise SystemExit(f"cannot create the claim template in {ns}: {status} {body}")
+        lat: dict[tuple[str, str], list[float]] = {
+            (a, k): [] for a in ("off", "on") for k in ("Pod", "Deployment")
+        }
+        errors: dict[str, list[str]] = {"off": [], "on": []}
+        pods_per = math.ceil(args.pods / args.blocks)
+        deps_per = math.ceil(args.deployments / args.blocks)
+        next_pod = {"off": 0, "on": 0}
+        next_dep = {"off": 0, "on": 0}
+        for b in range(args.blocks):
+            for arm in ("on", "off") if b % 2 else ("off", "on"):
+                set_webhooks(cluster, api, port, arm == "on", namespaces[arm])
+                ns = namespaces[arm]
+                n_p = min(pods_per, args.pods - next_pod[arm])
+                n_d = min(deps_per, args.deployments - next_dep[arm])
+                objs: list[tuple[str, dict[str, Any]]] = []
+                # Interleave kinds (one Deployment per pods/deployments pods) so both see the same background.
+                every = max(1, n_p // max(n_d, 1))
+                d = 0
+                for i in range(n_p):
+                    objs.append((f"/api/v1/namespaces/{ns}/pods", pod(ns, next_pod[arm] + i)))
+                    if i % every == every - 1 and d < n_d:
+                        dep = deployment(ns, next_dep[arm] + d, args.replicas)
+                        objs.append((f"/apis/apps/v1/namespaces/{ns}/deployments", dep))
+                        d += 1
+                for j in range(d, n_d):
+                    dep = deployment(ns, next_dep[arm] + j, args.replicas)
+                    objs.append((f"/apis/apps/v1/namespaces/{ns}/deployments", dep))
+                next_pod[arm] += n_p
+                next_dep[arm] += n_d
+                lp, errs = create_all(api, objs)
+                errors[arm] += errs
+                for (_path, obj), sec in zip(objs, lp, strict=True):
+                    lat[(arm, obj["kind"])].append(sec)
+                print(f"  block {b + 1}/{args.blocks} webhooks {arm}: {len(objs)} creates, "
+                      f"p50 {statistics.median(lp) * 1000:.1f} ms", file=sys.stderr, flush=True)  # fmt: skip
+        metrics_text = ""
+        try:
+            import urllib.request
+
+            ctx = ssl.create_default_context(cafile=str(cluster.paths.certs / "webhook-ca.crt"))
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=5) as r:
+                metrics_text = r.read().decode()
+        except OSError:
+            pass
+    except ClusterError as exc:
+        print(f"bench/apiserver.py: the local control plane is not available: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        if not args.keep:
+            try:
+                cluster.down(keep_logs=False)
+            except ClusterError as exc:
+                print(f"warning: {exc}", file=sys.stderr)
+    rows = []
+    for kind in ("Pod", "Deployment"):
+        off, on = lat[("off", kind)], lat[("on", kind)]
+        rows.append(
+            {
+                "kind": kind,
+                "n_per_arm": len(on),
+                "off_p50_ms": round(statistics.median(off) * 1000, 2),
+                "off_p99_ms": round(pct(off, 99) * 1000, 2),
+                "on_p50_ms": round(statistics.median(on) * 1000, 2),
+                "on_p99_ms": round(pct(on, 99) * 1000, 2),
+            }
+        )
+        rows[-1]["added_p50_ms"] = round(rows[-1]["on_p50_ms"] - rows[-1]["off_p50_ms"], 2)
+        rows[-1]["added_p99_ms"] = round(rows[-1]["on_p99_ms"] - rows[-1]["off_p99_ms"], 2)
+    served = 0.0
+    handler: dict[str, list[float]] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("draguard_admission_requests_total{"):
+            served += float(line.rsplit(" ", 1)[1])
+        for part in ("sum", "count"):
+            if line.startswith(f"draguard_admission_duration_seconds_{part}{{"):
+                ep = line.split('endpoint="', 1)[1].split('"', 1)[0]
+                handler.setdefault(ep, [0.0, 0.0])[part == "count"] += float(line.rsplit(" ", 1)[1])
+    handler_ms = {ep: round(sc[0] / sc[1] * 1000, 2) for ep, sc in handler.items() if sc[1]}
+    print(f"Creates through kube-apiserver, one client, sequential; {args.blocks} alternating blocks; "
+          f"every object requests a GPU (both webhooks called)")  # fmt: skip
+    print(
+        f"{'kind':<11} {'n/arm':>6} {'off p50':>8} {'off p99':>8} {'on p50':>8} {'on p99':>8} {'+p50':>7} {'+p99':>7}"
+    )
+    for r in rows:
+        print(f"{r['kind']:<11} {r['n_per_arm']:>6} {r['off_p50_ms']:>8.2f} {r['off_p99_ms']:>8.2f} "
+              f"{r['on_p50_ms']:>8.2f} {r['on_p99_ms']:>8.2f} {r['added_p50_ms']:>7.2f} {r['added_p99_ms']:>7.2f}")  # fmt: skip
+    print(
+        f"webhook answered {served:.0f} admission requests (its /metrics); "
+        f"create errors: off {len(errors['off'])}, on {len(errors['on'])}"
+    )
+    if handler_ms:
+        print("webhook handler time, mean per request (its own histogram): "
+              + ", ".join(f"/{ep} {ms:.2f} ms" for ep, ms in sorted(handler_ms.items())))  # fmt: skip
+    for arm, errs in errors.items():
+        for e in errs[:5]:
+            print(f"  {arm}: {e}")
+    worst = max(r["added_p99_ms"] for r in rows)
+    verdict = "within" if worst <= 5.0 else "OVER"
+    print(f"added latency at p99: {worst:.2f} ms ({verdict} the 5 ms target)")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"rows": rows, "errors": errors, "webhook_requests": served, "handler_mean_ms": handler_ms},
+                indent=2,
+            )
+        )
+    return 0 if worst <= 5.0 and not any(errors.values()) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
