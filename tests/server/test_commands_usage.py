@@ -112,3 +112,50 @@ def test_dra_stats_from_cached_claims() -> None:
     matching = QuotaCalculator(inv).matching("gpu.nvidia.com-a100") or []
     assert matching and s.devices_available["gpu.nvidia.com-a100"] == len(matching) - 2
     assert allocation_seconds(claims[0]) == 12.0 and allocation_seconds(claims[1]) is None
+
+
+def test_rebuilder_reuses_inventory_until_dra_objects_change() -> None:
+    from webhook.server.caches import ClusterCache
+    from webhook.server.metrics import Metrics
+    from webhook.server.usage import Rebuilder
+
+    seed = ROOT / "tests" / "fixtures" / "seed"
+    objs = [o for o in yaml.safe_load(seed.joinpath("cluster-inventory.yaml").read_text())["items"]]
+    classes = [o for o in yaml.safe_load_all(seed.joinpath("deviceclasses.yaml").read_text()) if o]
+    cache = ClusterCache(http=None, metrics=Metrics(), dra_version="v1", served=frozenset({"v1"}))
+
+    def put(name: str, items: list[dict[str, Any]]) -> None:
+        store = cache.reflectors[name].store
+        store.clear()
+        for i, o in enumerate(items):
+            o.setdefault("metadata", {}).setdefault("resourceVersion", str(i + 1))
+            meta = o["metadata"]
+            store[(meta.get("namespace") or "", meta["name"])] = o
+
+    put("resourceslices", objs)
+    put("deviceclasses", classes)
+    put(
+        "namespaces",
+        [{"metadata": {"name": "team-a", "labels": {"draguard.io/team": "vision"}, "resourceVersion": "1"}}],
+    )
+    put("resourceclaims", [claim("a", "team-a", "gpu.nvidia.com-a100", 2)])
+    from webhook.policy.load import load_policies
+
+    policies = load_policies(ROOT / "policies")
+    rb = Rebuilder(cache, Metrics(), lambda v: None, lambda: policies)
+    v1 = rb.build()
+    assert len(v1.inventory.devices) > 0 and "gpu.nvidia.com-a100" in v1.inventory.classes
+    assert v1.usage is not None and v1.usage.devices[("team:vision", "gpu.nvidia.com-a100")] == 2
+    # Only a namespace label changed: the inventory (and what the engine memoised on it) is kept.
+    put("namespaces", [{"metadata": {"name": "team-a", "labels": {}, "resourceVersion": "2"}}])
+    v2 = rb.build()
+    assert v2.inventory is v1.inventory
+    assert v2.usage is not None and ("team:vision", "gpu.nvidia.com-a100") not in v2.usage.devices
+    # A new claim: a new inventory that knows it.
+    put(
+        "resourceclaims",
+        [claim("a", "team-a", "gpu.nvidia.com-a100", 2), claim("b", "team-a", "gpu.nvidia.com-a100", 1)],
+    )
+    v3 = rb.build()
+    assert v3.inventory is not v1.inventory and ("team-a", "b") in v3.inventory.claims
+    assert v3.usage is not None and v3.usage.devices[("team-a", "gpu.nvidia.com-a100")] == 3

@@ -50,6 +50,7 @@ class _Parsed:
     def __init__(self, parse: Callable[[Mapping[str, Any]], Any]) -> None:
         self.parse = parse
         self.entries: dict[tuple[str, str], tuple[str, Any]] = {}
+        self.changed = True  # whether the last update parsed or dropped anything
 
     def update(self, objs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Any]:
         fresh: dict[tuple[str, str], tuple[str, Any]] = {}
@@ -65,6 +66,9 @@ class _Parsed:
                 log.warning(
                     "cannot read cached object", extra={"object": "/".join(k), "reason": str(e)[:200]}
                 )
+        self.changed = fresh.keys() != self.entries.keys() or any(
+            fresh[k] is not self.entries.get(k) for k in fresh
+        )
         self.entries = fresh
         return {k: v[1] for k, v in fresh.items()}
 
@@ -125,6 +129,32 @@ def _class_of_result(rec: ClaimRecord | None, request: str) -> str | None:
     return req.device_class
 
 
+def warm(inventory: Inventory, policies: Any) -> None:
+    """Evaluate one claim per DeviceClass against a fresh inventory before it is published, so the
+    engine's per-inventory memos (class matches, per-node capacity) are filled here, in the
+    background, and not by the first admission request after a cache change."""
+    if policies is None or not inventory.classes:
+        return
+    from webhook.engine.context import Context, SourceObject
+    from webhook.engine.evaluate import evaluate
+
+    objs = [
+        SourceObject(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "draguard-warmup", "namespace": "draguard-warmup"},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": name}}]}},
+            }
+        )
+        for name in sorted(inventory.classes)
+    ]
+    try:
+        evaluate(objs, policies, inventory, Context(admission=True))
+    except Exception:  # warming is an optimisation; the request path copes without it
+        log.debug("inventory warm-up failed", exc_info=True)
+
+
 class Rebuilder:
     """Turns a ClusterCache into CacheViews, debounced, in a thread; `publish` receives each view."""
 
@@ -148,6 +178,7 @@ class Rebuilder:
         self._templates = _Parsed(claim_record)
         self.thread = threading.Thread(target=self._run, name="cache-rebuild", daemon=True)
         self.view = CacheView()
+        self._inventory: Inventory | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -174,12 +205,18 @@ class Rebuilder:
         templates = {
             (r.namespace, r.name): r for r in self._templates.update(tmpl_objs).values() if r is not None
         }
-        inventory = Inventory(
-            devices=tuple(devices),
-            classes=MappingProxyType(classes),
-            claims=MappingProxyType(claims),
-            templates=MappingProxyType(templates),
-        )
+        parsed = (self._slices, self._classes, self._claims, self._templates)
+        if self._inventory is not None and not any(p.changed for p in parsed):
+            inventory = self._inventory  # same facts: keep the object and what it has memoised
+        else:
+            inventory = Inventory(
+                devices=tuple(devices),
+                classes=MappingProxyType(classes),
+                claims=MappingProxyType(claims),
+                templates=MappingProxyType(templates),
+            )
+            warm(inventory, self.policies())
+            self._inventory = inventory
         labels: dict[str, Mapping[str, str]] = {}
         for ns in c.objects("namespaces"):
             meta = ns.get("metadata") or {}
