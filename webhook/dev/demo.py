@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from webhook.dev import scenarios
-from webhook.dev.cluster import ClusterError, LocalCluster, wait_until
+from webhook.dev.cluster import REPO_ROOT, ClusterError, LocalCluster, wait_until
 
 NAMESPACES = {
     "migrate": ("demo-migrate", scenarios.MIGRATE_LABELS),
@@ -150,8 +152,26 @@ class Demo:
 
     def step_cel(self) -> None:
         _say("\n== 3. A DeviceClass with the article's CEL mistake (migProfile)")
-        proc = self.kubectl("apply", "--dry-run=server", "-f", "-", input=scenarios.mig_profile_deviceclass())
-        self.expect("migProfile" in proc.stderr, "the linter names migProfile and suggests a fix")
+        manifest = scenarios.mig_profile_deviceclass()
+        proc = self.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+        self.expect(
+            "[cel/unknown-attribute]" in proc.stderr, "admission warns: unknown attribute (policy mode warn)"
+        )
+        # Admission warnings are cut at 120 characters; the review CLI prints the whole finding.
+        policies = self.cluster.state.get("policies") or str(REPO_ROOT / "policies")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "deviceclass.yaml"
+            path.write_text(manifest)
+            _say(f"  $ draguard review deviceclass.yaml --policies {policies}")
+            review = subprocess.run(
+                self.cluster.draguard_argv("review", str(path), "--policies", policies),
+                capture_output=True,
+                text=True,
+                cwd=REPO_ROOT,
+                timeout=120,
+            )
+        _say(_indent(review.stdout + review.stderr))
+        self.expect("did you mean 'profile'" in review.stdout, "the linter suggests the published 'profile'")
 
     def step_quota(self) -> None:
         _say("\n== 4. Quota: 9 A100s in a team-* namespace (budget 8)")
