@@ -1,7 +1,7 @@
 """Admission latency, RSS and CEL lint time as the device inventory and the policy set grow.
 
     python bench/scaling.py [--devices 1000,10000,50000,100000] [--policies 10,100,1000]
-                            [--reviews 400] [--json OUT.json]
+                            [--reviews 150] [--json OUT.json]
 
 Each point runs in a fresh child process (so RSS belongs to that inventory alone) pinned to one
 core. The child builds N simulated GPUs (8 per node, four models, unique uuid/pciBusID), the
@@ -70,10 +70,10 @@ def write_policies(directory: Path, count: int) -> Path:
 
 def build_inventory(devices: int) -> Any:
     """`devices` simulated GPUs (8 per node) with the seed DeviceClasses and one claim template."""
+    import yaml
+
     from bench.cel_lint import inventory as make_devices
     from webhook.dra.inventory import Inventory
-
-    import yaml
 
     nodes = max(1, math.ceil(devices / 8))
     devs = make_devices(nodes)[:devices]
@@ -295,7 +295,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--devices", default="1000,10000,50000,100000")
     ap.add_argument("--policies", default="10,100,1000")
-    ap.add_argument("--reviews", type=int, default=400)
+    ap.add_argument("--reviews", type=int, default=150)
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
     ap.add_argument("--point", nargs=2, type=int, metavar=("DEVICES", "POLICIES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
