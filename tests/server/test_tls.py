@@ -309,3 +309,30 @@ def test_serve_command_reports_bad_tls_files(tmp_path: Path, capsys: pytest.Capt
     assert rc == 2
     err = capsys.readouterr().err
     assert "tls.crt" in err and "Traceback" not in err
+
+
+def test_serve_command_without_cluster_access_says_what_to_do(
+    tmp_path: Path, cert_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    pol = write_policies(tmp_path / "pol", "enforce")
+    rc = run_cli(
+        [
+            "serve",
+            "--port",
+            str(free_port()),
+            "--tls-cert",
+            str(cert_dir / "tls.crt"),
+            "--tls-key",
+            str(cert_dir / "tls.key"),
+            "--policies",
+            str(pol),
+            "--log-level",
+            "error",
+        ]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--no-watch --inventory FILE" in err and "Traceback" not in err

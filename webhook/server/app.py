@@ -383,8 +383,15 @@ class Webhook:
         from webhook.server.usage import Rebuilder
 
         loop = asyncio.get_running_loop()
-        http = await loop.run_in_executor(None, KubeHttp.from_kubeconfig, self.opts.kubeconfig)
-        self.cache = await loop.run_in_executor(None, ClusterCache.connect, http, self.metrics)
+        try:
+            http = await loop.run_in_executor(None, KubeHttp.from_kubeconfig, self.opts.kubeconfig)
+            self.cache = await loop.run_in_executor(None, ClusterCache.connect, http, self.metrics)
+        except Exception as e:
+            where = self.opts.kubeconfig or "in-cluster config / ~/.kube/config"
+            raise ValueError(
+                f"cannot watch the cluster ({where}): {type(e).__name__}: {e}; pass --kubeconfig, run in a "
+                "cluster, or use --no-watch --inventory FILE"
+            ) from e
         if self.creator is None:
             self.creator = KubeTemplateCreator(http)
 

@@ -239,8 +239,11 @@ def cmd_quota_render(args: argparse.Namespace) -> int:
 
 
 def _read_objects(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})") from e
     out: list[dict[str, Any]] = []
     docs: list[Any] = [json.loads(text)] if path.endswith(".json") else list(yaml.safe_load_all(text))
     for d in docs:
