@@ -148,6 +148,8 @@ class Checkpoint:
             raw = self.path.read_text()
         except FileNotFoundError:
             return {}
+        except UnicodeDecodeError as exc:  # garbled bytes are damage too: recovery quarantines the file
+            raise CheckpointCorrupt(f"{self.path}: not UTF-8 text (byte {exc.start})") from None
         try:
             doc = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -157,8 +159,11 @@ class Checkpoint:
         v2 = doc.get("v2")
         if v2 is None and "v1" in doc:  # legacy layout: every listed claim counts as completed
             v1 = doc.get("v1") or {}
-            return {uid: ClaimEntry.from_json({"checkpointState": PREPARE_COMPLETED, **(e or {})})
-                    for uid, e in (v1.get("preparedClaims") or {}).items()}  # fmt: skip
+            try:
+                return {uid: ClaimEntry.from_json({"checkpointState": PREPARE_COMPLETED, **(e or {})})
+                        for uid, e in (v1.get("preparedClaims") or {}).items()}  # fmt: skip
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:  # v1 carries no checksum
+                raise CheckpointCorrupt(f"{self.path}: unreadable v1 checkpoint ({exc})") from None
         if not isinstance(v2, dict):
             raise CheckpointCorrupt(f"{self.path}: missing the 'v2' section")
         if doc.get("checksum") != _checksum(v2):
