@@ -190,17 +190,40 @@ class Measure:
     stderr: str
 
 
+def _hwm_kib(pid: int) -> int | None:
+    """VmHWM (peak resident set) of a running process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def measure(cmd: list[str], cwd: Path) -> Measure:
-    """Wall time and peak RSS of one child process (wait4 gives the child's own rusage)."""
+    """Wall time and peak RSS of one child process.
+
+    The peak is the child's VmHWM, polled until it exits: `ru_maxrss` would also count the
+    parent's memory at fork time (the kernel keeps the pre-exec high-water mark), and this
+    parent holds the generated inventory.
+    """
     t0 = time.perf_counter()
+    peak_kib = 0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while True:
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak_kib = max(peak_kib, _hwm_kib(proc.pid) or 0)
+            time.sleep(0.005)
         seconds = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Measure(seconds, usage.ru_maxrss / 1024, proc.returncode, out.read(), err.read())
+        return Measure(seconds, peak_kib / 1024, proc.returncode, out.read(), err.read())
 
 
 def kustomize_cmd() -> list[str] | None:

@@ -70,8 +70,9 @@ class Inventory:
     # (namespace, name) -> record; filled when the cluster's claims/templates are known.
     claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
-    # Derived facts computed once per inventory (rules ask for them once per object).
-    _memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Derived facts computed once per inventory (rules ask for them once per object). Not an
+    # __init__ argument, so dataclasses.replace() starts a fresh memo for the changed inventory.
+    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @staticmethod
     def empty() -> Inventory:
