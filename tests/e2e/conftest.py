@@ -71,7 +71,7 @@ def kubectl(cluster: LocalCluster) -> Kubectl:
 
 
 @pytest.fixture
-def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Callable[..., str]:
+def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Iterator[Callable[..., str]]:
     """Factory: a fresh namespace with the given labels, deleted (without waiting) after the test."""
     made: list[str] = []
 
@@ -85,7 +85,7 @@ def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Callable[..., str]:
         cluster.wait_default_sa(name)
         return name
 
-    yield make  # type: ignore[misc]
+    yield make
     for name in made:
         # No kubelet confirms pod shutdown, so pods are force-deleted; their claims are then
         # released by the controller-manager and the GPUs are free for the next test.

@@ -66,3 +66,19 @@ def test_webhook_down(
     admitted = kubectl.apply(scenarios.plain_gpu_pod(ns, "gpu-pod-open"))
     assert admitted.returncode == 0, admitted.stderr
     assert kubectl.get("pod", "gpu-pod-open", ns)["spec"]["resourceClaims"][0]["name"] == "gpu"
+
+
+def test_webhook_restored_after_restart(
+    cluster: LocalCluster, kubectl: Kubectl, namespace: Callable[..., str]
+) -> None:
+    """Runs after test_webhook_down: the restarted webhook is registered again, failing closed."""
+    if "webhook" not in (cluster.state.get("pids") or {}):
+        pytest.skip("the webhook is not part of this cluster (webhook/server missing)")
+    port = cluster.state["ports"]["webhook"]
+    cfg = kubectl.get("validatingwebhookconfiguration", "draguard")
+    assert {h["failurePolicy"] for h in cfg["webhooks"]} == {"Fail"}
+    assert {h["clientConfig"]["url"].split("/")[2] for h in cfg["webhooks"]} == {f"127.0.0.1:{port}"}
+    ns = namespace("team")
+    denied = kubectl.apply(scenarios.big_a100_claim(ns, 9))
+    assert denied.returncode != 0
+    assert "quota/team-budgets" in denied.stderr
