@@ -29,6 +29,7 @@ from webhook.dra.objects import (
 )
 
 T = TypeVar("T")
+_MEMO_LIMIT = 4096
 
 
 class InventoryError(ValueError):
@@ -136,6 +137,9 @@ class Inventory:
         """A derived fact of this (immutable) inventory, computed once: e.g. the devices a class's
         selectors match, which every claim naming that class needs again."""
         if key not in self._memo:
+            if len(self._memo) >= _MEMO_LIMIT:
+                # A long-lived server sees unbounded distinct selector texts: keep memory bounded.
+                self._memo.clear()
             self._memo[key] = compute()
         value: T = self._memo[key]
         return value
