@@ -194,3 +194,51 @@ def test_bad_ref_and_outside_a_repository(repo: Path, draguard: Callable[..., Ru
     os.chdir(outside)
     run = draguard("review", "a.yaml", "--base", "HEAD")
     assert run.code == 2 and "needs a git repository" in run.err
+
+
+MIGRATION = """\
+apiVersion: policy.draguard.io/v1alpha1
+kind: MigrationPolicy
+metadata:
+  name: legacy-gpu
+spec:
+  defaultMode: {mode}
+  mappings:
+  - resource: nvidia.com/gpu
+    deviceClass: {cls}
+"""
+
+LEGACY = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: old-trainer
+  namespace: team-a
+spec:
+  containers:
+  - name: t
+    image: nvcr.io/nvidia/pytorch:24.01-py3
+    resources:
+      limits:
+        nvidia.com/gpu: 2
+"""
+
+
+@pytest.mark.parametrize("mode", ["migrate", "warn"])
+def test_changed_rewrite_is_reported_with_its_policy(
+    repo: Path, draguard: Callable[..., Run], mode: str
+) -> None:
+    (repo / "apps" / "legacy.yaml").write_text(LEGACY)
+    (repo / "policies" / "migration.yaml").write_text(MIGRATION.format(mode=mode, cls="gpu.nvidia.com-a100"))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "legacy pod, mapped to A100")
+    (repo / "policies" / "migration.yaml").write_text(MIGRATION.format(mode=mode, cls="gpu.nvidia.com-h100"))
+    run = draguard(*ARGS, "--base", "HEAD", "-f", "json")
+    assert run.code == 0, run.err
+    doc = json.loads(run.out)
+    (change,) = doc["changes"]
+    assert change["change"] == "rewrite-changed"
+    assert change["rule"] == "migrate/legacy-gpu"
+    assert change["baseMode"] == change["mode"] == "warn"
+    assert change["causes"] == ["MigrationPolicy legacy-gpu modified (policies/migration.yaml)"]
+    assert "gpu.nvidia.com-h100" in change["message"]

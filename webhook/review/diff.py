@@ -269,8 +269,13 @@ def _group(report: Report) -> dict[Key, list[Finding]]:
 
 
 def _rewrite_of(findings: Sequence[Finding]) -> str | None:
+    """What the migration would do: its patch in `migrate` mode, else the rewrite its message
+    proposes (observe/warn/enforce describe the same rewrite without patching)."""
     patches = [(f.patch, f.generated) for f in findings if f.patch]
-    return json.dumps(patches, sort_keys=True, default=str) if patches else None
+    if patches:
+        return json.dumps(patches, sort_keys=True, default=str)
+    proposals = sorted(f.message.split("rewrite:", 1)[1] for f in findings if "rewrite:" in f.message)
+    return json.dumps(proposals) if proposals else None
 
 
 def _object_docs(reviewed: Reviewed) -> dict[tuple[str, str, str, str], str]:
