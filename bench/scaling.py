@@ -50,6 +50,7 @@ spec:
       images: ["*example.com/tier-{i}/*", "*model-{i}-server*"]
     deviceClasses: [gpu.nvidia.com-a100, "gpu.nvidia.com-a100-mig-*"]
 """
+SHAPES = ("deployment", "pod", "claim")  # the order review_bodies() cycles through
 SHIPPED = ("tier.yaml", "cel-lint.yaml", "migration.yaml", "quota.yaml")
 SELECTOR = (
     "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3' && "
@@ -221,14 +222,24 @@ def measure_point(devices: int, policies: int, reviews: int) -> dict[str, Any]:
     rss_loaded = rss_mib()
     bodies = review_bodies(max(reviews, 3))
     verdicts: dict[str, int] = {}
-    for body in bodies[:30]:  # warm caches (CEL compile cache, profile groups)
+    # Cold: the first review of each shape after the inventory/policies were swapped in (what the
+    # request right after a ResourceSlice change pays); then warm, steady-state reviews.
+    cold: list[float] = []
+    for body in bodies[:3]:
+        t0 = time.perf_counter()
+        admission.review("validate", admission.parse_review(body), snap)
+        cold.append(time.perf_counter() - t0)
+    for body in bodies[3:30]:
         admission.review("validate", admission.parse_review(body), snap)
     lat: list[float] = []
-    for body in bodies:
+    by_shape: dict[str, list[float]] = {s: [] for s in SHAPES}
+    for i, body in enumerate(bodies):
         t0 = time.perf_counter()
         out = admission.review("validate", admission.parse_review(body), snap)
         json.dumps(out.document(), separators=(",", ":"))
-        lat.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        lat.append(took)
+        by_shape[SHAPES[i % 3]].append(took)
         verdicts[out.verdict] = verdicts.get(out.verdict, 0) + 1
     lint: list[float] = []
     for _ in range(3):
@@ -250,6 +261,11 @@ def measure_point(devices: int, policies: int, reviews: int) -> dict[str, Any]:
         "policy_load_s": round(load_s, 3),
         "cel_lint_ms": round(min(lint) * 1000, 1),
         "verdicts": verdicts,
+        "cold_ms": {SHAPES[i]: round(c * 1000, 2) for i, c in enumerate(cold)},
+        "shapes": {
+            k: {"p50_ms": round(statistics.median(v) * 1000, 3), "p99_ms": round(pct(v, 99) * 1000, 3)}
+            for k, v in by_shape.items()
+        },
     }
 
 
@@ -279,7 +295,7 @@ def growth_verdict(points: list[dict[str, Any]]) -> tuple[bool, str]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'devices':>8} {'policies':>8} {'p50 ms':>8} {'p99 ms':>8} {'rev/s':>7} "
-        f"{'RSS MiB':>8} {'inv MiB':>8} {'lint ms':>8}"
+        f"{'RSS MiB':>8} {'inv MiB':>8} {'lint ms':>8}  p50 ms deploy/pod/claim   cold ms deploy/pod/claim"
     )
     print(head)
     print("-" * len(head))
@@ -287,7 +303,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"{r['devices']:>8,} {r['policies']:>8,} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
             f"{r['reviews_per_s']:>7,} {r['rss_mib']:>8.1f} {r['rss_inventory_mib']:>8.1f} "
-            f"{r['cel_lint_ms']:>8.1f}"
+            f"{r['cel_lint_ms']:>8.1f}  "
+            + "/".join(f"{r['shapes'][k]['p50_ms']:.2f}" for k in SHAPES).ljust(26)
+            + "/".join(f"{r['cold_ms'][k]:.1f}" for k in SHAPES)
         )
 
 
