@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint typecheck k8s demo demo-down review bench clean
+.PHONY: all venv test test-fast lint typecheck k8s demo demo-down review bench reliability clean
 
 all: test
 
@@ -44,8 +44,13 @@ demo-down: $(STAMP)
 review: $(STAMP)
 	$(VENV)/bin/draguard review examples/ --inventory examples/inventory.yaml
 
+## Every benchmark with a summary (bench/run_all.py; BENCH_ARGS=--quick for a smoke run).
 bench: $(STAMP)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+## Load, fault, bad-input and security tests (DRAGUARD_SOAK=1 for the long variants).
+reliability: $(STAMP)
+	$(PY) -m pytest -q -m reliability tests/reliability
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
