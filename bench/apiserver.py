@@ -276,11 +276,13 @@ def main() -> int:
     print(f"Creates through kube-apiserver, one client, sequential; {args.blocks} alternating blocks; "
           f"every object requests a GPU (both webhooks called)")  # fmt: skip
     print(
-        f"{'kind':<11} {'n/arm':>6} {'off p50':>8} {'off p99':>8} {'on p50':>8} {'on p99':>8} {'+p50':>7} {'+p99':>7}"
+        f"{'kind':<11} {'n/arm':>6} {'off p50':>8} {'off p99':>8} {'on p50':>8} {'on p99':>8} "
+        f"{'+p50':>7} {'+p99':>7}"
     )
     for r in rows:
         print(f"{r['kind']:<11} {r['n_per_arm']:>6} {r['off_p50_ms']:>8.2f} {r['off_p99_ms']:>8.2f} "
-              f"{r['on_p50_ms']:>8.2f} {r['on_p99_ms']:>8.2f} {r['added_p50_ms']:>7.2f} {r['added_p99_ms']:>7.2f}")  # fmt: skip
+              f"{r['on_p50_ms']:>8.2f} {r['on_p99_ms']:>8.2f} "
+              f"{r['added_p50_ms']:>7.2f} {r['added_p99_ms']:>7.2f}")  # fmt: skip
     print(
         f"webhook answered {served:.0f} admission requests (its /metrics); "
         f"create errors: off {len(errors['off'])}, on {len(errors['on'])}"

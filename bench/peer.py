@@ -190,14 +190,16 @@ def main() -> int:
                 "summary": tail,
             }
     print(
-        f"{docs} documents ({args.workloads} workloads + claim templates), one YAML file, best of {args.repeat}"
+        f"{docs} documents ({args.workloads} workloads + claim templates), one YAML file, "
+        f"best of {args.repeat}"
     )
     print(f"{'tool':<10} {'wall s':>8} {'startup s':>9} {'docs/s':>8} {'docs/s excl. startup':>21}")
     for name in ("draguard", "kyverno"):
         r = res.get(name)
         if r:
             print(
-                f"{name:<10} {r['wall_s']:>8.2f} {r['startup_s']:>9.2f} {r['docs_per_s']:>8} {r['docs_per_s_after_startup']:>21}"
+                f"{name:<10} {r['wall_s']:>8.2f} {r['startup_s']:>9.2f} {r['docs_per_s']:>8} "
+                f"{r['docs_per_s_after_startup']:>21}"
             )
     print(f"draguard denied {res['draguard']['denied_objects']} objects")
     if "kyverno" in res:
@@ -209,8 +211,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if kyverno is None:
         print(
-            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO or ~/.cache/draguard/peer/bin/kubectl-kyverno); "
-            "build it with: cd <kyverno v1.19.1 source> && go build -o ~/.cache/draguard/peer/bin/kubectl-kyverno "
+            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO or "
+            "~/.cache/draguard/peer/bin/kubectl-kyverno); build it with: cd <kyverno v1.19.1 source> && "
+            "go build -o ~/.cache/draguard/peer/bin/kubectl-kyverno "
             "./cmd/cli/kubectl-kyverno"
         )
         return 3

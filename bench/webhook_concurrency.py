@@ -148,7 +148,8 @@ def main() -> int:
     print(f"{'workers':>7} {'conns':>6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} {'errors':>6}")
     for r in results:
         print(
-            f"{r['workers']:>7} {r['connections']:>6} {r['rps']:>8.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+            f"{r['workers']:>7} {r['connections']:>6} {r['rps']:>8.0f} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>8.2f} "
             f"{r['rss_mb']:>7.1f} {r['errors']:>6}"
         )
     if args.json:

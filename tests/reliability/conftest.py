@@ -210,7 +210,8 @@ def sample_reviews(n: int) -> list[bytes]:
             }  # fmt: skip
             out.append(review_body(obj, group="apps", kind="Deployment", uid=uid))
         elif shape == 1:
-            obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"legacy-{i}", "namespace": "team-a"},
+            obj = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"legacy-{i}", "namespace": "team-a"},
                    "spec": {"containers": [{"name": "t", "image": "nvcr.io/nvidia/pytorch:24.01-py3",
                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
             out.append(review_body(obj, uid=uid))
@@ -219,7 +220,8 @@ def sample_reviews(n: int) -> list[bytes]:
             obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": f"claim-{i}", "namespace": "team-a"},
                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                       "deviceClassName": "gpu.nvidia.com-h100", "selectors": [{"cel": {"expression": sel}}]}}]}}}  # fmt: skip
+                       "deviceClassName": "gpu.nvidia.com-h100",
+                       "selectors": [{"cel": {"expression": sel}}]}}]}}}  # fmt: skip
             out.append(review_body(obj, group="resource.k8s.io", kind="ResourceClaim", uid=uid))
         else:
             obj = {

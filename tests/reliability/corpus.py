@@ -59,7 +59,8 @@ def base_objects() -> dict[str, tuple[str, str, str, dict[str, Any]]]:
         "template-v1beta1": ("resource.k8s.io", "v1beta1", "ResourceClaimTemplate", {
             "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "t", "namespace": "team-a"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com-a100",
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
+                                                        "deviceClassName": "gpu.nvidia.com-a100",
                                                         "count": 2}]}}}}),
     }  # fmt: skip
 
@@ -234,9 +235,11 @@ def review_cases() -> list[Case]:
         "deep-in-request-5k": _dumps(_review("@", "", "v1", "Pod")).replace(
             b'"@"', b'{"n":[' * 2500 + b"1" + b"]}" * 2500
         ),
-        "duplicate-keys": b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "a"}, '
+        "duplicate-keys": b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", '
+        b'"request": {"uid": "a"}, '
         b'"request": "b"}',
-        "big-number": b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", '
+        "big-number": b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", '
+        b'"request": {"uid": "u", '
         b'"object": {"spec": {"replicas": 1' + b"0" * 5000 + b"}}}}",
     }
     for cid, body in raw.items():
@@ -330,7 +333,8 @@ YAML_SPECIAL: dict[str, bytes] = {
     + b"9" * 5000
     + b"}\n",
     "float-inf": b"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: .inf}\n",
-    "timestamps": b"apiVersion: v1\nkind: Pod\nmetadata: {name: 2024-01-01}\nspec: {containers: 2001-12-14t21:59:43.10-05:00}\n",
+    "timestamps": b"apiVersion: v1\nkind: Pod\nmetadata: {name: 2024-01-01}\n"
+    b"spec: {containers: 2001-12-14t21:59:43.10-05:00}\n",
     "merge-key": b"base: &b {apiVersion: v1, kind: Pod}\n<<: *b\nmetadata: {name: m}\n",
     "over-3mib": b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: big\n  annotations:\n    pad: "
     + b"x" * (3 * MIB + 10)

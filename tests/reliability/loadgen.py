@@ -118,7 +118,7 @@ async def run_load(
                             want = json.loads(body)["request"]["uid"]
                             if json.loads(data)["response"]["uid"] != want:
                                 res.bad_uid += 1
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     res.errors[type(e).__name__] += 1
                 res.latencies.append(time.perf_counter() - t1)
                 res.sent += 1

@@ -29,8 +29,10 @@ LIMIT_S = 1.0
 KNOWN_WEBHOOK = {
     "object:cel-nested-comprehension": "CEL iteration budget error escapes as an internal rule error "
     "(structure/unsatisfiable, cel lint) instead of a cel/limits finding",
-    "object:pod-deep-nesting-900": "migrate/legacy-gpu recurses through a 900-deep annotation (RecursionError)",
-    "lone-surrogate": "the review cache key encodes the uid as UTF-8; a lone surrogate in uid raises (HTTP 500)",
+    "object:pod-deep-nesting-900": "migrate/legacy-gpu recurses through a 900-deep annotation "
+    "(RecursionError)",
+    "lone-surrogate": "the review cache key encodes the uid as UTF-8; a lone surrogate in uid raises "
+    "(HTTP 500)",
 }
 KNOWN_REVIEW = {
     "special:billion-laughs": ("YAML aliases are expanded while walking the document: hangs", False),
@@ -116,15 +118,17 @@ def test_webhook_lying_content_length(webhook: WebhookProcess) -> None:
     import socket
 
     ctx = webhook.ssl_context()
-    with socket.create_connection(("127.0.0.1", webhook.port), timeout=5) as raw:
-        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-            s.sendall(
-                b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 999999999\r\n\r\n{"
-            )
-            t0 = time.perf_counter()
-            head = s.recv(4096)
-            assert time.perf_counter() - t0 < LIMIT_S
+    with (
+        socket.create_connection(("127.0.0.1", webhook.port), timeout=5) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s,
+    ):
+        s.sendall(
+            b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 999999999\r\n\r\n{"
+        )
+        t0 = time.perf_counter()
+        head = s.recv(4096)
+        assert time.perf_counter() - t0 < LIMIT_S
     assert head.startswith(b"HTTP/1.1 413"), head[:200]
 
 
@@ -181,7 +185,8 @@ def test_review_as_a_process(tmp_path: Path, inventory_file: Path) -> None:
     ]
     for f in sample:
         proc = subprocess.run(
-            draguard("review", str(f), "--policies", str(ROOT / "policies"), "--inventory", str(inventory_file)),
+            draguard("review", str(f), "--policies", str(ROOT / "policies"),
+                     "--inventory", str(inventory_file)),
             capture_output=True, text=True, timeout=30, cwd=ROOT,
         )  # fmt: skip
         assert proc.returncode in (0, 1, 2), f"{f.name}: exit {proc.returncode}: {proc.stderr[-800:]}"

@@ -48,7 +48,9 @@ def test_rotation_during_load(tmp_path: Path, inventory_file: Path) -> None:
         time.sleep(1.0)
         for _ in range(rotations):
             p = subprocess.run(
-                draguard("certs", "--out-dir", str(certs), "--extra-san", "127.0.0.1", "--no-inject", "--force"),
+                draguard(
+                    "certs", "--out-dir", str(certs), "--extra-san", "127.0.0.1", "--no-inject", "--force"
+                ),
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -86,7 +86,11 @@ class Plugin:
         d = self.base / "cdi"
         if not d.is_dir():
             return set()
-        return {m.group(1) for p in d.iterdir() if (m := re.match(r"k8s\.gpu\.nvidia\.com-claim_(.+)\.json$", p.name))}
+        return {
+            m.group(1)
+            for p in d.iterdir()
+            if (m := re.match(r"k8s\.gpu\.nvidia\.com-claim_(.+)\.json$", p.name))
+        }
 
     def checkpoint(self) -> dict[str, str]:
         return {uid: e.state for uid, e in Checkpoint(self.base / "plugins").load().items()}

@@ -8,6 +8,7 @@ the time is spent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -35,7 +36,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=12), inner, max_size=5)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
     max_leaves=40,
 )
 
@@ -94,7 +97,9 @@ def snapshot() -> Any:
     from webhook.policy.load import load_policies
     from webhook.server.admission import Snapshot
 
-    return Snapshot(policies=load_policies(Path(__file__).parents[2] / "policies"), inventory=seed_inventory())
+    return Snapshot(
+        policies=load_policies(Path(__file__).parents[2] / "policies"), inventory=seed_inventory()
+    )
 
 
 @pytest.mark.timeout(0)
@@ -122,7 +127,10 @@ def test_fuzz_admission_review(snapshot: Any) -> None:
             json.dumps(out.document())
             assert out.response["uid"] == "u-1"
 
-    run_property(prop, st.tuples(mutated_objects(), st.sampled_from(["CREATE", "UPDATE", "DELETE", "x"]), st.booleans()))
+    run_property(
+        prop,
+        st.tuples(mutated_objects(), st.sampled_from(["CREATE", "UPDATE", "DELETE", "x"]), st.booleans()),
+    )
 
 
 # --- policy documents ------------------------------------------------------------------------------
@@ -215,19 +223,19 @@ def test_fuzz_review_inputs() -> None:
 # --- CEL selectors ------------------------------------------------------------------------------------
 
 CEL_ATOMS = [
-    "device.driver", "device.attributes['gpu.nvidia.com'].productName", "device.capacity['gpu.nvidia.com'].memory",
-    "'gpu.nvidia.com'", "quantity('40Gi')", "semver('1.2.3')", "1", "true", "[1,2]", "x", "(", ")", "==", "&&",
+    "device.driver", "device.attributes['gpu.nvidia.com'].productName",
+    "device.capacity['gpu.nvidia.com'].memory", "'gpu.nvidia.com'", "quantity('40Gi')",
+    "semver('1.2.3')", "1", "true", "[1,2]", "x", "(", ")", "==", "&&",
     "||", "!", ".compareTo(", ".all(x, ", ".exists(", "in", "size(", "'", ",", "]", "[", "?", ":", ">=",
 ]  # fmt: skip
 
 
 @pytest.mark.timeout(0)
 def test_fuzz_cel_selectors() -> None:
+    from tests.server.conftest import seed_inventory
     from webhook.cel.env import CelCompileError, CelEvalError, compile_selector
     from webhook.cel.lint import lint_selector
     from webhook.dra.inventory import Inventory
-
-    from tests.server.conftest import seed_inventory
 
     devices = seed_inventory().devices if isinstance(seed_inventory(), Inventory) else ()
 
@@ -240,10 +248,8 @@ def test_fuzz_cel_selectors() -> None:
         except CelCompileError:
             return
         for d in devices[:4]:
-            try:
+            with contextlib.suppress(CelEvalError):
                 _quick(lambda dev=d: sel.evaluate(dev))
-            except CelEvalError:
-                pass
 
     run_property(prop, st.lists(st.sampled_from(CEL_ATOMS), min_size=1, max_size=12))
 
@@ -256,7 +262,7 @@ def test_fuzz_quantity_and_semver() -> None:
     from webhook.dra.quantity import Quantity
     from webhook.dra.semver import Semver
 
-    alphabet = st.sampled_from(list("0123456789.+-eEKMGTPkmunai ") + ["Ki", "Mi", "Gi", "Ti", "Ei", "1e308"])
+    alphabet = st.sampled_from([*list("0123456789.+-eEKMGTPkmunai "), "Ki", "Mi", "Gi", "Ti", "Ei", "1e308"])
 
     def prop(parts: list[str]) -> None:
         text = "".join(parts)
@@ -285,7 +291,11 @@ def test_fuzz_opaque_config() -> None:
 
     def prop(p: Any) -> None:
         try:
-            _quick(lambda: parse_opaque_config(p, {"gpu"}) if isinstance(p, dict) else parse_opaque_config({}, None))
+            _quick(
+                lambda: (
+                    parse_opaque_config(p, {"gpu"}) if isinstance(p, dict) else parse_opaque_config({}, None)
+                )
+            )
         except ConfigValidationError as e:
             assert str(e)
 

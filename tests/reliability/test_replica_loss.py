@@ -13,6 +13,7 @@ gone (it is outside the webhooks' namespaceSelector), while a GPU pod elsewhere 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -50,7 +51,9 @@ class Balancer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
         self._ready.set()
         self._loop.run_forever()
 
@@ -146,7 +149,9 @@ def _gpu_pod(ns: str, name: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": ns},
         "spec": {
-            "containers": [{"name": "c", "image": "registry.example.com/w:1", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [
+                {"name": "c", "image": "registry.example.com/w:1", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-h100"}],
         },
     }
@@ -180,10 +185,8 @@ def test_replica_killed_during_creates(cluster: Any, tmp_path: Path) -> None:
         # Wait until the webhooks are in the path (a denied probe shows the validating one is called).
         probe_deadline = time.monotonic() + 30
         while True:
-            try:
+            with contextlib.suppress(ApiError):
                 kube.request("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", _gpu_pod(ns, "probe"))
-            except ApiError:
-                pass
             if sum(lb.connections.values()) > 0:
                 break
             assert time.monotonic() < probe_deadline, "the API server never called the webhook"
@@ -219,11 +222,11 @@ def test_replica_killed_during_creates(cluster: Any, tmp_path: Path) -> None:
             if r.poll() is None:
                 r.kill()
                 r.wait(10)
-        try:
-            cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "draguard",
-                            "--ignore-not-found")  # fmt: skip
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            cluster.kubectl(
+                "delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "draguard",
+                "--ignore-not-found",
+            )  # fmt: skip
     failed = [r for r in results if r[2] != "ok"]
     summary = {
         "creates": len(results),

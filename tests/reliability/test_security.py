@@ -120,9 +120,11 @@ def test_rbac_least_privilege(apiserver: Any, tmp_path: Path) -> None:
         for ns in ("draguard-system", "default"):
             rows = _can_i_list(kubectl, apiserver.kubeconfig, sa, ns)
             report[f"{sa}@{ns}"] = rows
-            for res, nonres, names, verbs in rows:
+            for res, _nonres, names, verbs in rows:
                 if res:
-                    assert "*" not in res and "*" not in _names(verbs), f"{sa} in {ns}: wildcard {res} {verbs}"
+                    assert "*" not in res and "*" not in _names(verbs), (
+                        f"{sa} in {ns}: wildcard {res} {verbs}"
+                    )
                 if res.split(".")[0] == "secrets":
                     allowed = OWN_SECRETS[sa] if ns == "draguard-system" else set()
                     granted = _names(names)
@@ -165,7 +167,8 @@ def test_info_logs_hold_no_object_contents(tmp_path: Path, certs: Path, inventor
         bodies = [
             json.dumps(review_body(pod)).encode(),
             json.dumps(review_body({**pod, "spec": marker})).encode(),  # malformed object
-            json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u", "object": {"x": marker}}}).encode(),
+            json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                        "request": {"uid": "u", "object": {"x": marker}}}).encode(),
             (json.dumps(review_body(pod))[:-20]).encode(),  # truncated JSON
         ]  # fmt: skip
         statuses = []
@@ -193,7 +196,9 @@ def test_manifests_non_root_read_only() -> None:
     assert {o["kind"] for o in workloads} >= {"Deployment", "DaemonSet", "Job", "CronJob"}
     privileged = []
     for o in workloads:
-        tmpl = o["spec"]["jobTemplate"]["spec"]["template"] if o["kind"] == "CronJob" else o["spec"]["template"]
+        tmpl = (
+            o["spec"]["jobTemplate"]["spec"]["template"] if o["kind"] == "CronJob" else o["spec"]["template"]
+        )
         spec = tmpl["spec"]
         pod_sc = spec.get("securityContext") or {}
         for c in _containers(spec):
