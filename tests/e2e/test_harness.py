@@ -89,3 +89,12 @@ def test_generated_webhook_configs_exclude_system_namespaces() -> None:
         excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
         assert "kube-system" in excluded and "draguard-system" in excluded
     json.dumps([mutating, validating])
+
+
+def test_refuses_to_wipe_a_foreign_directory(tmp_path: Path) -> None:
+    keep = tmp_path / "important.txt"
+    keep.write_text("user data")
+    c = LocalCluster(tmp_path, tmp_path / "bin", progress=lambda _m: None)
+    with pytest.raises(ClusterError, match="not a draguard dev state directory"):
+        c._reset_state_dir()
+    assert keep.read_text() == "user data"

@@ -213,7 +213,12 @@ class LocalCluster:
     def bin_dir(self) -> Path:
         if self._bin_dir is None:
             saved = self.state.get("bin_dir")
-            self._bin_dir = find_bin_dir(saved) if saved else find_bin_dir()
+            try:
+                self._bin_dir = find_bin_dir(saved) if saved else find_bin_dir()
+            except ClusterError:
+                if not saved:
+                    raise
+                self._bin_dir = find_bin_dir()  # the recorded build is gone; use the current one
         return self._bin_dir
 
     @property
@@ -393,6 +398,19 @@ class LocalCluster:
         wca = pki.make_ca(c, "webhook-ca")
         pki.issue(wca, c, "webhook", cn="draguard-webhook", server_names=("127.0.0.1", "localhost"))
 
+    def _reset_state_dir(self, recreate: bool = True) -> None:
+        """Empty the state directory, refusing one that holds anything but a draguard dev state."""
+        root = self.paths.root
+        if root.exists() and any(root.iterdir()) and not self.paths.state.exists():
+            raise ClusterError(
+                f"{root} is not empty and holds no state.json, so it is not a draguard dev state "
+                "directory; refusing to delete it (pass --state-dir with a new or empty directory)"
+            )
+        if root.exists():
+            shutil.rmtree(root)
+        if recreate:
+            root.mkdir(parents=True)
+
     def _write_kubeconfig(self, path: Path, user: str) -> None:
         c = self.paths.certs
 
@@ -441,9 +459,7 @@ class LocalCluster:
             self.down()
         bin_dir = self.bin_dir
         t_all = time.monotonic()
-        if self.paths.root.exists():
-            shutil.rmtree(self.paths.root)
-        self.paths.root.mkdir(parents=True)
+        self._reset_state_dir()
         self.state = {"bin_dir": str(bin_dir), "pids": {}, "order": [], "ports": {}}
         ports = self.state["ports"]
         for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
@@ -809,7 +825,7 @@ class LocalCluster:
         if self.paths.root.exists():
             self._save_state()
             if not keep_logs:
-                shutil.rmtree(self.paths.root)
+                self._reset_state_dir(recreate=False)
         if busy:
             raise ClusterError(
                 f"stopped {', '.join(stopped) or 'nothing'} but ports still in use: {', '.join(busy)}"
