@@ -52,7 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         _unavailable(str(exc).splitlines()[0])
         raise  # unreachable: skip/fail raise
     lines: list[str] = []
-    c = LocalCluster(tmp_path_factory.mktemp("dev"), bin_dir, progress=lines.append)
+    c = LocalCluster(tmp_path_factory.mktemp("dev"), bin_dir, progress=lines.append, tie_to_parent=True)
     try:
         c.up()
     except ClusterError as exc:

@@ -8,12 +8,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir, generated_webhook_configs, pid_alive
+from webhook.dev.cluster import (
+    REPO_ROOT,
+    ClusterError,
+    LocalCluster,
+    find_bin_dir,
+    generated_webhook_configs,
+    pid_alive,
+)
 
 
 def _cluster(tmp_path: Path) -> LocalCluster:
@@ -98,3 +106,27 @@ def test_refuses_to_wipe_a_foreign_directory(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="not a draguard dev state directory"):
         c._reset_state_dir()
     assert keep.read_text() == "user data"
+
+
+def test_tied_components_die_with_their_parent(tmp_path: Path) -> None:
+    """A killed test run leaves nothing behind: components started with tie_to_parent get SIGTERM."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from webhook.dev.cluster import LocalCluster\n"
+        f"c = LocalCluster(Path({str(tmp_path / 'state')!r}), Path('/nonexistent'), tie_to_parent=True)\n"
+        "c.paths.root.mkdir(parents=True)\n"
+        "print(c._spawn('sleeper', ['sleep', '60']), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert pid_alive(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -120,6 +121,14 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask the kernel for SIGTERM when the parent exits (Linux)."""
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 def proc_start_time(pid: int) -> str | None:
     """The kernel's start time of `pid` (clock ticks since boot), to tell a reused pid apart."""
     try:
@@ -189,8 +198,13 @@ class LocalCluster:
         state_dir: Path | None = None,
         bin_dir: Path | None = None,
         progress: Progress | None = None,
+        *,
+        tie_to_parent: bool = False,
     ) -> None:
         self.paths = Paths(state_dir or default_state_dir())
+        # Test sessions: components get SIGTERM when this process dies, even by SIGKILL, so a killed
+        # test run leaves no cluster behind. `dev up` leaves this off: its cluster outlives the CLI.
+        self.tie_to_parent = tie_to_parent
         self._bin_dir = bin_dir
         self.progress: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.state: dict[str, Any] = self._load_state()
@@ -265,6 +279,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.tie_to_parent else None,
                 env={**os.environ, **(env or {})},
                 cwd=str(self.paths.root),
             )
