@@ -75,6 +75,7 @@ async def test_review_over_tls_with_generated_certificates(tmp_path: Path, cert_
         } <= certs.cert_names(cert)
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
 async def test_tls_below_1_2_refused(tmp_path: Path, cert_dir: Path) -> None:
     pol = write_policies(tmp_path / "pol", "enforce")
     async with running(pol, cert_dir) as (url, _wh):

@@ -327,19 +327,19 @@ class Webhook:
 
     def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
         try:
-            self.metrics.review_cache.labels("hit" if cached else "miss").inc()
+            self.metrics.child(self.metrics.review_cache, "hit" if cached else "miss").inc()
             self._account(endpoint, o, time.perf_counter() - t0)
         except Exception:  # bookkeeping must never cost the API server its answer
             log.exception("recording an admission outcome failed")
 
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
-        m.latency.labels(endpoint).observe(seconds)
-        m.requests.labels(endpoint, o.kind, o.operation, o.verdict).inc()
+        m.child(m.latency, endpoint).observe(seconds)
+        m.child(m.requests, endpoint, o.kind, o.operation, o.verdict).inc()
         if o.verdict == "ignored":
-            m.ignored.labels(endpoint, o.kind, o.operation).inc()
+            m.child(m.ignored, endpoint, o.kind, o.operation).inc()
         for f in o.findings:
-            m.findings.labels(f.rule, f.mode.value, endpoint).inc()
+            m.child(m.findings, f.rule, f.mode.value, endpoint).inc()
         for r in o.internal_rules:
             m.rule_errors.labels(r, endpoint).inc()
         if o.patch:

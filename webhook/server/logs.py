@@ -32,6 +32,7 @@ class JsonFormatter(logging.Formatter):
 
 
 _handler: logging.StreamHandler[TextIO] | None = None
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 
 def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
@@ -50,7 +51,7 @@ def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -
         "msg": msg,
         **fields,
     }
-    line = json.dumps(out, default=str, separators=(",", ":")) + "\n"
+    line = _ENCODER.encode(out) + "\n"
     with h.lock or _NOLOCK:
         h.stream.write(line)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -160,8 +161,17 @@ class Metrics:
             registry=r,
         )
         self._dra_stats: Callable[[], DraStats] = DraStats
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._cache_states: Callable[[], Mapping[str, tuple[bool, int]]] = dict
         r.register(_DraCollector(lambda: self._dra_stats(), lambda: self._cache_states()))
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, memoised: the label lookup is most of an increment's cost."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def bind(
         self, stats: Callable[[], DraStats], caches: Callable[[], Mapping[str, tuple[bool, int]]]
