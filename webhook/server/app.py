@@ -178,7 +178,6 @@ class Webhook:
             generation=self.snapshot.generation + 1,
         )
         self._dra_stats = view.stats
-        gc.freeze()  # the new view is long-lived too
         if not self.caches_synced:
             self.caches_synced = True
             log.info("caches synced", extra={"devices": len(view.inventory.devices)})
@@ -447,8 +446,9 @@ async def serve(
         on_reload=lambda ok: wh.metrics.tls_reloads.labels("ok" if ok else "invalid").inc(),
     )
     await wh.start_background()
-    # Policies, inventory and imports are long-lived: keep the cyclic GC from rescanning them on
-    # the request path (a full collection over a 10k-device inventory is a latency spike).
+    # What start-up loaded (modules, policies, a --inventory file) lives as long as the process: keep
+    # the cyclic GC from rescanning it on the request path. Only once: views rebuilt later from the
+    # caches must stay collectable (memos can hold cycles back to their inventory).
     gc.freeze()
     runner = web.AppRunner(
         wh.build_app(),
