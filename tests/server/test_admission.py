@@ -15,6 +15,7 @@ from kubernetes import client as k8s
 
 from tests.server.conftest import RecordingCreator, make_webhook, review, write_policies
 from tests.server.objects import (
+    BAD_CEL,
     DRA_VERSIONS,
     NO_MATCH_CEL,
     WORKLOADS,
@@ -111,17 +112,18 @@ async def test_migration_rule_modes_on_every_workload_kind(
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("version", DRA_VERSIONS)
 @pytest.mark.parametrize("kind", DRA_KINDS)
+@pytest.mark.parametrize(("rule", "expression"), [("cel/no-match", NO_MATCH_CEL), ("cel/syntax", BAD_CEL)])
 async def test_cel_rules_on_every_dra_kind_and_version(
-    kind: str, version: str, mode: str, policy_dir: Callable[[str], Path]
+    kind: str, version: str, mode: str, rule: str, expression: str, policy_dir: Callable[[str], Path]
 ) -> None:
     wh = make_webhook(policy_dir(mode))
-    obj = dra_object(kind, version, NO_MATCH_CEL)
+    obj = dra_object(kind, version, expression)
     ns = "" if kind == "DeviceClass" else "team-a"
     status, doc = await post(
         wh, "validate", review(obj, group="resource.k8s.io", version=version, kind=kind, namespace=ns)
     )
     assert status == 200
-    assert_placed(doc["response"], "cel/no-match", mode)
+    assert_placed(doc["response"], rule, mode)
     if version != "v1":
         # Served but deprecated versions are flagged whatever the policy modes are.
         resp = doc["response"]
