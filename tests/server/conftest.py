@@ -55,8 +55,22 @@ spec:
 """
 
 
-def write_policies(directory: Path, mode: str = "enforce") -> Path:
+QUOTA = """
+apiVersion: policy.draguard.io/v1alpha1
+kind: GpuQuotaPolicy
+metadata: {name: budgets}
+spec:
+  mode: MODE
+  budgets:
+  - namespace: team-a
+    deviceClasses: {gpu.nvidia.com-a100: 1}
+"""
+
+
+def write_policies(directory: Path, mode: str = "enforce", quota: bool = False) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
+    if quota:
+        (directory / "quota.yaml").write_text(QUOTA.replace("MODE", mode))
     (directory / "tier.yaml").write_text(TIER.replace("MODE", mode))
     (directory / "cel.yaml").write_text(CEL.replace("MODE", mode))
     (directory / "migration.yaml").write_text(MIGRATION)

@@ -339,3 +339,28 @@ async def test_review_cache_answers_repeats_with_their_own_uid(policy_dir: Calla
         d4 = await (await c.post("/validate", json=other)).json()
         assert d4["response"]["uid"] == "33333333-cccc"
         assert any("migrate/legacy-gpu" in w for w in d4["response"]["warnings"])
+
+
+QUOTA_CASES = [(k, *WORKLOADS[k]) for k in sorted(WORKLOADS) if k != "PodTemplate"] + [
+    ("ResourceClaim", "resource.k8s.io", v) for v in DRA_VERSIONS
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("kind", "group", "version"), QUOTA_CASES)
+async def test_quota_rule_modes(kind: str, group: str, version: str, mode: str, tmp_path: Path) -> None:
+    """Two A100s against a budget of one, from a workload (via a cluster template) or a claim."""
+    wh = make_webhook(write_policies(tmp_path / "pol", mode, quota=True))
+    if kind == "ResourceClaim":
+        obj = dra_object(kind, version)
+        obj["spec"]["devices"]["requests"][0].get("exactly", obj["spec"]["devices"]["requests"][0])[
+            "count"
+        ] = 2
+    else:
+        spec = tier_pod_spec()
+        spec["resourceClaims"].append({"name": "gpu2", "resourceClaimTemplateName": "one-a100"})
+        spec["containers"][0]["resources"]["claims"].append({"name": "gpu2"})
+        obj = workload(kind, spec)
+    status, doc = await post(wh, "validate", review(obj, group=group, version=version, kind=kind))
+    assert status == 200
+    assert_placed(doc["response"], "quota/budgets", mode)
