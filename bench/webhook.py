@@ -371,7 +371,7 @@ def rounds(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=5.0, help="closed-loop seconds per round (default 5)")
+    p.add_argument("--seconds", type=float, default=4.0, help="closed-loop seconds per round (default 4)")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per server (default 3)")
     p.add_argument("--connections", type=int, default=16)
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default=str(ROOT / "policies"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--rate", type=float, default=400.0, help="paced phase: requests/s in total (default 400)")
-    p.add_argument("--paced-seconds", type=float, default=3.0)
+    p.add_argument("--paced-seconds", type=float, default=2.5)
     p.add_argument(
         "--no-cache", action="store_true", help="disable draguard's review cache (engine cost per request)"
     )
