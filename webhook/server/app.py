@@ -370,6 +370,12 @@ class Webhook:
 
             self.set_inventory(load_inventory(self.opts.inventory))
         if self.opts.no_watch:
+            from webhook.server.usage import warm
+
+            # Ready only once the first request will not pay for CEL set-up and class matching.
+            await asyncio.get_running_loop().run_in_executor(
+                None, warm, self.snapshot.inventory, self.snapshot.policies
+            )
             self.caches_synced = True
         else:
             await self._start_caches()

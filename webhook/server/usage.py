@@ -130,16 +130,29 @@ def _class_of_result(rec: ClaimRecord | None, request: str) -> str | None:
 
 
 def warm(inventory: Inventory, policies: Any) -> None:
-    """Evaluate one claim per DeviceClass against a fresh inventory before it is published, so the
-    engine's per-inventory memos (class matches, per-node capacity) are filled here, in the
-    background, and not by the first admission request after a cache change."""
-    if policies is None or not inventory.classes:
+    """Evaluate a few representative objects against a fresh inventory before it is published: one
+    claim and the class itself per DeviceClass, and a legacy GPU pod. The CEL environment, the
+    rule modules and the engine's per-inventory memos (class matches, per-node capacity) are then
+    ready here, in the background, and not paid for by the first admission request."""
+    if policies is None:
         return
     from webhook.engine.context import Context, SourceObject
     from webhook.engine.evaluate import evaluate
 
-    objs = [
-        SourceObject(
+    objs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "draguard-warmup", "namespace": "draguard-warmup"},
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "warmup", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ]
+            },
+        }
+    ]
+    for name, spec in sorted(inventory.classes.items()):
+        objs.append(
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
@@ -147,12 +160,19 @@ def warm(inventory: Inventory, policies: Any) -> None:
                 "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": name}}]}},
             }
         )
-        for name in sorted(inventory.classes)
-    ]
-    try:
-        evaluate(objs, policies, inventory, Context(admission=True))
-    except Exception:  # warming is an optimisation; the request path copes without it
-        log.debug("inventory warm-up failed", exc_info=True)
+        objs.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": sel.expression}} for sel in spec.selectors]},
+            }
+        )
+    for obj in objs:
+        try:
+            evaluate([SourceObject(obj)], policies, inventory, Context(admission=True))
+        except Exception:  # warming is an optimisation; the request path copes without it
+            log.debug("inventory warm-up failed", exc_info=True)
 
 
 class Rebuilder:
