@@ -32,6 +32,13 @@ def plot_inventory(data: dict[str, Any], out: Path) -> Path:
     ax.plot(x, [r["p50_ms"] for r in rows], "o-", label="admission p50")
     ax.plot(x, [r["p99_ms"] for r in rows], "s--", label="admission p99")
     ax.plot(x, [r["cel_lint_ms"] for r in rows], "^:", label="CEL lint (one selector)")
+    if all("cold_ms" in r for r in rows):
+        ax.plot(
+            x,
+            [r["cold_ms"]["claim"] for r in rows],
+            "v-.",
+            label="first claim review after an inventory swap",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("devices in the inventory")
