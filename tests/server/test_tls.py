@@ -337,3 +337,67 @@ def test_serve_command_without_cluster_access_says_what_to_do(
     assert rc == 2
     err = capsys.readouterr().err
     assert "--no-watch --inventory FILE" in err and "Traceback" not in err
+
+
+def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from tests.server.conftest import ROOT
+
+    pol = write_policies(tmp_path / "pol", "enforce")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tls-cert",
+            str(cert_dir / "tls.crt"),
+            "--tls-key",
+            str(cert_dir / "tls.key"),
+            "--policies",
+            str(pol),
+            "--no-watch",
+            "--shutdown-delay",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+    )
+    ctx = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
+
+    def readyz() -> int:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if readyz() == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        assert readyz() == 200
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert readyz() == 503  # still serving, but no longer ready
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
