@@ -5,9 +5,10 @@
 Each bench/*.py (except this file and plot.py) runs as its own process; its full output goes to
 DIR/<name>.txt (default bench/results/), and the summary shows its exit status, wall time and the
 last lines it printed (the figures). `--quick` passes smaller sizes to the slow ones, for a smoke
-run; the published figures in docs/performance.md come from full runs. A benchmark that needs
-something this machine lacks (the Kubernetes binaries, a peer tool) says so and is reported as
-skipped (exit 3), not failed. Afterwards bench/plot.py draws the PNGs when its inputs exist.
+run (its plots go to DIR, not docs/); the published figures in docs/performance.md come from full
+runs. A benchmark that needs something this machine lacks (the Kubernetes binaries, a peer tool)
+says so and is reported as skipped (exit 3), not failed. Afterwards bench/plot.py draws the PNGs
+when its inputs exist.
 """
 
 from __future__ import annotations
@@ -96,7 +97,11 @@ def main() -> int:
     for name, status, took in rows:
         print(f"  {name:<22} {status:<10} {took:>7.1f} s")
     if (args.out / "scaling.json").exists() or (args.out / "webhook_concurrency.json").exists():
-        subprocess.run([sys.executable, str(HERE / "plot.py"), "--results", str(args.out)], cwd=ROOT)
+        # A quick run must not replace the published figures: its plots stay next to its results.
+        dest = args.out if args.quick else ROOT / "docs"
+        subprocess.run(
+            [sys.executable, str(HERE / "plot.py"), "--results", str(args.out), "--out", str(dest)], cwd=ROOT
+        )
     failed = [n for n, s, _ in rows if s not in ("ok", "skipped")]
     if failed:
         print(f"not met or failed: {', '.join(failed)} (see {args.out}/<name>.txt)")
