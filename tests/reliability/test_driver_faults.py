@@ -27,6 +27,7 @@ import pytest
 from driver.checkpoint import PREPARE_COMPLETED, Checkpoint, CheckpointCorrupt
 from driver.state import CRASH_ENV
 from tests.driver.driver_helpers import Kubelet, make_claim
+from tests.reliability.conftest import unavailable
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -225,7 +226,7 @@ def _bin_dir() -> Path | None:
 def test_driver_run_retries_until_api_server_is_back(tmp_path: Path) -> None:
     bin_dir = _bin_dir()
     if bin_dir is None:
-        pytest.skip("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)")
+        unavailable("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)")
     from apiserver import start
 
     base = Path(tempfile.mkdtemp(prefix="dgr-api-", dir="/tmp"))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.reliability.conftest import ROOT, WebhookProcess, review_body
+from tests.reliability.conftest import ROOT, WebhookProcess, review_body, unavailable
 
 SERVICE_ACCOUNTS = ("draguard-webhook", "draguard-driver", "draguard-certs")
 OWN_SECRETS = {
@@ -54,7 +54,7 @@ def _kubectl() -> str | None:
 def _bundle() -> list[dict[str, Any]]:
     kubectl = _kubectl()
     if kubectl is None:
-        pytest.skip("kubectl not found (scripts/build-k8s.sh builds one)")
+        unavailable("kubectl not found (scripts/build-k8s.sh builds one)")
     out = subprocess.run(
         [kubectl, "kustomize", str(ROOT / "kustomize" / "base")], capture_output=True, text=True, timeout=120
     )
@@ -69,7 +69,7 @@ def apiserver() -> Iterator[Any]:
 
     b = find_bin()
     if b is None:
-        pytest.skip("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)")
+        unavailable("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)")
     base = Path(tempfile.mkdtemp(prefix="dgr-rbac-", dir="/tmp"))
     api = start(b, base)
     try:
