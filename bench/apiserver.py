@@ -248,7 +248,7 @@ def main() -> int:
                 cluster.down(keep_logs=False)
             except ClusterError as exc:
                 print(f"warning: {exc}", file=sys.stderr)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in ("Pod", "Deployment"):
         off, on = lat[("off", kind)], lat[("on", kind)]
         rows.append(
