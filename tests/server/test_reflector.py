@@ -35,6 +35,7 @@ class Api:
         self.rv = 11
         self.watches: list[list[Any]] = []
         self.watch_rvs: list[str] = []
+        self.closing = False
 
     async def handle(self, req: web.Request) -> web.StreamResponse:
         if req.query.get("watch") != "true":
@@ -52,7 +53,8 @@ class Api:
             if ev == "hang":
                 import asyncio
 
-                await asyncio.sleep(30)
+                while not self.closing:  # an idle watch, until the test ends
+                    await asyncio.sleep(0.05)
                 break
             await resp.write(json.dumps(ev).encode() + b"\n")
         return resp
@@ -73,7 +75,12 @@ def api() -> Iterator[tuple[Api, KubeHttp]]:
     cfg = client.Configuration()
     cfg.host = f"http://127.0.0.1:{server.port}"
     yield state, KubeHttp(client.ApiClient(cfg))
+    state.watches.clear()
+    state.closing = True
+    # Close the server (and its hanging watch handlers) before the loop goes away.
+    asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
 
 
 def _wait(pred: Any, timeout: float = 10.0) -> None:
