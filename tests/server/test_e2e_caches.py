@@ -201,3 +201,31 @@ def test_certs_command_secret_and_ca_bundle(
     finally:
         kube.delete(f"{base}/mutatingwebhookconfigurations/{name}")
         kube.delete(f"{base}/validatingwebhookconfigurations/{name}")
+
+
+def test_quota_usage_reads_the_cluster(
+    cluster: LocalCluster, namespace: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube = cluster.kube()
+    ns = namespace("usage", {"draguard.io/team": "speech"})
+    classes = [c["metadata"]["name"] for c in kube.get("/apis/resource.k8s.io/v1/deviceclasses")["items"]]
+    cls = sorted(classes)[0]
+    kube.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim(ns, "u1", cls, 1))
+    root = Path(__file__).resolve().parents[2]
+    capsys.readouterr()
+    rc = run_cli(
+        [
+            "quota",
+            "usage",
+            "--policies",
+            str(root / "policies"),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-o",
+            "json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"scope": ns, "deviceClass": cls, "devices": 1} in out["devices"]
+    assert {"scope": "team:speech", "deviceClass": cls, "devices": 1} in out["devices"]
