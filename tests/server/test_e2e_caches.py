@@ -229,3 +229,34 @@ def test_quota_usage_reads_the_cluster(
     out = json.loads(capsys.readouterr().out)
     assert {"scope": ns, "deviceClass": cls, "devices": 1} in out["devices"]
     assert {"scope": "team:speech", "deviceClass": cls, "devices": 1} in out["devices"]
+
+
+def test_template_creator_creates_reuses_and_refuses_foreign(
+    cluster: LocalCluster, namespace: Callable[..., str]
+) -> None:
+    from webhook.server.caches import ApiError, KubeTemplateCreator
+
+    kube = cluster.kube()
+    ns = namespace("tmpl")
+    creator = KubeTemplateCreator(KubeHttp.from_kubeconfig(str(cluster.kubeconfig)))
+    cls = sorted(c["metadata"]["name"] for c in kube.get("/apis/resource.k8s.io/v1/deviceclasses")["items"])[
+        0
+    ]
+
+    def tmpl(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}
+            },
+        }
+
+    ours = tmpl("draguard-x", {"app.kubernetes.io/managed-by": "draguard"})
+    assert creator.ensure(ours, 5.0) == "created"
+    assert creator.ensure(ours, 5.0) == "exists"
+    kube.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", tmpl("someone-elses", {}))
+    with pytest.raises(ApiError) as exc:
+        creator.ensure(tmpl("someone-elses", {"app.kubernetes.io/managed-by": "draguard"}), 5.0)
+    assert exc.value.status == 409 and "not managed by draguard" in str(exc.value)
