@@ -364,3 +364,24 @@ async def test_quota_rule_modes(kind: str, group: str, version: str, mode: str, 
     status, doc = await post(wh, "validate", review(obj, group=group, version=version, kind=kind))
     assert status == 200
     assert_placed(doc["response"], "quota/budgets", mode)
+
+
+async def test_migration_template_created_in_a_served_version(policy_dir: Callable[[str], Path]) -> None:
+    """A cluster serving only v1beta1 gets the generated template in v1beta1's shape."""
+    from webhook.server.caches import ClusterCache
+    from webhook.server.metrics import Metrics
+
+    creator = RecordingCreator()
+    wh = make_webhook(
+        policy_dir("enforce"), creator=creator, labels={"team-a": {"draguard.io/migration-mode": "migrate"}}
+    )
+    wh.cache = ClusterCache(
+        http=None, metrics=Metrics(), dra_version="v1beta1", served=frozenset({"v1beta1"})
+    )
+    _s, doc = await post(wh, "mutate", review(workload("Pod", legacy_pod_spec())))
+    assert "patch" in doc["response"]
+    [tmpl] = creator.made
+    assert tmpl["apiVersion"] == "resource.k8s.io/v1beta1"
+    req = tmpl["spec"]["spec"]["devices"]["requests"][0]
+    assert "exactly" not in req and req["deviceClassName"] == "gpu.nvidia.com-a100"
+    k8s.ApiClient().deserialize(json.dumps(tmpl), "V1beta1ResourceClaimTemplate", "application/json")

@@ -284,6 +284,7 @@ class Webhook:
             labels.setdefault("app.kubernetes.io/managed-by", "draguard")
             meta["labels"] = labels
             tmpl["metadata"] = meta
+            tmpl = self._served_version(tmpl)
             key = (str(meta["namespace"]), str(meta.get("name") or ""))
             existing = snap.templates.get(key)
             if existing is not None:
@@ -330,6 +331,22 @@ class Webhook:
             self._account(endpoint, o, time.perf_counter() - t0)
         except Exception:  # bookkeeping must never cost the API server its answer
             log.exception("recording an admission outcome failed")
+
+    def _served_version(self, tmpl: dict[str, Any]) -> dict[str, Any]:
+        """The template in a resource.k8s.io version the cluster serves (the pod refers to it by name,
+        so its version is free); unchanged when the cluster serves the engine's choice."""
+        if self.cache is None:
+            return tmpl
+        api = str(tmpl.get("apiVersion") or "")
+        group, _, version = api.rpartition("/")
+        if version in self.cache.served or group != "resource.k8s.io":
+            return tmpl
+        from webhook.dra.objects import convert_claim_spec
+
+        target = self.cache.dra_version
+        inner = dict(tmpl.get("spec") or {})
+        inner["spec"] = convert_claim_spec(inner.get("spec"), api, f"resource.k8s.io/{target}")
+        return {**tmpl, "apiVersion": f"resource.k8s.io/{target}", "spec": inner}
 
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
