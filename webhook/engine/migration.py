@@ -12,7 +12,7 @@ import copy
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
@@ -95,8 +95,17 @@ class MigrationPlan:
     edits: list[ClaimEdit]
     unmapped: list[LegacyUse]
     patch: JsonPatch
-    rewritten: dict[str, Any]
     templates: list[dict[str, Any]]
+    source: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    _rewritten: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def rewritten(self) -> dict[str, Any]:
+        """The object with the patch applied (built on first use: admission needs only the patch)."""
+        if self._rewritten is None:
+            base = copy.deepcopy(dict(self.source))
+            self._rewritten = jsonpatch.apply_patch(base, self.patch, in_place=True) if self.patch else base
+        return self._rewritten
 
     def describe(self) -> str:
         """One line per container change, for finding messages and CLI output."""
@@ -230,8 +239,13 @@ def plan_pod_spec(
     *,
     namespace: str | None,
     api_version: str | None = None,
+    rewrite: bool = True,
 ) -> MigrationPlan:
-    """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`)."""
+    """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
+
+    `rewrite=False` leaves the rewritten object to be built on first use of `plan.rewritten`
+    (admission only sends the patch); by default it is built, and checked, here.
+    """
     uses = find_legacy(podspec, pod_spec_pointer)
     node_labels = node_labels_of(podspec)
     existing_claims = podspec.get("resourceClaims")
@@ -263,17 +277,18 @@ def plan_pod_spec(
         )
         edits.append(ClaimEdit(use=use, device_class=mapping.device_class, claim_name=name, template=tname))
 
-    patch = _build_patch(podspec, pod_spec_pointer, edits)
-    rewritten = jsonpatch.apply_patch(copy.deepcopy(dict(obj)), patch) if patch else copy.deepcopy(dict(obj))
-    return MigrationPlan(
+    plan = MigrationPlan(
         pod_spec_pointer=pod_spec_pointer,
         uses=uses,
         edits=edits,
         unmapped=unmapped,
-        patch=patch,
-        rewritten=rewritten,
+        patch=_build_patch(podspec, pod_spec_pointer, edits),
         templates=list(templates.values()),
+        source=obj,
     )
+    if rewrite:
+        plan.rewritten  # noqa: B018  (built now so a patch that does not apply fails here)
+    return plan
 
 
 def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit]) -> JsonPatch:
