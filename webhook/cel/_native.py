@@ -40,6 +40,17 @@ class CompileFailure(Exception):
         self.message = message
 
 
+class EvaluationAborted(Exception):
+    """The runtime stopped evaluating (e.g. its comprehension iteration budget ran out).
+
+    Not an answer about the device: the expression is beyond what draguard's runtime evaluates.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class NativeExpression:
     """A compiled expression (opaque handle plus facts read off it once)."""
 
@@ -51,8 +62,15 @@ class NativeExpression:
         self.serialized: bytes = bytes(handle.serialize())
 
     def evaluate(self, data: dict[str, object]) -> tuple[bool, object]:
-        """(True, value) or (False, error message in cel-go's wording)."""
-        result: Any = self._handle.eval(data=data)
+        """(True, value) or (False, error message in cel-go's wording).
+
+        Raises EvaluationAborted when the runtime gives up (it raises RuntimeError, e.g.
+        "Iteration budget exceeded"), so that no caller sees the extension's own exception.
+        """
+        try:
+            result: Any = self._handle.eval(data=data)
+        except RuntimeError as exc:
+            raise EvaluationAborted(compile_message(str(exc))) from None
         kind = str(result.type().name())
         if kind == "BOOL":
             return True, bool(result.value())

@@ -40,14 +40,19 @@ class CelCompileError(ValueError):
 class CelEvalError(Exception):
     """Evaluating a selector against one device failed (cel-go wording, e.g. "no such key: profile").
 
-    `missing_key` is set when a lookup named a key the device does not publish.
+    `missing_key` is set when a lookup named a key the device does not publish. `limit` is set
+    when draguard's runtime gave up (its iteration budget ran out): the verdict is unknown, which
+    says nothing about the device or about what the API server's scheduler would decide.
     """
 
-    def __init__(self, message: str, *, missing_key: str | None = None, type_error: bool = False) -> None:
+    def __init__(
+        self, message: str, *, missing_key: str | None = None, type_error: bool = False, limit: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.missing_key = missing_key
         self.type_error = type_error
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -71,7 +76,10 @@ class CompiledSelector:
         return self.evaluate_data(self.device_data(device))
 
     def evaluate_data(self, data: dict[str, object]) -> bool:
-        ok, value = self.native.evaluate({"device": data})
+        try:
+            ok, value = self.native.evaluate({"device": data})
+        except _native.EvaluationAborted as exc:
+            raise CelEvalError(f"draguard's CEL runtime stopped: {exc.message}", limit=True) from None
         if not ok:
             message = str(value)
             missing = message[len("no such key: "):] if message.startswith("no such key: ") else None

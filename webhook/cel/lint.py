@@ -311,6 +311,15 @@ class _Linter:
         )
         for message, errors in failures.items():
             first = errors[0]
+            if first.limit:
+                # draguard's own limit, not the API server's (whose cost estimate this passed).
+                self.add(
+                    "cel/limits", Severity.WARNING,
+                    f"{message}; draguard cannot check this selector against the inventory "
+                    "(the verdict for these devices is unknown)",
+                    "avoid nested comprehensions (all/exists/map/filter) over literal or large lists",
+                )
+                continue
             if first.missing_key is not None and first.missing_key in self.reported_names:
                 continue
             if first.type_error and static_types:
@@ -334,7 +343,7 @@ class _Linter:
                 "the scheduler fails allocation when a selector errors",
                 fix, access,
             )
-        if not result.matched:
+        if not result.matched and not result.undecided:
             self.add(
                 "cel/no-match", Severity.ERROR,
                 f"selects none of the {len(devices)} devices in the inventory; "

@@ -27,6 +27,7 @@ class MatchError:
     devices: int  # devices sharing the profile (all of them fail the same way)
     missing_key: str | None = None
     type_error: bool = False
+    limit: bool = False  # the runtime gave up: the verdict is unknown, not "no match"
 
 
 @dataclass(slots=True)
@@ -37,6 +38,11 @@ class MatchResult:
     profiles: int = 0
     # Devices whose evaluation failed (they are not in `matched`).
     failed: int = 0
+
+    @property
+    def undecided(self) -> bool:
+        """True when the runtime gave up on some device: `matched` may be missing devices."""
+        return any(e.limit for e in self.errors)
 
 
 _MISSING = object()
@@ -126,7 +132,7 @@ def match_compiled(selectors: Sequence[CompiledSelector], devices: Sequence[Devi
             except CelEvalError as exc:
                 result.errors.append(MatchError(
                     selector.expression, exc.message, representative, len(members), exc.missing_key,
-                    exc.type_error,
+                    exc.type_error, exc.limit,
                 ))
                 result.failed += len(members)
                 ok = False

@@ -252,10 +252,12 @@ def _retired_version(item: SourceObject, rc: RuleContext, best: str | None) -> I
 # -- structure/unsatisfiable -------------------------------------------------------------------
 
 
-def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
+def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device] | None:
+    """Matching devices, or None when the CEL runtime gave up (cel/limits reports it)."""
     from webhook.cel.match import match_devices  # CEL runtime loads on first use
 
-    return list(match_devices(expressions, devices).matched)
+    result = match_devices(expressions, devices)
+    return None if result.undecided else list(result.matched)
 
 
 def _request_alternatives(req: DeviceRequest) -> list[tuple[str | None, tuple[Selector, ...], str, int, str]]:
@@ -287,6 +289,9 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
             try:
                 matched = inv.cached(("match", tuple(exprs)), partial(_match, exprs, inv.devices))
             except ValueError:  # does not compile: cel/syntax reports it, no capacity verdict here
+                reasons.append("")
+                break
+            if matched is None:  # evaluation beyond the runtime's budget: no verdict either
                 reasons.append("")
                 break
             group_by = [
