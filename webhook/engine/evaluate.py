@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import DRA_KINDS
@@ -15,6 +16,11 @@ from webhook.engine.rules.base import RuleContext
 from webhook.policy.model import API_VERSION, PolicyException, PolicySet
 
 EXCEPTION_EXPIRED = "exception/expired"
+TOO_DEEP = "structure/too-deep"
+MAX_DEPTH = 100
+"""Deepest nesting the rules are run on. Kubernetes objects of the kinds draguard reads nest about
+a dozen levels; far deeper data only comes from free-form fields of hostile or broken input, and
+some of it would exhaust Python's stack in code that walks it."""
 KNOWN_KINDS: frozenset[str] = DRA_KINDS | WORKLOAD_KINDS
 
 
@@ -43,8 +49,14 @@ def evaluate(
             findings.append(_broken_module(mod))
     for item in items:
         kind = item.obj.get("kind")
-        if not isinstance(kind, str) or kind not in KNOWN_KINDS:
+        known = isinstance(kind, str) and kind in KNOWN_KINDS
+        if not known:
             report.ignored += 1
+        deep = too_deep(item.obj, MAX_DEPTH)
+        if deep is not None:
+            if known:
+                findings.append(_too_deep(item, rc, deep))
+            continue
         for mod in mods:
             for rule in mod.rules:
                 try:
@@ -53,6 +65,53 @@ def evaluate(
                     findings.append(_internal(mod.name, rule.id_prefix, item, rc, e))
     report.findings = apply_exceptions(findings, policies.exceptions, ctx)
     return report
+
+
+def too_deep(value: Any, limit: int) -> str | None:
+    """JSON pointer of a value nested more than `limit` levels deep in `value`, or None.
+
+    Iterative (no stack to exhaust) and alias-aware: a container reached again is walked again
+    only when reached deeper than before, so shared subtrees (YAML aliases) cost little.
+    """
+    best: dict[int, int] = {}
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        node, depth, pointer = stack.pop()
+        if isinstance(node, Mapping):
+            children: Iterable[tuple[str, Any]] = ((str(k), v) for k, v in node.items())
+        elif isinstance(node, list | tuple):
+            children = ((str(i), v) for i, v in enumerate(node))
+        else:
+            continue
+        if depth > limit:
+            return pointer
+        if best.get(id(node), -1) >= depth:
+            continue
+        best[id(node)] = depth
+        for key, child in children:
+            if isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"))
+    return None
+
+
+def _too_deep(item: SourceObject, rc: RuleContext, pointer: str) -> Finding:
+    try:
+        ref = rc.ref(item)
+    except Exception:
+        ref = ObjectRef("", "", None, "<unreadable>")
+    shown = "/".join(pointer.split("/")[:6]) + ("/..." if pointer.count("/") > 5 else "")
+    return Finding(
+        rule=TOO_DEEP,
+        severity=Severity.ERROR,
+        mode=Mode.ENFORCE,
+        object=ref,
+        message=f"object nests more than {MAX_DEPTH} levels deep (at {shown}); draguard reviews objects "
+        "up to that depth and did not check this one",
+        fix="flatten that field: Kubernetes objects nest about a dozen levels "
+        "(annotations, for one, are plain string values)",
+        file=item.file,
+        line=item.line_of(shown.removesuffix("/...")) or item.line,
+    )
 
 
 def _broken_module(mod: RuleModule) -> Finding:

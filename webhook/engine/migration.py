@@ -8,7 +8,6 @@ rewritten workload references. Used by the `migrate/legacy-gpu` rule (admission 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -54,6 +53,48 @@ def dns_label(text: str, max_len: int = _DNS_LABEL_MAX) -> str:
         return base
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{base[: max_len - 9].rstrip('-')}-{digest}"
+
+
+def copy_data(value: Any) -> Any:
+    """A deep copy of JSON-like data (mappings, lists, scalars) without recursion.
+
+    `copy.deepcopy` recurses once per level, so a hostile 900-deep annotation exhausts the stack;
+    this walks an explicit stack instead. Objects reached twice (YAML aliases) are copied once and
+    stay shared, so an alias bomb costs its node count, not its expansion.
+    """
+    memo: dict[int, Any] = {}
+
+    def fresh(v: Any) -> tuple[Any, bool]:
+        if isinstance(v, Mapping):
+            new: Any = {}
+        elif isinstance(v, list | tuple):
+            new = []
+        else:
+            return v, False
+        done = memo.get(id(v))
+        if done is not None:
+            return done, False
+        memo[id(v)] = new
+        return new, True
+
+    root, todo = fresh(value)
+    if not todo:
+        return root
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        src, dst = stack.pop()
+        if isinstance(dst, dict):
+            for k, v in src.items():
+                dst[k], more = fresh(v)
+                if more:
+                    stack.append((v, dst[k]))
+        else:
+            for v in src:
+                item, more = fresh(v)
+                dst.append(item)
+                if more:
+                    stack.append((v, item))
+    return root
 
 
 def template_name(device_class: str, count: int) -> str:
@@ -103,7 +144,7 @@ class MigrationPlan:
     def rewritten(self) -> dict[str, Any]:
         """The object with the patch applied (built on first use: admission needs only the patch)."""
         if self._rewritten is None:
-            base = copy.deepcopy(dict(self.source))
+            base = copy_data(self.source)
             self._rewritten = jsonpatch.apply_patch(base, self.patch, in_place=True) if self.patch else base
         return self._rewritten
 
@@ -361,5 +402,5 @@ def rewrite(
     """
     plan = plan_workload(obj, policy, namespace=namespace, api_version=api_version)
     if plan is None:
-        return [], copy.deepcopy(dict(obj)), []
+        return [], copy_data(obj), []
     return plan.patch, plan.rewritten, plan.templates
