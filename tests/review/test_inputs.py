@@ -228,4 +228,5 @@ def test_billion_laughs_is_read_in_linear_time(draguard: Callable[..., Run], tmp
     f = tmp_path / "laughs.yaml"
     f.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lol}\ndata:\n" + "\n".join(rows) + "\n")
     run = draguard("review", str(f), *POLICIES)  # 9**9 strings if aliases were expanded
-    assert run.code == 0 and "1 object in 1 file" in run.out
+    # Refused before anything expands it, with the file and the line of the anchor that blows up.
+    assert run.code == 2 and "laughs.yaml:10:" in run.err and "YAML alias expansion too large" in run.err

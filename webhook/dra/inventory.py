@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from webhook.dra import yamlload
 from webhook.dra.device import Device
 from webhook.dra.objects import (
     ClaimSpec,
@@ -164,14 +165,12 @@ class Inventory:
         )
 
 
-_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def parse_inventory_text(text: str, source: str = "<inventory>") -> Inventory:
     """Inventory from YAML (multi-document) or JSON text; InventoryError names `source` on failure."""
     try:
         # libyaml's loader when present: inventories of 10k+ devices are large and parse ~10x faster.
-        docs = [d for d in yaml.load_all(text, Loader=_SAFE_LOADER) if d is not None]
+        # It refuses alias bombs and integers too long to convert (with their line).
+        docs = [d for d in yamlload.load_all(text) if d is not None]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

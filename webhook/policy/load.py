@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from webhook.dra import yamlload
 from webhook.engine.context import SourceObject
 from webhook.engine.findings import Mode
 from webhook.policy.model import (
@@ -139,7 +140,8 @@ def parse_yaml_documents(text: str, source: str | None = None) -> list[YamlDoc]:
     """
     out: list[YamlDoc] = []
     try:
-        for node in yaml.compose_all(text, Loader=yaml.SafeLoader):
+        # Alias-checked: _to_data expands aliases, so a "billion laughs" must be refused first.
+        for node in yamlload.compose_all(text):
             if node is None:
                 continue
             lines: dict[str, int] = {}

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from webhook.dra import yamlload
 from webhook.engine.findings import Finding, Mode, Report
 from webhook.review.formats import ReviewResult, finding_sort_key
 from webhook.review.pipeline import (
@@ -142,7 +143,7 @@ def policy_documents(path: Path | None) -> dict[tuple[str, str], tuple[str, str]
     for f in files:
         rel = f.relative_to(path) if path.is_dir() else Path(f.name)
         try:
-            docs = list(yaml.safe_load_all(f.read_text(encoding="utf-8")))
+            docs = list(yamlload.load_all(f.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # the loader reports unreadable policies on its own
         for d in docs:

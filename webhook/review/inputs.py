@@ -16,12 +16,11 @@ from typing import Any
 
 import yaml
 
+from webhook.dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader
 from webhook.engine.context import SourceObject
 
-try:  # libyaml is much faster on large inputs; the pure-Python loader is the fallback.
-    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
-except AttributeError:  # pragma: no cover - depends on how PyYAML was built
-    _Loader = yaml.SafeLoader
+# libyaml's safe loader (pure Python as the fallback), refusing alias bombs and oversized integers.
+_Loader = SafeLoader
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
@@ -115,6 +114,16 @@ def _first_line(node: yaml.Node) -> int:
     return int(node.start_mark.line) + 1
 
 
+def _marked_error(exc: yaml.MarkedYAMLError, file: str) -> InputError:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "invalid YAML"
+    if not isinstance(exc, AliasExpansionError | IntegerTooLargeError):
+        problem = f"invalid YAML: {problem}"  # the guards' own messages say what is wrong
+    if mark is not None:
+        return InputError(file, problem, mark.line + 1, mark.column + 1)
+    return InputError(file, problem)
+
+
 @dataclass(frozen=True, slots=True)
 class Document:
     """One parsed document: its data, first line and pointer -> line map."""
@@ -141,11 +150,7 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
             docs.append(Document(data, _first_line(node), lines, index))
             index += 1
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        if mark is not None:
-            raise InputError(file, f"invalid YAML: {problem}", mark.line + 1, mark.column + 1) from None
-        raise InputError(file, f"invalid YAML: {problem}") from None
+        raise _marked_error(exc, file) from None
     except yaml.YAMLError as exc:
         # Reader errors (e.g. control characters) span lines; the first one says what is wrong.
         first = (str(exc).splitlines() or ["invalid YAML"])[0]
@@ -163,18 +168,16 @@ def load_data(text: str, file: str) -> list[Any]:
     if text.lstrip().startswith(("{", "[")):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            pass  # e.g. a YAML flow mapping; the YAML parser below reports real errors
+        except (json.JSONDecodeError, ValueError, RecursionError):
+            # e.g. a YAML flow mapping, or an integer too long to convert: the YAML parser below
+            # reports real errors with their line.
+            pass
         else:
             return data if isinstance(data, list) else [data]
     try:
         return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        if mark is not None:
-            raise InputError(file, f"invalid YAML: {problem}", mark.line + 1, mark.column + 1) from None
-        raise InputError(file, f"invalid YAML: {problem}") from None
+        raise _marked_error(exc, file) from None
     except yaml.YAMLError as exc:
         raise InputError(file, f"invalid YAML: {exc}") from None
 
@@ -190,7 +193,7 @@ def parse_text(text: str, file: str) -> list[Document]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(file, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
-        except RecursionError:
+        except (RecursionError, ValueError):  # too deep, or an integer too long: YAML said where
             raise yaml_error from None
         return [Document(data, 1, {}, 0)]
 

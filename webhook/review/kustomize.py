@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from webhook.dra import yamlload
 from webhook.engine.context import SourceObject
 from webhook.review.inputs import (
     KUSTOMIZATION_FILES,
@@ -116,7 +117,7 @@ def _strip_origin(obj: Mapping[str, Any], base: Path) -> tuple[dict[str, Any], s
     path: str | None = None
     if isinstance(origin_text, str):
         try:
-            origin = yaml.safe_load(origin_text)
+            origin = yamlload.load(origin_text)
         except yaml.YAMLError:
             origin = None
         # Remote resources carry `repo`; their paths are not files here.

@@ -23,6 +23,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError as RuamelError
 
+from webhook.dra import yamlload
 from webhook.review.inputs import YAML_SUFFIXES, InputError, display_path, read_text
 from webhook.review.pipeline import ReviewError, load_policy_set
 
@@ -232,7 +233,7 @@ def _yaml_files(paths: Sequence[str]) -> Iterator[Path]:
 
 def _plain(body: str) -> Any:
     try:
-        return yaml.load(body, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yamlload.load(body)
     except yaml.YAMLError:
         return None
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from webhook.dra import yamlload
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
 from webhook.engine.findings import Finding, Report
 from webhook.review.inputs import InputError, Inputs, objects_of, parse_text, read_paths
@@ -91,7 +92,7 @@ def suite_files(root: Path) -> list[Path]:
 
 
 def _case_lines(text: str) -> list[int]:
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    node = next(iter(yamlload.compose_all(text)), None)
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if getattr(k, "value", None) == "cases" and isinstance(v, yaml.SequenceNode):
@@ -132,7 +133,7 @@ def _expectations(raw: Any, where: str) -> list[Mapping[str, Any]]:
 def read_suite(path: Path) -> tuple[dict[str, Any], list[Case]]:
     try:
         text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
+        data = yamlload.load(text)
         lines = _case_lines(text)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {exc}") from None

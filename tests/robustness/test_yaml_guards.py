@@ -1,0 +1,102 @@
+"""Untrusted YAML: alias bombs and integers too long to convert are clean errors naming file and line,
+in review inputs, inventories and policies alike."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.robustness.conftest import POLICIES, run_review
+from webhook.dra.inventory import InventoryError, load_inventory
+from webhook.dra.yamlload import ALIAS_BUDGET, load_all
+from webhook.policy.load import PolicyError, load_policies
+
+LAUGHS = (
+    "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    + "kind: Pod\napiVersion: v1\nmetadata: {name: bomb, labels: *i}\nspec: {containers: *i}\n"
+)
+SPEC_BOMB = (
+    "apiVersion: v1\nkind: Pod\nmetadata: {name: b}\nspec:\n  x0: &x0 {c: [{name: a, image: b}]}\n"
+    + "".join(f"  x{i}: &x{i} [*x{i - 1}, *x{i - 1}, *x{i - 1}, *x{i - 1}]\n" for i in range(1, 14))
+    + "  containers: *x13\n"
+)
+HUGE_INT = (
+    "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: " + "9" * 5000 + "}\n"
+)
+POLICY_BOMB = (
+    "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\nmetadata: {name: t}\nspec:\n"
+    "  x0: &x0 [a, b, c, d]\n"
+    + "".join(f"  x{i}: &x{i} [*x{i - 1}, *x{i - 1}, *x{i - 1}, *x{i - 1}]\n" for i in range(1, 14))
+)
+
+
+def _review(path: Path, inventory_path: Path) -> tuple[int, str]:
+    run = run_review([str(path), "--policies", str(POLICIES), "--inventory", str(inventory_path)])
+    assert run.seconds < 1.0, f"{path.name}: {run.seconds:.2f} s"
+    assert "Traceback" not in run.out + run.err
+    return run.code, run.err.strip()
+
+
+@pytest.mark.parametrize(
+    ("body", "line"), [(LAUGHS, 6), (SPEC_BOMB, 12)], ids=["billion-laughs", "spec-bomb"]
+)
+def test_review_refuses_alias_bombs(tmp_path: Path, inventory_path: Path, body: str, line: int) -> None:
+    f = tmp_path / "bomb.yaml"
+    f.write_text(body)
+    code, err = _review(f, inventory_path)
+    assert code == 2
+    assert "bomb.yaml:" in err and "YAML alias expansion too large" in err and len(err.splitlines()) == 1
+    assert f"bomb.yaml:{line}:" in err
+
+
+def test_review_keeps_ordinary_aliases(tmp_path: Path, inventory_path: Path) -> None:
+    f = tmp_path / "anchors.yaml"
+    f.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: team-a}\nspec:\n  containers:\n"
+        "  - {name: a, image: x, env: &env [{name: A, value: '1'}]}\n"
+        "  - {name: b, image: x, env: *env}\n"
+    )
+    code, err = _review(f, inventory_path)
+    assert code == 0, err
+
+
+def test_review_refuses_a_huge_integer(tmp_path: Path, inventory_path: Path) -> None:
+    f = tmp_path / "huge.yaml"
+    f.write_text(HUGE_INT)
+    code, err = _review(f, inventory_path)
+    assert code == 2 and "huge.yaml:4:" in err and "5000 digits" in err, err
+    j = tmp_path / "huge.json"
+    j.write_text('{"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": ' + "9" * 5000 + "}}")
+    code, err = _review(j, inventory_path)
+    assert code == 2 and "huge.json:1:" in err and "5000 digits" in err, err
+
+
+def test_budget_counts_expansion_not_text() -> None:
+    # Just under the budget passes; the guard is about expansion, not about aliases as such.
+    n = ALIAS_BUDGET // 10
+    docs = list(load_all("a: &a [" + ", ".join(["1"] * 9) + "]\nb: [" + ", ".join(["*a"] * n) + "]\n"))
+    assert len(docs[0]["b"]) == n
+
+
+def test_inventory_refuses_alias_bombs_and_huge_ints(tmp_path: Path) -> None:
+    for name, body in (("inv-bomb.yaml", LAUGHS), ("inv-int.yaml", HUGE_INT)):
+        f = tmp_path / name
+        f.write_text(body)
+        t0 = time.perf_counter()
+        with pytest.raises(InventoryError) as info:
+            load_inventory(f)
+        assert time.perf_counter() - t0 < 1.0
+        assert name in str(info.value)
+
+
+def test_policies_refuse_alias_bombs(tmp_path: Path) -> None:
+    (tmp_path / "bomb.yaml").write_text(POLICY_BOMB)
+    t0 = time.perf_counter()
+    with pytest.raises(PolicyError) as info:
+        load_policies(tmp_path)
+    assert time.perf_counter() - t0 < 1.0
+    text = str(info.value)
+    assert "bomb.yaml" in text and "YAML alias expansion too large" in text
