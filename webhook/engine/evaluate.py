@@ -67,12 +67,54 @@ def evaluate(
     return report
 
 
+_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+
+
 def too_deep(value: Any, limit: int) -> str | None:
     """JSON pointer of a value nested more than `limit` levels deep in `value`, or None.
 
     Iterative (no stack to exhaust) and alias-aware: a container reached again is walked again
     only when reached deeper than before, so shared subtrees (YAML aliases) cost little.
     """
+    if _within_depth(value, limit):
+        return None  # the usual case, decided without building pointers (admission hot path)
+    return _deep_pointer(value, limit)
+
+
+def _within_depth(value: Any, limit: int) -> bool:
+    """True when no container in `value` sits more than `limit` levels deep (same walk as
+    `_deep_pointer`, without the pointers; scalars are never pushed)."""
+    best: dict[int, int] = {}
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        t = type(node)
+        children: Iterable[Any]
+        if t is dict:
+            children = node.values()
+        elif t is list:
+            children = node
+        elif isinstance(node, Mapping):
+            children = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return False
+        key = id(node)
+        if best.get(key, -1) >= depth:
+            continue
+        best[key] = depth
+        depth += 1
+        for child in children:
+            if type(child) not in _SCALARS:
+                push((child, depth))
+    return True
+
+
+def _deep_pointer(value: Any, limit: int) -> str | None:
     best: dict[int, int] = {}
     stack: list[tuple[Any, int, str]] = [(value, 0, "")]
     while stack:
