@@ -281,13 +281,14 @@ def plan_pod_spec(
     namespace: str | None,
     api_version: str | None = None,
     rewrite: bool = True,
+    uses: list[LegacyUse] | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
     `rewrite=False` leaves the rewritten object to be built on first use of `plan.rewritten`
     (admission only sends the patch); by default it is built, and checked, here.
     """
-    uses = find_legacy(podspec, pod_spec_pointer)
+    uses = find_legacy(podspec, pod_spec_pointer) if uses is None else uses
     node_labels = node_labels_of(podspec)
     existing_claims = podspec.get("resourceClaims")
     taken: set[str] = set()
@@ -297,25 +298,31 @@ def plan_pod_spec(
     edits: list[ClaimEdit] = []
     unmapped: list[LegacyUse] = []
     templates: dict[str, dict[str, Any]] = {}
+    # One pod has one set of node labels: each resource maps the same way in every container.
+    mappings: dict[str, ResourceMapping | None] = {}
+    next_suffix: dict[str, int] = {}
     for use in uses:
-        mapping = policy.mapping_for(use.resource, node_labels)
+        if use.resource not in mappings:
+            mappings[use.resource] = policy.mapping_for(use.resource, node_labels)
+        mapping = mappings[use.resource]
         if mapping is None or use.count <= 0:
             unmapped.append(use)
             continue
         base = dns_label(f"{use.container}-{_claim_short(use.resource)}")
-        name, n = base, 2
+        # Resume numbering where the last clash on this base stopped: containers sharing a name
+        # (or a hostile 3,000 of them) must not rescan 2, 3, ... every time.
+        name, n = base, next_suffix.get(base, 2)
         while name in taken:
             suffix = f"-{n}"
             name = dns_label(base[: _DNS_LABEL_MAX - len(suffix)] + suffix)
             n += 1
+        next_suffix[base] = n
         taken.add(name)
         tname = template_name_for(mapping, use.count)
-        templates.setdefault(
-            tname,
-            claim_template_for(
+        if tname not in templates:  # built once per distinct template, not once per container
+            templates[tname] = claim_template_for(
                 tname, namespace, mapping, use.count, use.resource, api_version or policy.claim_api_version
-            ),
-        )
+            )
         edits.append(ClaimEdit(use=use, device_class=mapping.device_class, claim_name=name, template=tname))
 
     plan = MigrationPlan(

@@ -79,7 +79,7 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
         return
     plan = plan_pod_spec(
         item.obj, pointer, podspec, policy, namespace=namespace,
-        api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False,
+        api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
