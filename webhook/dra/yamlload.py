@@ -74,8 +74,15 @@ def check_aliases(root: yaml.Node, budget: int = ALIAS_BUDGET) -> None:
 class SafeLoader(_Base):  # type: ignore[misc, valid-type]
     """libyaml's safe loader (pure Python when libyaml is missing) with the guards above."""
 
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        # An alias needs an anchor (`&a`) and a reference (`*a`): text without both has none, and
+        # most manifests skip the walk.
+        self.may_alias = not isinstance(stream, str) or ("&" in stream and "*" in stream)
+
     def construct_document(self, node: yaml.Node) -> Any:
-        check_aliases(node)
+        if self.may_alias:
+            check_aliases(node)
         return super().construct_document(node)
 
 
@@ -121,7 +128,8 @@ def compose_all(text: str) -> Iterator[yaml.Node]:
         while loader.check_node():
             node = loader.get_node()
             if node is not None:
-                check_aliases(node)
+                if loader.may_alias:
+                    check_aliases(node)
                 yield node
     finally:
         loader.dispose()
