@@ -201,13 +201,20 @@ def parse_text(text: str, file: str) -> list[Document]:
 # --------------------------------------------------------------------------- documents -> objects
 
 
-def _sub_lines(lines: Mapping[str, int], prefix: str) -> dict[str, int]:
-    """The line map of a `List` item, re-rooted so its pointers start at the item."""
-    out: dict[str, int] = {}
-    n = len(prefix)
+def _item_lines(lines: Mapping[str, int]) -> dict[int, dict[str, int]]:
+    """The line maps of every `List` item, re-rooted so their pointers start at the item.
+
+    One pass over the document's map: re-scanning it once per item made a 4,000-item List take
+    half a minute.
+    """
+    out: dict[int, dict[str, int]] = {}
     for pointer, line in lines.items():
-        if pointer.startswith(prefix + "/"):
-            out[pointer[n:]] = line
+        if not pointer.startswith("/items/"):
+            continue
+        index, sep, rest = pointer[len("/items/"):].partition("/")
+        if not sep or not index.isdigit():
+            continue
+        out.setdefault(int(index), {})["/" + rest] = line
     return out
 
 
@@ -226,6 +233,7 @@ def objects_of(
             continue
         kind = data["kind"]
         if kind.endswith("List") and isinstance(data.get("items"), list):
+            item_lines = _item_lines(doc.lines)
             for i, item in enumerate(data["items"]):
                 prefix = f"/items/{i}"
                 if not isinstance(item, Mapping) or not isinstance(item.get("kind"), str):
@@ -237,7 +245,7 @@ def objects_of(
                         file=file,
                         line=doc.lines.get(prefix + "/apiVersion", doc.lines.get(prefix, doc.line)),
                         doc_index=doc.index,
-                        lines=_sub_lines(doc.lines, prefix),
+                        lines=item_lines.get(i, {}),
                     )
                 )
             continue
