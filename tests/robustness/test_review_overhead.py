@@ -48,3 +48,18 @@ def test_review_of_a_big_list(tmp_path: Path, inventory_path: Path) -> None:
     assert run.code == 0, run.err
     assert "2000 objects in 1 file" in run.out
     assert run.seconds < 5.0
+
+
+def test_line_maps_of_the_deepest_yaml_libyaml_accepts() -> None:
+    import sys
+
+    from webhook.review.inputs import parse_text
+
+    body = "apiVersion: v1\nkind: Pod\nmetadata:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(990))
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # a deep caller's stack: the walk must not depend on it
+    try:
+        docs = parse_text(body, "deep.yaml")
+    finally:
+        sys.setrecursionlimit(old)
+    assert max(docs[0].lines.values()) == 993

@@ -83,28 +83,36 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int], seen: set[int] | None = None) -> None:
+def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int]) -> None:
     """Record the line of every value below `node` (a key's line for mapping values).
 
     An aliased node is walked once: its text sits at the anchor, and walking every alias would
-    make a "billion laughs" document exponential.
+    make a "billion laughs" document exponential. Iterative: libyaml accepts 1,000 levels of
+    nesting, which a recursive walk would not survive below a deep call stack.
     """
-    seen = set() if seen is None else seen
-    if id(node) in seen:
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                continue
-            child = f"{pointer}/{_escape(str(key_node.value))}"
-            out[child] = key_node.start_mark.line + 1
-            _walk_lines(value_node, child, out, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            child = f"{pointer}/{i}"
-            out[child] = item.start_mark.line + 1
-            _walk_lines(item, child, out, seen)
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(node, pointer)]
+    while stack:
+        current, here = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(current, yaml.MappingNode):
+            for key_node, value_node in current.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                child = f"{here}/{_escape(str(key_node.value))}"
+                out[child] = key_node.start_mark.line + 1
+                children.append((value_node, child))
+        elif isinstance(current, yaml.SequenceNode):
+            for i, item in enumerate(current.value):
+                child = f"{here}/{i}"
+                out[child] = item.start_mark.line + 1
+                children.append((item, child))
+        # Reversed: the first child's subtree is walked first, as a recursive walk would (a later
+        # duplicate key's lines win, as its value does).
+        stack.extend(reversed(children))
 
 
 def _first_line(node: yaml.Node) -> int:
