@@ -13,6 +13,11 @@ are printed too): on a shared machine other work lands in some rounds. Latency i
 closed loop (16 requests always in flight, so it includes queueing) and paced at a fixed rate well
 below saturation (the service latency). Printed: throughput, p50/p99 latency and server RSS for both,
 and the ratio. Targets: draguard >= 50 % of bare throughput, p99 <= 5 ms, RSS <= 200 MB.
+
+Also printed: each server's CPU time per answered review (from the server process's own CPU
+clock), which other work on a shared machine disturbs far less than wall-clock throughput; its
+ratio is the throughput ratio on a core of its own. `--scenarios` adds the same figures for each
+kind of review sent alone (legacy Pod, Deployment with claims, DeviceClass).
 """
 
 from __future__ import annotations
@@ -217,6 +222,7 @@ async def _connection(
     lat: list[float],
     errors: list[str],
     interval: float = 0.0,
+    answered: list[int] | None = None,
 ) -> int:
     """One keep-alive TLS connection sending reviews back to back, or one every `interval` s."""
     reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname="127.0.0.1")
@@ -249,6 +255,8 @@ async def _connection(
                     length = int(line[15:])
             body = await reader.readexactly(length)
             done = time.perf_counter()
+            if answered is not None:
+                answered[0] += 1  # every answer, warm-up included (server CPU is measured over all)
             if status != b"200" or b'"allowed"' not in body:
                 errors.append(head[:40].decode(errors="replace"))
             if now >= warm_until:
@@ -259,24 +267,49 @@ async def _connection(
     return count
 
 
+def _cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
 async def load(
-    port: int, ca: str, connections: int, seconds: float, warmup: float, rate: float = 0.0
+    port: int,
+    ca: str,
+    connections: int,
+    seconds: float,
+    warmup: float,
+    rate: float = 0.0,
+    pid: int | None = None,
+    bodies: list[bytes] | None = None,
 ) -> dict[str, Any]:
-    """Closed loop (rate 0: as fast as answers come) or paced at `rate` requests/s in total."""
+    """Closed loop (rate 0: as fast as answers come) or paced at `rate` requests/s in total.
+
+    With `pid`, also the server process's CPU time per answered review: on a shared machine this
+    moves far less than wall-clock throughput (other work delays the server, it does not bill it).
+    """
     ctx = ssl.create_default_context(cafile=ca)
-    bodies = reviews()
+    bodies = bodies if bodies is not None else reviews()
     lat: list[float] = []
     errors: list[str] = []
+    answered = [0]
     interval = connections / rate if rate else 0.0
+    cpu0 = _cpu_seconds(pid)
     start = time.perf_counter()
     warm_until = start + warmup
     stop_at = warm_until + seconds
     counts = await asyncio.gather(
         *(
-            _connection("127.0.0.1", port, ctx, bodies, i, stop_at, warm_until, lat, errors, interval)
+            _connection(
+                "127.0.0.1", port, ctx, bodies, i, stop_at, warm_until, lat, errors, interval, answered
+            )
             for i in range(connections)
         )
     )
+    cpu = _cpu_seconds(pid) - cpu0
     lat.sort()
     total = sum(counts)
 
@@ -290,6 +323,7 @@ async def load(
         "p99_ms": pct(0.99),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
+        "cpu_ms_per_review": cpu * 1000 / answered[0] if pid is not None and answered[0] else float("nan"),
     }
 
 
@@ -346,8 +380,8 @@ def rounds(
     ca = str(tls / "ca.crt")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     for _ in range(args.rounds):
-        for name, (_proc, port) in servers.items():
-            res = asyncio.run(load(port, ca, args.connections, args.seconds, args.warmup))
+        for name, (proc, port) in servers.items():
+            res = asyncio.run(load(port, ca, args.connections, args.seconds, args.warmup, pid=proc.pid))
             # Latency without queueing: the same connections, paced well below saturation.
             paced = asyncio.run(load(port, ca, args.connections, args.paced_seconds, 0.5, args.rate))
             res["paced_p50_ms"], res["paced_p99_ms"] = paced["p50_ms"], paced["p99_ms"]
@@ -363,9 +397,39 @@ def rounds(
             "errors": sum(r["errors"] for r in runs[name]),
             "rps_all": [round(r["rps"]) for r in runs[name]],
             "paced_p99_all": [round(r["paced_p99_ms"], 2) for r in runs[name]],
+            # Least CPU per review over the rounds: the least disturbed by other work on the core.
+            "cpu_ms_per_review": min(r["cpu_ms_per_review"] for r in runs[name]),
+            "cpu_ms_all": [round(r["cpu_ms_per_review"], 3) for r in runs[name]],
         }
         best["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
         out[name] = best
+    return out
+
+
+SCENARIOS = ("legacy Pod (warn)", "Deployment with claims", "legacy Pod (team-b)", None, "DeviceClass")
+
+
+def scenarios(
+    servers: dict[str, tuple[subprocess.Popen[bytes], int]], tls: Path, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Each kind of review alone, closed loop: server CPU per review and throughput per server."""
+    ca = str(tls / "ca.crt")
+    out: list[dict[str, Any]] = []
+    for label, body in zip(SCENARIOS, reviews(), strict=True):
+        if label is None:
+            continue  # the second Deployment is the same review as the first
+        row: dict[str, Any] = {"scenario": label}
+        for name, (proc, port) in servers.items():
+            best: dict[str, Any] | None = None
+            for _ in range(args.rounds):
+                r = asyncio.run(
+                    load(port, ca, args.connections, args.scenario_seconds, 0.3, pid=proc.pid, bodies=[body])
+                )
+                if best is None or r["cpu_ms_per_review"] < best["cpu_ms_per_review"]:
+                    best = r
+            assert best is not None
+            row[name] = {k: best[k] for k in ("rps", "p50_ms", "p99_ms", "cpu_ms_per_review", "errors")}
+        out.append(row)
     return out
 
 
@@ -383,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-cache", action="store_true", help="disable draguard's review cache (engine cost per request)"
     )
+    p.add_argument(
+        "--scenarios", action="store_true", help="also load each kind of review alone (per-scenario figures)"
+    )
+    p.add_argument("--scenario-seconds", type=float, default=1.5)
     p.add_argument("--role", choices=["bare", "draguard"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cert", help=argparse.SUPPRESS)
@@ -415,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             time.sleep(0.5)
             res = rounds(servers, tls, args)
+            per_kind = scenarios(servers, tls, args) if args.scenarios else []
         finally:
             for proc, _port in servers.values():
                 proc.terminate()
@@ -422,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     bare, dg = res["bare"], res["draguard"]
     ratio = dg["rps"] / bare["rps"] if bare["rps"] else 0.0
     ok = ratio >= 0.5 and dg["paced_p99_ms"] <= 5.0 and dg["rss_mb"] <= 200 and dg["errors"] == 0
+    # Throughput ratio on a core of its own: what the wall-clock ratio reads on a quiet machine.
+    cpu_ratio = bare["cpu_ms_per_review"] / dg["cpu_ms_per_review"] if dg["cpu_ms_per_review"] else 0.0
     if args.json:
         print(
             json.dumps(
@@ -433,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                     "connections": args.connections,
                     "devices": args.devices,
                     "rate": args.rate,
+                    "cpu_ratio": cpu_ratio,
+                    "scenarios": per_kind,
                 },
                 indent=2,
             )
@@ -460,6 +533,18 @@ def main(argv: list[str] | None = None) -> int:
         f"all rounds req/s: bare {bare['rps_all']}, draguard {dg['rps_all']}; "
         f"paced p99 ms: bare {bare['paced_p99_all']}, draguard {dg['paced_p99_all']}"
     )
+    print(
+        f"server CPU per review (least of rounds): bare {bare['cpu_ms_per_review']:.3f} ms, draguard "
+        f"{dg['cpu_ms_per_review']:.3f} ms; ratio bare/draguard {cpu_ratio:.2f} (all rounds ms: bare "
+        f"{bare['cpu_ms_all']}, draguard {dg['cpu_ms_all']})"
+    )
+    for row in per_kind:
+        b, d = row["bare"], row["draguard"]
+        print(
+            f"  {row['scenario']:<24} draguard {d['cpu_ms_per_review']:.3f} ms CPU, {d['rps']:.0f} req/s, "
+            f"p99 {d['p99_ms']:.2f} ms | bare {b['cpu_ms_per_review']:.3f} ms CPU, {b['rps']:.0f} req/s | "
+            f"CPU ratio {b['cpu_ms_per_review'] / d['cpu_ms_per_review']:.2f}"
+        )
     print("targets met" if ok else "targets NOT met")
     return 0 if ok else 1
 

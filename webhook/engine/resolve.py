@@ -55,6 +55,11 @@ class Index:
     def build(
         objects: Iterable[SourceObject], inventory: Inventory, default_namespace: str = "default"
     ) -> Index:
+        objects = objects if isinstance(objects, Sequence) else list(objects)
+        if not any(isinstance(i.obj, Mapping) and dra_version(i.obj.get("apiVersion")) for i in objects):
+            # No claim, template or class in the input (admission of a workload): the inventory's
+            # read-only maps serve as they are, and identity tells rules the classes are the cluster's.
+            return Index(inventory.claims, inventory.templates, inventory.classes, {})
         claims: dict[tuple[str, str], ClaimRecord] = dict(inventory.claims)
         templates: dict[tuple[str, str], ClaimRecord] = dict(inventory.templates)
         classes: dict[str, DeviceClassSpec] = dict(inventory.classes)

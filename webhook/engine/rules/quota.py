@@ -51,9 +51,9 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     if _LAST and _LAST[0].inventory is rc.inventory and _LAST[0].classes is rc.index.classes:
         return _LAST[0]
     inv_classes = rc.inventory.classes
-    if len(rc.index.classes) == len(inv_classes) and all(
+    if rc.index.classes is inv_classes or (len(rc.index.classes) == len(inv_classes) and all(
         inv_classes.get(name) == spec for name, spec in rc.index.classes.items()
-    ):
+    )):
         # The input set brings no class of its own (the admission case: one workload per request):
         # share one calculator per inventory, so class matches are not recomputed per request.
         return rc.inventory.cached(("quota-calculator",), lambda: QuotaCalculator(rc.inventory, inv_classes))
