@@ -124,5 +124,8 @@ for n in "${missing[@]}"; do
     say "done: $n in $((SECONDS - t0)) s ($(du -h "$BIN/$n" | cut -f1))"
 done
 say "all binaries ready in $BIN after $((SECONDS - total_start)) s ($(du -sh "$BIN" | cut -f1))"
-"$BIN/kube-apiserver" --version
-"$BIN/etcd" --version | head -1
+# Capture before printing: `etcd --version | head -1` would die of SIGPIPE under pipefail.
+kver_out="$("$BIN/kube-apiserver" --version)"
+ever_out="$("$BIN/etcd" --version)"
+echo "$kver_out"
+echo "${ever_out%%$'\n'*}"
