@@ -68,11 +68,14 @@ def check_inline_source(item: SourceObject, rc: RuleContext) -> Iterator[Finding
     if found is None:
         return
     pp, spec = found
+    claims = as_list(spec.get("resourceClaims"))
+    if not any("source" in as_map(raw) for raw in claims):
+        return  # the usual case: nothing in the pre-1.31 form
     ns = rc.namespace(item)
     meta_name = as_str(as_map(item.obj.get("metadata")).get("name")) or "workload"
     version = newest_served(rc.ctx.served_versions) or "v1"
     api_version = f"resource.k8s.io/{version}"
-    for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
+    for i, raw in enumerate(claims):
         entry = as_map(raw)
         if "source" not in entry:
             continue
