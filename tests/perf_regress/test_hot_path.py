@@ -1,0 +1,165 @@
+"""The admission hot path does only the work its answer needs, and its shortcuts change no answer.
+
+These pin the shortcuts taken for speed: the depth guard's pointer-free walk, admission planning a
+migration patch without building the rewritten object, and an input set without DRA objects
+indexing the inventory's maps as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.dra.inventory import Inventory
+from webhook.engine import evaluate as evaluate_mod
+from webhook.engine import migration
+from webhook.engine.context import Context, SourceObject
+from webhook.engine.evaluate import evaluate, too_deep
+from webhook.engine.resolve import Index
+from webhook.policy.load import load_policies
+from webhook.server import admission
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "tests" / "fixtures" / "seed"
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((SEED / name).read_text()) if isinstance(d, dict)]
+
+
+def _reference_too_deep(value: Any, limit: int) -> str | None:
+    """The guard as first written: every container pushed with its pointer."""
+    best: dict[int, int] = {}
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        node, depth, pointer = stack.pop()
+        if isinstance(node, Mapping):
+            children: Any = ((str(k), v) for k, v in node.items())
+        elif isinstance(node, list | tuple):
+            children = ((str(i), v) for i, v in enumerate(node))
+        else:
+            continue
+        if depth > limit:
+            return pointer
+        if best.get(id(node), -1) >= depth:
+            continue
+        best[id(node)] = depth
+        for key, child in children:
+            if isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"))
+    return None
+
+
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(alphabet="ab/~", max_size=2), inner, max_size=3),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_LIKE, limit=st.integers(min_value=0, max_value=6))
+def test_depth_guard_matches_the_pointer_walk(value: Any, limit: int) -> None:
+    assert too_deep(value, limit) == _reference_too_deep(value, limit)
+
+
+def test_depth_guard_on_shared_subtrees_and_tuples() -> None:
+    leaf: list[Any] = [1]
+    for _ in range(30):
+        leaf = [leaf, {"k": leaf}]  # each level shared twice: 2^30 paths, 60 containers
+    assert too_deep(leaf, 100) is None
+    assert too_deep(leaf, 20) == _reference_too_deep(leaf, 20)
+    deep: Any = "x"
+    for _ in range(8):
+        deep = ({"a/b": deep},)  # 16 containers deep
+    assert too_deep(deep, 15) is None
+    assert too_deep(deep, 10) == _reference_too_deep(deep, 10) == "/0/a~1b/0/a~1b/0/a~1b/0/a~1b/0/a~1b/0"
+
+
+def test_admission_plans_the_patch_without_building_the_rewritten_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pod = _docs("legacy-pod.yaml")[0]
+    policy = load_policies(ROOT / "policies").migration[0]
+    from webhook.dra.workloads import pod_spec_of
+
+    found = pod_spec_of(pod)
+    assert found is not None
+    plan = migration.plan_pod_spec(pod, found[0], found[1], policy, namespace="ml", rewrite=False)
+    assert plan.patch and plan._rewritten is None
+    sent = copy.deepcopy(pod)
+    # Built on first use, equal to the patch applied to the object as sent, input untouched.
+    assert plan.rewritten == jsonpatch.apply_patch(sent, plan.patch)
+    assert pod == sent
+    eager = migration.plan_pod_spec(pod, found[0], found[1], policy, namespace="ml")
+    assert eager._rewritten == plan.rewritten
+
+    # Through the webhook: neither endpoint builds a rewritten object; mutate applies the patch
+    # once (to prove it applies) and answers with it.
+    def forbidden(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the admission path built a rewritten object")
+
+    monkeypatch.setattr(migration, "copy_data", forbidden)
+    snap = admission.Snapshot(
+        policies=load_policies(ROOT / "policies"),
+        inventory=Inventory.from_objects(_docs("deviceclasses.yaml")),
+        namespace_labels={"ml": {"draguard.io/migration-mode": "migrate"}},
+    )
+    req = {
+        "uid": "u-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "namespace": "ml",
+        "operation": "CREATE",
+        "object": pod,
+    }
+    out = admission.review("mutate", req, snap)
+    assert out.verdict == "patched", out.response
+    ops = json.loads(base64.b64decode(out.response["patch"]))
+    assert jsonpatch.apply_patch(pod, ops) == plan.rewritten
+    assert admission.review("validate", req, snap).verdict in ("allowed", "warned")
+
+
+def test_index_without_dra_objects_shares_the_inventory_maps() -> None:
+    inv = Inventory.from_objects(_docs("deviceclasses.yaml") + _docs("inference-deployment.yaml"))
+    pod = SourceObject(_docs("legacy-pod.yaml")[0])
+    idx = Index.build([pod], inv)
+    assert idx.classes is inv.classes and idx.templates is inv.templates and idx.claims is inv.claims
+    # An input DeviceClass overrides the cluster's in the index only, never in the inventory.
+    override = copy.deepcopy(next(d for d in _docs("deviceclasses.yaml")))
+    name = override["metadata"]["name"]
+    override["spec"]["selectors"] = [{"cel": {"expression": "device.driver == 'x.example.com'"}}]
+    before = inv.classes[name]
+    idx2 = Index.build([pod, SourceObject(override)], inv)
+    assert idx2.classes[name] != before and inv.classes[name] == before
+    assert idx2.sources[("DeviceClass", "", name)].obj is override
+
+
+def test_shared_index_gives_the_same_findings_as_a_copied_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut is only an identity: findings equal those of the copying build."""
+    policies = load_policies(ROOT / "policies")
+    inv = Inventory.from_objects(_docs("deviceclasses.yaml") + _docs("inference-deployment.yaml"))
+    objs = [SourceObject(o) for o in _docs("legacy-pod.yaml") + _docs("inference-deployment.yaml")
+            if o.get("kind") != "ResourceClaimTemplate"]
+    ctx = Context(default_namespace="ml-workloads", operation="CREATE", admission=True)
+    fast = [evaluate([o], policies, inv, ctx).findings for o in objs]
+    copying = Index.build
+
+    def copied(objects: Any, inventory: Inventory, default_namespace: str = "default") -> Index:
+        idx = copying(objects, inventory, default_namespace)
+        return Index(dict(idx.claims), dict(idx.templates), dict(idx.classes), dict(idx.sources))
+
+    monkeypatch.setattr(Index, "build", staticmethod(copied))
+    slow = [evaluate([o], policies, inv, ctx).findings for o in objs]
+    assert fast == slow and any(fast)
+    assert evaluate_mod.MAX_DEPTH == 100
