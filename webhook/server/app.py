@@ -260,6 +260,11 @@ class Webhook:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
             outcome = admission.review(endpoint, request, snap)
+            if endpoint == "validate" and self.rebuilder is not None:
+                # An admitted template/claim/class: visible to the next request before the watch has it.
+                view = self.rebuilder.admitted(request, outcome)
+                if view is not None:
+                    self.publish_view(view)
             if cache is not None:
                 cache.put(
                     admission.ReviewCache.key(endpoint, body, str(request["uid"]), snap.generation), outcome
@@ -418,7 +423,8 @@ class Webhook:
             self.creator = KubeTemplateCreator(http)
 
         def publish(view: Any) -> None:
-            loop.call_soon_threadsafe(self.publish_view, view)
+            # Admissions recorded on the loop since the view was built are laid over it again there.
+            loop.call_soon_threadsafe(lambda: self.publish_view(self.rebuilder.current(view)))
 
         self.rebuilder = Rebuilder(self.cache, self.metrics, publish, lambda: self.snapshot.policies)
         self.cache.start()

@@ -165,6 +165,8 @@ def _rv(obj: Mapping[str, Any]) -> str:
 
 
 EventFn = Callable[[Resource, str, dict[str, Any] | None, dict[str, Any] | None], None]
+# (resource name, event type, object, previous object)
+ListenerFn = Callable[[str, str, dict[str, Any] | None, dict[str, Any] | None], None]
 
 
 class Reflector:
@@ -358,6 +360,9 @@ class ClusterCache:
         self.served = served
         self.changed = threading.Event()
         self.generation = 0
+        # Also told of every event, from the watch threads (the admission overlay drops what the
+        # watch has caught up with). Must be quick and must not raise.
+        self.listeners: list[ListenerFn] = []
         dra = f"{DRA_GROUP}/{dra_version}"
         self.resources = {
             "resourceslices": Resource("resourceslices", "ResourceSlice", dra),
@@ -392,6 +397,11 @@ class ClusterCache:
             secs = allocation_seconds(obj)
             if secs is not None:
                 self.metrics.allocation.observe(secs)
+        for listener in self.listeners:
+            try:
+                listener(res.name, typ, obj, prev)
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("cache event listener failed", extra={"resource": res.name})
         if typ != "SYNCED" and prev is not None and obj is not None and _rv(prev) == _rv(obj):
             return
         self.generation += 1

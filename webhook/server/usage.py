@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +21,7 @@ from webhook.dra.objects import DeviceClassSpec, read_device_class, read_slice_d
 from webhook.engine.context import QuotaUsage
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import DraStats, Metrics
+from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key, Layered
 
 log = logging.getLogger("draguard.usage")
 
@@ -33,6 +34,8 @@ class CacheView:
     templates: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     stats: DraStats = field(default_factory=DraStats)
     quotas: int = 0
+    # AdmittedOverlay.version this view was laid over with (-1: none).
+    overlay_version: int = -1
 
 
 def _rv(obj: Mapping[str, Any]) -> str:
@@ -175,6 +178,96 @@ def warm(inventory: Inventory, policies: Any) -> None:
             log.debug("inventory warm-up failed", exc_info=True)
 
 
+def add_usage(a: QuotaUsage | None, b: QuotaUsage) -> QuotaUsage:
+    """Element-wise sum of two usages (claims counted in `b` are not in `a`)."""
+    if a is None:
+        return b
+    devices = dict(a.devices)
+    for k, n in b.devices.items():
+        devices[k] = devices.get(k, 0) + n
+    geq = dict(a.gpu_equivalents)
+    for s, g in b.gpu_equivalents.items():
+        geq[s] = geq.get(s, 0.0) + g
+    claims = dict(a.claims)
+    for s, c in b.claims.items():
+        claims[s] = claims.get(s, 0) + c
+    return QuotaUsage(devices=devices, gpu_equivalents=geq, claims=claims)
+
+
+def apply_overlay(
+    view: CacheView, live: Mapping[str, Mapping[Key, Entry]], policies: Any, version: int
+) -> CacheView:
+    """`view` with the admitted-but-not-yet-watched objects laid over it.
+
+    Claims and templates are layered over the inventory's maps without copying them; when no
+    DeviceClass changes, the new inventory shares the old one's memo (class matches, per-node
+    capacity), whose entries depend only on devices and classes. New claims add their demand to
+    the quota usage; namespaces bring their labels.
+    """
+    if not live:
+        return view if view.overlay_version == version else replace(view, overlay_version=version)
+    inv = view.inventory
+    classes: dict[str, DeviceClassSpec] = {}
+    claims: dict[tuple[str, str], ClaimRecord] = {}
+    templates: dict[tuple[str, str], ClaimRecord] = {}
+    raw_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
+    new_claims: list[Mapping[str, Any]] = []
+    for resource, entries in live.items():
+        for key, e in entries.items():
+            try:
+                if resource == "deviceclasses":
+                    spec = read_device_class(e.obj)
+                    if spec.name:
+                        classes[spec.name] = spec
+                elif resource in ("resourceclaims", "resourceclaimtemplates"):
+                    rec = claim_record(e.obj)
+                    if rec is None:
+                        continue
+                    if resource == "resourceclaims":
+                        claims[key] = rec
+                        if key not in inv.claims:
+                            new_claims.append(e.obj)
+                    else:
+                        templates[key] = rec
+                        raw_templates[key] = e.obj
+            except Exception as exc:  # an object the engine cannot read stays out, like in the caches
+                log.debug(
+                    "overlay object unreadable", extra={"object": "/".join(key), "reason": str(exc)[:200]}
+                )
+    labels: Mapping[str, Mapping[str, str]] = view.namespace_labels
+    ns_entries = live.get("namespaces") or {}
+    if ns_entries:
+        top: dict[str, Mapping[str, str]] = {}
+        for key, e in ns_entries.items():
+            raw = (e.obj.get("metadata") or {}).get("labels") or {}
+            top[key[1]] = MappingProxyType({str(k): str(v) for k, v in raw.items()})
+        labels = Layered(view.namespace_labels, top)
+    inventory = inv
+    if classes or claims or templates:
+        inventory = Inventory(
+            devices=inv.devices,
+            classes=Layered(inv.classes, classes) if classes else inv.classes,
+            claims=Layered(inv.claims, claims) if claims else inv.claims,
+            templates=Layered(inv.templates, templates) if templates else inv.templates,
+        )
+        if not classes:
+            # Same devices and classes: what the engine memoised on the watched inventory still holds.
+            object.__setattr__(inventory, "_memo", inv._memo)
+    usage = view.usage
+    if new_claims:
+        from webhook.engine.quota import compute_usage
+
+        usage = add_usage(usage, compute_usage(new_claims, labels, policies, inventory))
+    return replace(
+        view,
+        inventory=inventory,
+        namespace_labels=labels,
+        usage=usage,
+        templates=Layered(view.templates, raw_templates) if raw_templates else view.templates,
+        overlay_version=version,
+    )
+
+
 class Rebuilder:
     """Turns a ClusterCache into CacheViews, debounced, in a thread; `publish` receives each view."""
 
@@ -185,12 +278,18 @@ class Rebuilder:
         publish: Callable[[CacheView], None],
         policies: Callable[[], Any],
         debounce: float = 0.3,
+        overlay: AdmittedOverlay | None = None,
     ) -> None:
         self.cache = cache
         self.metrics = metrics
         self.publish = publish
         self.policies = policies
         self.debounce = debounce
+        self.overlay = overlay if overlay is not None else AdmittedOverlay()
+        cache.listeners.append(self.overlay.observe)
+        # The last view built from the watch caches alone (what the overlay is laid over).
+        self.base_view = CacheView()
+        self.base_ready = False
         self._stop = threading.Event()
         self._slices = _Parsed(read_slice_devices)
         self._classes = _Parsed(read_device_class)
@@ -212,6 +311,16 @@ class Rebuilder:
         self.cache.changed.set()
 
     def build(self) -> CacheView:
+        """The watch caches' view with the admission overlay laid over it."""
+        # Overlay first, stores second: an entry the watch supersedes in between is then already
+        # in the store read below (the reflector stores an object before it reports the event).
+        version, live = self.overlay.snapshot()
+        base = self.build_base()
+        self.base_view = base
+        self.base_ready = True
+        return apply_overlay(base, live, self.policies(), version)
+
+    def build_base(self) -> CacheView:
         c = self.cache
         devices: list[Device] = []
         for devs in self._slices.update(c.objects("resourceslices")).values():
@@ -254,11 +363,47 @@ class Rebuilder:
             quotas=len(c.objects("resourcequotas")),
         )
 
+    def admitted(self, request: Mapping[str, Any], outcome: Any) -> CacheView | None:
+        """Called by the validating endpoint after each review (on the event loop): an allowed,
+        persisted CREATE/UPDATE of an overlay kind is recorded, and the view to publish now is
+        returned; None when nothing changed. Cheap for every other request."""
+        if (
+            outcome.kind not in OVERLAY_KINDS
+            or outcome.dry_run
+            or outcome.operation not in ("CREATE", "UPDATE")
+            or not outcome.response.get("allowed")
+        ):
+            return None
+        group, api = OVERLAY_KINDS[outcome.kind][0], request.get("kind")
+        if not isinstance(api, Mapping) or str(api.get("group") or "") != group:
+            return None
+        from webhook.server.admission import prepare_object
+
+        obj = prepare_object(request, group, str(api.get("version") or ""), outcome.kind)
+        if obj is None or not self.overlay.record(obj, outcome.operation):
+            return None
+        # Before the first build there is no watched view to lay it over (and nothing is served
+        # from the caches yet); the first build includes the entry.
+        return self.current(None) if self.base_ready else None
+
+    def current(self, view: CacheView | None) -> CacheView:
+        """`view` (a rebuilt view about to be published; None: the latest) with the overlay as it
+        is now. A view built before the latest admission was recorded is laid over again."""
+        if view is not None and view.overlay_version == self.overlay.version:
+            return view
+        version, live = self.overlay.snapshot()
+        return apply_overlay(self.base_view, live, self.policies(), version)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.cache.changed.wait()
+            # Wake for the next overlay expiry too: an entry the watch never confirmed must leave
+            # the published view (its object was rejected after draguard admitted it).
+            expiry = self.overlay.next_expiry()
+            woke = self.cache.changed.wait(None if expiry is None else expiry + 0.05)
             if self._stop.is_set():
                 return
+            if not woke and self.overlay.next_expiry() != 0.0:
+                continue
             # Debounce: a relist or a burst of slice updates becomes one rebuild.
             time.sleep(self.debounce)
             self.cache.changed.clear()
