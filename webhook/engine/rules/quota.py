@@ -62,6 +62,29 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     return calc
 
 
+# GPU-equivalents of demands already seen: devices -> (calculator, value). Entries hold their
+# calculator, so a hit is only taken for the very calculator (and inventory) it came from; a new
+# calculator empties the table, so at most one old inventory stays referenced from here.
+_GE: dict[tuple[tuple[str, int], ...], tuple[QuotaCalculator, Fraction]] = {}
+_GE_OWNER: list[QuotaCalculator] = []
+_GE_LIMIT = 1024
+
+
+def _gpu_equivalents(calc: QuotaCalculator, devices: Mapping[str, int]) -> Fraction:
+    """`calc.gpu_equivalents(devices)`, remembered: Fraction arithmetic is slow on the request path,
+    and workloads repeat the same few (class, count) demands."""
+    key = tuple(devices.items())
+    hit = _GE.get(key)
+    if hit is not None and hit[0] is calc:
+        return hit[1]
+    value = calc.gpu_equivalents(devices)
+    if len(_GE) >= _GE_LIMIT or not _GE_OWNER or _GE_OWNER[0] is not calc:
+        _GE.clear()
+        _GE_OWNER[:] = [calc]
+    _GE[key] = (calc, value)
+    return value
+
+
 def _extended_class(rc: RuleContext, resource: str) -> str | None:
     """The DeviceClass that serves an extended resource through DRA (KEP-5004), if any."""
     if resource.startswith(IMPLICIT_CLASS_PREFIX):
@@ -82,7 +105,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
         d = Demand(claims=1, pointer=f"{ptr}/devices/requests")
         for cls, n in calc.claim_demand(spec).items():
             d.add(cls, n, f"{n} (claim)")
-        d.gpu_equivalents = calc.gpu_equivalents(d.devices)
+        d.gpu_equivalents = _gpu_equivalents(calc, d.devices)
         return d
     found = pod_spec_of(obj)
     if found is None:
@@ -117,7 +140,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res} in {cname})")
     if extended:
         d.claims += pods  # the scheduler creates one claim per pod for extended resources
-    d.gpu_equivalents = calc.gpu_equivalents(d.devices)
+    d.gpu_equivalents = _gpu_equivalents(calc, d.devices)
     return d
 
 
