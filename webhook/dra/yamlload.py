@@ -46,6 +46,7 @@ def check_aliases(root: yaml.Node, budget: int = ALIAS_BUDGET) -> None:
     first node whose expansion alone passes the budget, i.e. the anchor the bomb is built from.
     """
     size: dict[int, int] = {}
+    open_: set[int] = set()  # nodes whose children are being sized: meeting one again is a cycle
     unique = 0
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -54,9 +55,19 @@ def check_aliases(root: yaml.Node, budget: int = ALIAS_BUDGET) -> None:
             continue
         kids = _children(node)
         if not expanded and kids:
+            if id(node) in open_:
+                raise AliasExpansionError(
+                    None,
+                    None,
+                    "YAML alias refers to an anchor that contains it (a recursive structure); "
+                    "Kubernetes objects are trees: write the data out",
+                    node.start_mark,
+                )
+            open_.add(id(node))
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in size)
             continue
+        open_.discard(id(node))
         total = 1 + sum(size[id(k)] for k in kids)
         size[id(node)] = total
         unique += 1
