@@ -100,3 +100,19 @@ def test_policies_refuse_alias_bombs(tmp_path: Path) -> None:
     assert time.perf_counter() - t0 < 1.0
     text = str(info.value)
     assert "bomb.yaml" in text and "YAML alias expansion too large" in text
+
+
+@pytest.mark.parametrize("body", ["r: &r [1, *r]\n", "a: &a {b: {c: *a}}\n"], ids=["list", "map"])
+def test_recursive_aliases_are_refused(tmp_path: Path, inventory_path: Path, body: str) -> None:
+    f = tmp_path / "cycle.yaml"
+    f.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n  " + body)
+    code, err = _review(f, inventory_path)
+    assert code == 2 and "cycle.yaml:5:" in err and "recursive structure" in err, err
+
+
+def test_shared_anchors_stay_shared_and_keep_lines() -> None:
+    from webhook.review.inputs import parse_yaml_documents
+
+    doc = parse_yaml_documents("a: &x {b: [1, {c: d}]}\ne: *x\nf: [*x, *x]\n", "f.yaml")[0]
+    assert doc.data["e"] is doc.data["a"] and doc.data["f"][0] is doc.data["a"]
+    assert doc.lines["/a/b/1/c"] == 1 and doc.lines["/e"] == 2 and doc.lines["/f"] == 3

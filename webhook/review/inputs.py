@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from webhook.dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader
+from webhook.dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader, check_aliases
 from webhook.engine.context import SourceObject
 
 # libyaml's safe loader (pure Python as the fallback), refusing alias bombs and oversized integers.
@@ -115,6 +115,79 @@ def _walk_lines(node: yaml.Node, pointer: str, out: dict[str, int]) -> None:
         stack.extend(reversed(children))
 
 
+_STR = "tag:yaml.org,2002:str"
+_MAP = "tag:yaml.org,2002:map"
+_SEQ = "tag:yaml.org,2002:seq"
+_SPECIAL_KEYS = frozenset({"tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"})
+
+
+class _Unusual(Exception):
+    """A document shape only PyYAML's own constructor handles."""
+
+
+def _build(loader: SafeLoader, root: yaml.Node) -> tuple[Any, dict[str, int]] | None:
+    """The document's data and its pointer -> line map in one iterative pass, or None.
+
+    Same result as `construct_document` plus `_walk_lines` (shared nodes stay shared, lines come
+    from the first path a depth-first walk reaches), at about half the cost: plain strings,
+    mappings and sequences are built here, other scalars by the loader's constructor (so its
+    guards apply). None for merge keys, non-scalar keys and tagged collections.
+    """
+    if loader.may_alias:
+        check_aliases(root)
+    made: dict[int, Any] = {}
+    filled: set[int] = set()
+    lines: dict[str, int] = {}
+
+    def make(node: yaml.Node) -> Any:
+        key = id(node)
+        if key in made:
+            return made[key]
+        value: Any
+        if isinstance(node, yaml.ScalarNode):
+            value = node.value if node.tag == _STR else loader.construct_object(node)
+        elif isinstance(node, yaml.MappingNode) and node.tag == _MAP:
+            value = {}
+        elif isinstance(node, yaml.SequenceNode) and node.tag == _SEQ:
+            value = []
+        else:
+            raise _Unusual
+        made[key] = value
+        return value
+
+    try:
+        data = make(root)
+        stack: list[tuple[yaml.Node, str]] = [(root, "")]
+        while stack:
+            node, here = stack.pop()
+            if isinstance(node, yaml.ScalarNode) or id(node) in filled:
+                continue
+            filled.add(id(node))
+            value = made[id(node)]
+            children: list[tuple[yaml.Node, str]] = []
+            if isinstance(node, yaml.MappingNode):
+                for key_node, value_node in node.value:
+                    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag in _SPECIAL_KEYS:
+                        raise _Unusual
+                    key = key_node.value if key_node.tag == _STR else loader.construct_object(key_node)
+                    value[key] = make(value_node)
+                    child = f"{here}/{_escape(str(key_node.value))}"
+                    lines[child] = key_node.start_mark.line + 1
+                    children.append((value_node, child))
+            else:
+                for i, item in enumerate(node.value):
+                    value.append(make(item))
+                    child = f"{here}/{i}"
+                    lines[child] = item.start_mark.line + 1
+                    children.append((item, child))
+            stack.extend(reversed(children))
+    except _Unusual:
+        return None
+    finally:
+        loader.constructed_objects = {}
+    return data, lines
+
+
 def _first_line(node: yaml.Node) -> int:
     """Line of the document's first key (what `SourceObject.line` promises)."""
     if isinstance(node, yaml.MappingNode) and node.value:
@@ -152,9 +225,13 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
             node = loader.get_node()
             if node is None:  # pragma: no cover - check_node said there is one
                 break
-            data = loader.construct_document(node)
-            lines: dict[str, int] = {}
-            _walk_lines(node, "", lines)
+            built = _build(loader, node)
+            if built is None:  # merge keys, complex keys, tagged collections: PyYAML's way
+                data = loader.construct_document(node)
+                lines: dict[str, int] = {}
+                _walk_lines(node, "", lines)
+            else:
+                data, lines = built
             docs.append(Document(data, _first_line(node), lines, index))
             index += 1
     except yaml.MarkedYAMLError as exc:
