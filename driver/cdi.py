@@ -105,6 +105,24 @@ class CdiWriter:
     def exists(self, claim_uid: str) -> bool:
         return spec_path(self.root, claim_uid).exists()
 
+    def device_ids(self, claim_uid: str) -> set[str] | None:
+        """The CDI ids the claim's spec on disk defines; None when it is missing or unreadable."""
+        try:
+            spec = json.loads(spec_path(self.root, claim_uid).read_text())
+        except (OSError, ValueError):
+            return None
+        if (
+            not isinstance(spec, dict)
+            or spec.get("kind") != KIND
+            or not isinstance(spec.get("devices"), list)
+        ):
+            return None
+        return {
+            f"{KIND}={d['name']}"
+            for d in spec["devices"]
+            if isinstance(d, dict) and isinstance(d.get("name"), str)
+        }
+
     def claim_uids(self) -> list[str]:
         """Claim UIDs of every spec this driver has in the CDI root."""
         prefix = f"{VENDOR}-{CLASS}_"

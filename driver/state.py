@@ -2,8 +2,11 @@
 
 Prepare is two-phase through the checkpoint: `PrepareStarted` is recorded before any side effect
 (time-slice setting, CDI spec), `PrepareCompleted` once all are done. A repeated prepare of a
-completed claim returns the recorded devices; unprepare needs only the claim UID, so it works for
-claims prepared by an older driver version and for claims already deleted from the API.
+completed claim returns the recorded devices, rewriting the claim's CDI spec if it is missing.
+Unprepare drops the checkpoint entry before the CDI spec, so a claim the checkpoint holds as
+prepared always has its spec; a spec left by a crash in between is swept by start-up recovery.
+Unprepare needs only the claim UID, so it works for claims prepared by an older driver version and
+for claims already deleted from the API.
 """
 
 from __future__ import annotations
@@ -183,8 +186,10 @@ class DeviceState:
         claims = self.checkpoint.load()
         entry = claims.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
-            return entry.devices
-        if entry is not None:  # a previous attempt died between the phases: undo it first
+            restored = self._ensure_spec(ref, entry, claims)
+            if restored is not None:
+                return restored
+        if entry is not None:  # died between the phases, or spec not restorable: start over
             self._rollback(ref.uid)
             claims.pop(ref.uid, None)
             self.checkpoint.save(claims)
@@ -326,20 +331,62 @@ class DeviceState:
     def _rollback(self, uid: str) -> None:
         self.cdi.remove(uid)
 
+    def _ensure_spec(
+        self, ref: ClaimRef, entry: ClaimEntry, claims: dict[str, ClaimEntry]
+    ) -> list[PreparedDevice] | None:
+        """The devices of a completed claim, with its CDI spec present and naming every recorded id.
+
+        A missing or damaged spec (deleted by hand, or lost by an older driver's unprepare order)
+        is written again from the checkpoint: kubelet must never get ids that resolve to nothing.
+        None when a recorded device is no longer published, so the claim is prepared afresh.
+        """
+        recorded = {i for p in entry.devices for i in p.cdi_device_ids}
+        present = self.cdi.device_ids(ref.uid)
+        if present is not None and recorded and recorded <= present:
+            return entry.devices
+        devs = [self.devices.get(p.device_name) for p in entry.devices]
+        if not entry.devices or any(d is None for d in devs):
+            log.warning(
+                "claim %s: CDI spec missing and its devices are not all published; preparing again", ref
+            )
+            return None
+        try:
+            ids = self.cdi.write(
+                ref.uid,
+                [CdiDevice(d, tuple(p.requests)) for d, p in zip(devs, entry.devices, strict=True) if d],
+            )
+        except OSError as exc:
+            raise PrepareError(f"claim {ref}: rewriting its missing CDI spec failed: {exc}") from None
+        log.warning("claim %s: CDI spec was missing or incomplete; rewrote it from the checkpoint", ref)
+        changed = False
+        for p, cdi_id in zip(entry.devices, ids, strict=True):
+            if p.cdi_device_ids != [cdi_id]:
+                p.cdi_device_ids = [cdi_id]
+                changed = True
+        if changed:  # spec first, then the entry: a crash in between leaves the old entry and a spec
+            claims[ref.uid] = entry
+            self.checkpoint.save(claims)
+        return entry.devices
+
     # --- unprepare -------------------------------------------------------------------------------
     def unprepare(self, ref: ClaimRef) -> str:
-        """Remove the claim's CDI spec and checkpoint entry; '' on success (also when already gone)."""
+        """Drop the claim's checkpoint entry, then its CDI spec; '' on success (also when already gone).
+
+        The entry goes first so that a crash between the two steps never leaves a claim recorded as
+        prepared without its spec; the spec it may leave behind belongs to no claim in the
+        checkpoint, and start-up recovery (or the kubelet's retry of this call) removes it.
+        """
         start = time.perf_counter()
         error = ""
         try:
             with self.checkpoint.locked():
                 claims = self.checkpoint.load()
                 self.fault("before-unprepare")
-                self.cdi.remove(ref.uid)
-                self.fault("after-cdi-removed")
                 if claims.pop(ref.uid, None) is not None:
                     self.checkpoint.save(claims)
                 self.fault("after-unprepare-checkpoint")
+                self.cdi.remove(ref.uid)
+                self.fault("after-cdi-removed")
         except CheckpointCorrupt as exc:
             error = f"checkpoint unreadable, restart the plugin to recover: {exc}"
         except OSError as exc:

@@ -285,12 +285,6 @@ def test_driver_run_retries_until_api_server_is_back(tmp_path: Path) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    reason="unprepare removes the CDI spec before it saves the checkpoint: killed in between, the claim "
-    "stays PrepareCompleted without its spec, and a later prepare answers success with CDI ids whose "
-    "spec is gone (saving the checkpoint first would leave an orphan spec, which recovery removes)",
-    strict=False,
-)
 @pytest.mark.timeout(120)
 async def test_prepare_after_interrupted_unprepare_has_its_cdi_spec(plugin: Plugin) -> None:
     plugin.claims(KEEP, VICTIM)
@@ -299,7 +293,7 @@ async def test_prepare_after_interrupted_unprepare_has_its_cdi_spec(plugin: Plug
     await k.prepare(KEEP, VICTIM)
     await k.close()
     plugin.stop()
-    plugin.start(crash_at="after-cdi-removed")
+    plugin.start(crash_at="after-unprepare-checkpoint")  # between the two unprepare steps
     k = await plugin.kubelet()
     with pytest.raises(grpc.aio.AioRpcError):
         await k.unprepare(VICTIM)
