@@ -285,6 +285,29 @@ async def test_view_built_before_an_admission_is_laid_over_again(tmp_path: Path)
     await _with_client(h, body)
 
 
+async def test_entry_confirmed_before_the_rebuild_stays_visible(tmp_path: Path) -> None:
+    clock = Clock()
+    h = _harness(tmp_path, clock)
+
+    async def body() -> None:
+        a = template("llm-a100", A100)
+        assert (await h.dra(a))["allowed"] is True
+        # The watch stores and reports the template; the rebuild from the stores has not run yet
+        # when the next admitted object is laid over the (older) watched view.
+        h.watch_delivers("resourceclaimtemplates", a)
+        assert len(h.rb.overlay) == 0
+        assert (await h.dra(template("other", H100)))["allowed"] is True
+        assert (await h.deploy("llm-a100"))["allowed"] is False
+        # Once a view is built from stores that hold it, the confirmation is let go.
+        h.rebuild()
+        assert h.rb.overlay.snapshot(after=0)[1].get("resourceclaimtemplates", {}).keys() == {
+            ("team-a", "other")
+        }
+        assert (await h.deploy("llm-a100"))["allowed"] is False
+
+    await _with_client(h, body)
+
+
 async def test_admitted_claims_count_toward_quota(tmp_path: Path) -> None:
     clock = Clock()
     h = _harness(tmp_path, clock, quota=True)  # team-a may hold 1 A100

@@ -10,6 +10,11 @@ An entry lives until the watch delivers the object itself (the watch's version t
 its time-to-live runs out: an admitted object may still be rejected by a later admission plugin or
 webhook, and then no watch event ever comes. The overlay is bounded; the oldest entries go first.
 Nothing here calls the API server.
+
+Confirmation and the views: the watch stores an object before it reports the event, but the view
+admission reads is rebuilt from the stores a little later. A confirmed entry is therefore kept,
+stamped with a confirmation number, and still laid over every view built from stores read before
+that number (`snapshot(after=...)`); views built later contain the object itself.
 """
 
 from __future__ import annotations
@@ -82,9 +87,12 @@ class AdmittedOverlay:
         self.ttl = ttl
         self.max_entries = max_entries
         self.clock = clock
-        self.version = 0
+        self.version = 0  # changes when an entry is recorded or expires
+        self.stamp = 0  # confirmations so far (see the module docstring)
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, Key], Entry] = {}
+        # Confirmed by the watch: (entry, confirmation stamp), oldest first.
+        self._confirmed: dict[tuple[str, Key], tuple[Entry, int]] = {}
         # Counters for tests and logs: how entries ended.
         self.superseded = 0
         self.expired = 0
@@ -115,6 +123,7 @@ class AdmittedOverlay:
         )
         with self._lock:
             self._entries.pop((resource, key), None)  # re-insert: newest last
+            self._confirmed.pop((resource, key), None)
             self._entries[(resource, key)] = entry
             while len(self._entries) > self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
@@ -141,11 +150,15 @@ class AdmittedOverlay:
                 return  # the version the admitted update started from, or older: not it yet
             del self._entries[slot]
             self.superseded += 1
-            self.version += 1
+            self.stamp += 1
+            self._confirmed[slot] = (entry, self.stamp)
+            while len(self._confirmed) > self.max_entries:
+                self._confirmed.pop(next(iter(self._confirmed)))  # the oldest: in any recent view
 
-    def snapshot(self) -> tuple[int, dict[str, dict[Key, Entry]]]:
-        """(version, entries still waiting for the watch by cache resource name), taken together;
-        expired entries are dropped first."""
+    def snapshot(self, after: int | None = None) -> tuple[int, dict[str, dict[Key, Entry]]]:
+        """(version, entries by cache resource name), taken together: those still waiting for the
+        watch, plus those confirmed after stamp `after` (the stamp the stores were read at; None:
+        none of the confirmed ones). Expired entries are dropped first."""
         now = self.clock()
         out: dict[str, dict[Key, Entry]] = {}
         with self._lock:
@@ -155,11 +168,24 @@ class AdmittedOverlay:
             if stale:
                 self.expired += len(stale)
                 self.version += 1
+            for slot in [slot for slot, (e, _n) in self._confirmed.items() if e.expires <= now]:
+                del self._confirmed[slot]
+            if after is not None:
+                for (resource, key), (e, n) in self._confirmed.items():
+                    if n > after:
+                        out.setdefault(resource, {})[key] = e
             for (resource, key), e in self._entries.items():
                 out.setdefault(resource, {})[key] = e
             return self.version, out
 
+    def forget_confirmed(self, upto: int) -> None:
+        """Drop confirmations up to stamp `upto`: the view now in use was read after them."""
+        with self._lock:
+            for slot in [slot for slot, (_e, n) in self._confirmed.items() if n <= upto]:
+                del self._confirmed[slot]
+
     def live(self) -> dict[str, dict[Key, Entry]]:
+        """Entries still waiting for the watch."""
         return self.snapshot()[1]
 
     def next_expiry(self) -> float | None:

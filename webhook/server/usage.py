@@ -289,7 +289,9 @@ class Rebuilder:
         cache.listeners.append(self.overlay.observe)
         # The last view built from the watch caches alone (what the overlay is laid over).
         self.base_view = CacheView()
+        self.base_stamp = 0  # overlay confirmations the base view's stores already contain
         self.base_ready = False
+        self._base_lock = threading.Lock()
         self._stop = threading.Event()
         self._slices = _Parsed(read_slice_devices)
         self._classes = _Parsed(read_device_class)
@@ -312,12 +314,16 @@ class Rebuilder:
 
     def build(self) -> CacheView:
         """The watch caches' view with the admission overlay laid over it."""
-        # Overlay first, stores second: an entry the watch supersedes in between is then already
-        # in the store read below (the reflector stores an object before it reports the event).
-        version, live = self.overlay.snapshot()
+        # Overlay first, stores second: an entry the watch confirms in between is then already in
+        # the store read below (the reflector stores an object before it reports the event), and
+        # entries confirmed after `stamp` stay laid over this base (see overlay.py).
+        stamp = self.overlay.stamp
+        version, live = self.overlay.snapshot(after=stamp)
         base = self.build_base()
-        self.base_view = base
-        self.base_ready = True
+        with self._base_lock:
+            self.base_view, self.base_stamp = base, stamp
+            self.base_ready = True
+            self.overlay.forget_confirmed(stamp)
         return apply_overlay(base, live, self.policies(), version)
 
     def build_base(self) -> CacheView:
@@ -391,8 +397,10 @@ class Rebuilder:
         is now. A view built before the latest admission was recorded is laid over again."""
         if view is not None and view.overlay_version == self.overlay.version:
             return view
-        version, live = self.overlay.snapshot()
-        return apply_overlay(self.base_view, live, self.policies(), version)
+        with self._base_lock:
+            base = self.base_view
+            version, live = self.overlay.snapshot(after=self.base_stamp)
+        return apply_overlay(base, live, self.policies(), version)
 
     def _run(self) -> None:
         while not self._stop.is_set():
