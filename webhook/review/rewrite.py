@@ -9,6 +9,7 @@ are re-emitted; every other document keeps its exact text.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import io
 import itertools
@@ -24,7 +25,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError as RuamelError
 
 from webhook.dra import yamlload
-from webhook.review.inputs import YAML_SUFFIXES, InputError, display_path, read_text
+from webhook.review.inputs import YAML_SUFFIXES, InputError, display_path, parse_text, read_text
 from webhook.review.pipeline import ReviewError, load_policy_set
 
 DEFAULT_GPU_CLASS = "gpu.nvidia.com"
@@ -373,6 +374,135 @@ def serve_extended_resources(text: str, needs: dict[str, str], served: set[str])
     return join_documents(out)
 
 
+def _anchors(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int]]:
+    """Lines that occur once in each text, in an order both texts agree on (longest increasing run).
+
+    Patience-style anchors: a migrated manifest changes a few lines per container, and every
+    container's `- name:` line is unique, so the texts split into many small regions.
+    """
+    count_a: dict[str, int] = {}
+    for line in a:
+        count_a[line] = count_a.get(line, 0) + 1
+    count_b: dict[str, int] = {}
+    where_b: dict[str, int] = {}
+    for j, line in enumerate(b):
+        count_b[line] = count_b.get(line, 0) + 1
+        where_b[line] = j
+    pairs = [(i, where_b[line]) for i, line in enumerate(a) if count_a[line] == 1 and count_b.get(line) == 1]
+    # Longest increasing subsequence of the b positions (patience sorting, O(n log n)).
+    tails: list[int] = []
+    tail_at: list[int] = []
+    back: list[int] = [-1] * len(pairs)
+    for k, (_, j) in enumerate(pairs):
+        pos = bisect.bisect_left(tails, j)
+        if pos == len(tails):
+            tails.append(j)
+            tail_at.append(k)
+        else:
+            tails[pos] = j
+            tail_at[pos] = k
+        back[k] = tail_at[pos - 1] if pos else -1
+    out: list[tuple[int, int]] = []
+    k = tail_at[-1] if tail_at else -1
+    while k >= 0:
+        out.append(pairs[k])
+        k = back[k]
+    out.reverse()
+    return out
+
+
+def _opcodes(a: Sequence[str], b: Sequence[str]) -> list[Op]:
+    """difflib opcodes for `a` -> `b`, with difflib run only between unique anchor lines.
+
+    `difflib.SequenceMatcher` over a whole 36,000-line manifest with 3,000 changed spots takes
+    seconds per thousand containers; split at the anchors, each region is a few lines.
+    """
+    ops: list[Op] = []
+
+    def add(tag: str, i1: int, i2: int, j1: int, j2: int) -> None:
+        if i1 == i2 and j1 == j2:
+            return
+        if ops and ops[-1][0] == tag and ops[-1][2] == i1 and ops[-1][4] == j1:
+            ops[-1] = (tag, ops[-1][1], i2, ops[-1][3], j2)
+        else:
+            ops.append((tag, i1, i2, j1, j2))
+
+    i = j = 0
+    for ai, bj in [*_anchors(a, b), (len(a), len(b))]:
+        region = difflib.SequenceMatcher(None, a[i:ai], b[j:bj], autojunk=False)
+        for tag, i1, i2, j1, j2 in region.get_opcodes():
+            add(tag, i + i1, i + i2, j + j1, j + j2)
+        if ai < len(a):
+            add("equal", ai, ai + 1, bj, bj + 1)
+        i, j = ai + 1, bj + 1
+    return ops
+
+
+SMALL_DIFF = 4000
+"""Below this many lines (both sides) difflib's own unified diff is fast enough and used as is."""
+
+
+def unified_diff(a: Sequence[str], b: Sequence[str], fromfile: str, tofile: str, n: int = 3) -> Iterator[str]:
+    """`difflib.unified_diff` output; large texts are matched between unique anchor lines first."""
+    if len(a) + len(b) < SMALL_DIFF:
+        yield from difflib.unified_diff(a, b, fromfile=fromfile, tofile=tofile, n=n)
+        return
+    started = False
+    for group in _hunks(_opcodes(a, b), n):
+        if not started:
+            started = True
+            yield f"--- {fromfile}\n"
+            yield f"+++ {tofile}\n"
+        first, last = group[0], group[-1]
+        yield f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@\n"
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                yield from (" " + line for line in a[i1:i2])
+                continue
+            if tag in ("replace", "delete"):
+                yield from ("-" + line for line in a[i1:i2])
+            if tag in ("replace", "insert"):
+                yield from ("+" + line for line in b[j1:j2])
+
+
+Op = tuple[str, int, int, int, int]
+
+
+def _hunks(ops: Sequence[Op], n: int) -> Iterator[list[Op]]:
+    """Changes with `n` lines of context, split where more than 2n unchanged lines separate them."""
+    hunk: list[Op] = []
+    for tag, i1, i2, j1, j2 in ops:
+        if tag != "equal":
+            hunk.append((tag, i1, i2, j1, j2))
+            continue
+        if not hunk:  # leading context of the next hunk
+            lead = max(i1, i2 - n)
+            hunk.append((tag, lead, i2, j2 - (i2 - lead), j2))
+            continue
+        if i2 - i1 > 2 * n:  # close this hunk, open the next with trailing context
+            hunk.append((tag, i1, i1 + n, j1, j1 + n))
+            if any(op[0] != "equal" for op in hunk):
+                yield hunk
+            hunk = [(tag, i2 - n, i2, j2 - n, j2)]
+        else:
+            hunk.append((tag, i1, i2, j1, j2))
+    if hunk and hunk[-1][0] == "equal":
+        tag, i1, i2, j1, j2 = hunk[-1]
+        hunk[-1] = (tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n))
+    if any(op[0] != "equal" for op in hunk):
+        yield hunk
+
+
+def _range(start: int, stop: int) -> str:
+    """A unified-diff range, as difflib writes it."""
+    beginning, length = start + 1, stop - start
+    if length == 1:
+        return f"{beginning}"
+    if not length:
+        beginning -= 1
+    return f"{beginning},{length}"
+
+
 def migrate_paths(
     paths: Sequence[str],
     *,
@@ -413,6 +543,12 @@ def migrate_paths(
                 # Claim templates are new documents, which a JSON file cannot hold next to the workload.
                 outcome.notes.append(f"{shown}: JSON manifests are not rewritten; convert it to YAML first")
                 continue
+            try:
+                # Unreadable input (bad YAML, an alias bomb, an integer too long) is an error with
+                # its line here; the per-document reads below would only skip it silently.
+                parse_text(text, shown)
+            except InputError as exc:
+                raise RewriteError(str(exc)) from None
             new, notes = rewrite_text(text, shown, policy)
             outcome.notes.extend(notes)
         if new == text:
@@ -425,7 +561,7 @@ def migrate_paths(
                 raise RewriteError(f"{shown}: cannot write: {exc.strerror or exc}") from None
         else:
             diffs.extend(
-                difflib.unified_diff(
+                unified_diff(
                     text.splitlines(keepends=True),
                     new.splitlines(keepends=True),
                     fromfile=shown if shown.startswith("/") else f"a/{shown}",
