@@ -17,6 +17,7 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.server.conftest import SEED, review, write_policies
+from tests.server.objects import legacy_pod_spec, workload
 from webhook.server.app import ServeOptions, Webhook
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import Metrics
@@ -202,10 +203,24 @@ class Harness:
         self.cache._on_event(self.cache.resources[resource], "ADDED", stored, None)
 
     async def validate(
-        self, obj: dict[str, Any], group: str, version: str, kind: str, dry_run: bool = False
+        self,
+        obj: dict[str, Any],
+        group: str,
+        version: str,
+        kind: str,
+        dry_run: bool = False,
+        namespace: str = "team-a",
     ) -> dict[str, Any]:
         assert self.client is not None
-        body = review(obj, group=group, version=version, kind=kind, uid=str(uuid.uuid4()), dry_run=dry_run)
+        body = review(
+            obj,
+            group=group,
+            version=version,
+            kind=kind,
+            namespace=namespace,
+            uid=str(uuid.uuid4()),
+            dry_run=dry_run,
+        )
         r = await self.client.post("/validate", json=body)
         assert r.status == 200
         resp: dict[str, Any] = (await r.json())["response"]
@@ -360,5 +375,30 @@ async def test_denied_objects_are_not_recorded(tmp_path: Path) -> None:
         big["spec"]["devices"]["requests"][0]["exactly"]["count"] = 5
         assert (await h.dra(big))["allowed"] is False
         assert len(h.rb.overlay) == 0 and ("team-a", "big") not in h.wh.snapshot.inventory.claims
+
+    await _with_client(h, body)
+
+
+async def test_namespace_labels_if_a_webhook_rule_sends_namespaces(tmp_path: Path) -> None:
+    # The bundled configurations do not send Namespaces to the webhook (see docs); when a rule
+    # does, a new namespace's migration mode applies to the workloads applied right after it.
+    clock = Clock()
+    h = _harness(tmp_path, clock)
+
+    async def body() -> None:
+        pod = workload("Pod", legacy_pod_spec())
+        pod["metadata"]["namespace"] = "fresh"
+        before = await h.validate(pod, "", "v1", "Pod", namespace="fresh")
+        assert before["allowed"] is True  # the policy's default mode: warn
+        ns = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "fresh", "labels": {"draguard.io/migration-mode": "enforce"}},
+        }
+        assert (await h.validate(ns, "", "v1", "Namespace", namespace=""))["allowed"] is True
+        assert h.wh.snapshot.namespace_labels["fresh"]["draguard.io/migration-mode"] == "enforce"
+        assert "team-a" in h.wh.snapshot.namespace_labels  # the watched ones are still there
+        after = await h.validate(pod, "", "v1", "Pod", namespace="fresh")
+        assert after["allowed"] is False and "[migrate/legacy-gpu]" in after["status"]["message"]
 
     await _with_client(h, body)
