@@ -431,7 +431,10 @@ class ReviewCache:
 
     @staticmethod
     def key(endpoint: str, body: bytes, uid: str, generation: int) -> tuple[str, int, str, bytes]:
-        digest = hashlib.blake2b(body.replace(uid.encode(), b""), digest_size=16).digest()
+        # surrogatepass: a uid with a lone surrogate must cost a cache miss, never an HTTP 500.
+        digest = hashlib.blake2b(
+            body.replace(uid.encode("utf-8", "surrogatepass"), b""), digest_size=16
+        ).digest()
         return endpoint, generation, _today().isoformat(), digest
 
     def get(self, key: tuple[str, int, str, bytes]) -> Cached | None:

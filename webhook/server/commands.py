@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from webhook.dra import yamlload
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the admission webhook (POST /validate, /mutate)")
@@ -245,7 +247,7 @@ def _read_objects(path: str) -> list[dict[str, Any]]:
     except OSError as e:
         raise ValueError(f"{path}: cannot read ({e.strerror})") from e
     out: list[dict[str, Any]] = []
-    docs: list[Any] = [json.loads(text)] if path.endswith(".json") else list(yaml.safe_load_all(text))
+    docs: list[Any] = [json.loads(text)] if path.endswith(".json") else list(yamlload.load_all(text))
     for d in docs:
         if isinstance(d, dict) and isinstance(d.get("items"), list):
             out.extend(i for i in d["items"] if isinstance(i, dict))
