@@ -21,7 +21,7 @@ from tests.server.objects import legacy_pod_spec, workload
 from webhook.server.app import ServeOptions, Webhook
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import Metrics
-from webhook.server.overlay import AdmittedOverlay, Layered
+from webhook.server.overlay import AdmittedOverlay
 from webhook.server.usage import CacheView, Rebuilder
 
 A100 = "gpu.nvidia.com-a100"
@@ -143,15 +143,6 @@ def test_only_named_objects_of_overlay_kinds_are_recorded() -> None:
     assert not ov.record(unnamed, "CREATE")
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fresh", "labels": {"a": "b"}}}
     assert ov.record(ns, "CREATE") and ("", "fresh") in ov.live()["namespaces"]
-
-
-def test_layered_mapping_reads_top_over_base_without_copying() -> None:
-    base = {"a": 1, "b": 2}
-    m = Layered(base, {"b": 20, "c": 30})
-    assert dict(m) == {"a": 1, "b": 20, "c": 30} and len(m) == 3
-    assert "c" in m and m.get("z") is None and m["a"] == 1
-    base["d"] = 4  # a view, not a copy
-    assert m["d"] == 4
 
 
 # --- through the HTTP handler ----------------------------------------------------------------------

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 # Kind -> (API group, cache resource name). Only these kinds change what admission of *other*
 # objects depends on (claim resolution, classes, namespace labels, quota usage).
@@ -37,8 +37,6 @@ DEFAULT_TTL = 30.0
 DEFAULT_MAX_ENTRIES = 1024
 
 Key = tuple[str, str]  # (namespace or "", name)
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -69,6 +67,9 @@ class Entry:
     uid: str  # metadata.uid as admitted ("" when the request did not carry one)
     base_rv: str  # resourceVersion the admitted object carried ("" on CREATE)
     expires: float
+    # What readers derived from `obj` (parsed spec, quota charge), so that each admission does not
+    # parse every pending entry again. Filled by whichever thread gets there first.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class AdmittedOverlay:
@@ -194,33 +195,3 @@ class AdmittedOverlay:
             if not self._entries:
                 return None
             return max(min(e.expires for e in self._entries.values()) - self.clock(), 0.0)
-
-
-class Layered(Mapping[K, V]):
-    """A read-only mapping: `top` over `base`, without copying `base` (it can hold every claim)."""
-
-    __slots__ = ("base", "top")
-
-    def __init__(self, base: Mapping[K, V], top: Mapping[K, V]) -> None:
-        self.base = base
-        self.top = top
-
-    def __getitem__(self, key: K) -> V:
-        if key in self.top:
-            return self.top[key]
-        return self.base[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.top or key in self.base
-
-    def __iter__(self) -> Iterator[K]:
-        yield from self.base
-        for k in self.top:
-            if k not in self.base:
-                yield k
-
-    def __len__(self) -> int:
-        return len(self.base) + sum(1 for k in self.top if k not in self.base)
-
-    def __repr__(self) -> str:
-        return f"Layered({len(self.top)} over {len(self.base)})"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
@@ -21,9 +21,11 @@ from webhook.dra.objects import DeviceClassSpec, read_device_class, read_slice_d
 from webhook.engine.context import QuotaUsage
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import DraStats, Metrics
-from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key, Layered
+from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key
 
 log = logging.getLogger("draguard.usage")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -194,46 +196,86 @@ def add_usage(a: QuotaUsage | None, b: QuotaUsage) -> QuotaUsage:
     return QuotaUsage(devices=devices, gpu_equivalents=geq, claims=claims)
 
 
+_UNREADABLE = object()
+
+
+def _record_of(e: Entry) -> ClaimRecord | None:
+    """The entry's ClaimRecord, parsed once per entry (None when it is not a readable claim)."""
+    hit = e.memo.get("record", _UNREADABLE)
+    if hit is _UNREADABLE:
+        try:
+            hit = claim_record(e.obj)
+        except Exception as exc:  # an object the engine cannot read stays out, like in the caches
+            log.debug(
+                "overlay object unreadable", extra={"object": "/".join(e.key), "reason": str(exc)[:200]}
+            )
+            hit = None
+        e.memo["record"] = hit
+    return hit if isinstance(hit, ClaimRecord) else None
+
+
+def _charge_of(
+    e: Entry, labels: Mapping[str, Mapping[str, str]], policies: Any, inventory: Inventory
+) -> QuotaUsage:
+    """What one new claim adds to the quota usage: the engine's own `compute_usage` on it alone,
+    remembered while devices, classes, policies and its namespace's labels stay the same."""
+    ns = e.key[0] or "default"
+    ns_labels = dict(labels.get(ns) or {})
+    deps = (inventory.devices, inventory.classes, policies)
+    hit = e.memo.get("charge")
+    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)) and hit[1] == ns_labels:
+        charge: QuotaUsage = hit[2]
+        return charge
+    from webhook.engine.quota import compute_usage
+
+    charge = compute_usage([e.obj], {ns: ns_labels}, policies, inventory)
+    e.memo["charge"] = (deps, ns_labels, charge)
+    return charge
+
+
+def _over(base: Mapping[K, V], top: Mapping[K, V]) -> Mapping[K, V]:
+    """`top` over `base` as one read-only dict. A copy, on purpose: the engine copies these maps
+    when it reviews DRA objects, and copying a plain dict runs at C speed where a layered view
+    would be walked key by key in Python (5,000 claims: ~0.1 ms against ~2 ms)."""
+    return MappingProxyType({**base, **top}) if top else base
+
+
 def apply_overlay(
     view: CacheView, live: Mapping[str, Mapping[Key, Entry]], policies: Any, version: int
 ) -> CacheView:
     """`view` with the admitted-but-not-yet-watched objects laid over it.
 
-    Claims and templates are layered over the inventory's maps without copying them; when no
-    DeviceClass changes, the new inventory shares the old one's memo (class matches, per-node
-    capacity), whose entries depend only on devices and classes. New claims add their demand to
+    When no DeviceClass changes, the new inventory shares the old one's memo (class matches, per-node
+    capacity), whose entries depend only on devices and classes. New claims add their charge to
     the quota usage; namespaces bring their labels.
     """
     if not live:
         return view if view.overlay_version == version else replace(view, overlay_version=version)
     inv = view.inventory
     classes: dict[str, DeviceClassSpec] = {}
+    for key, e in (live.get("deviceclasses") or {}).items():
+        try:
+            spec = read_device_class(e.obj)
+        except Exception as exc:
+            log.debug("overlay object unreadable", extra={"object": key[1], "reason": str(exc)[:200]})
+            continue
+        if spec.name:
+            classes[spec.name] = spec
     claims: dict[tuple[str, str], ClaimRecord] = {}
+    new_claims: list[Entry] = []
+    for key, e in (live.get("resourceclaims") or {}).items():
+        rec = _record_of(e)
+        if rec is not None:
+            claims[key] = rec
+            if key not in inv.claims:
+                new_claims.append(e)
     templates: dict[tuple[str, str], ClaimRecord] = {}
     raw_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
-    new_claims: list[Mapping[str, Any]] = []
-    for resource, entries in live.items():
-        for key, e in entries.items():
-            try:
-                if resource == "deviceclasses":
-                    spec = read_device_class(e.obj)
-                    if spec.name:
-                        classes[spec.name] = spec
-                elif resource in ("resourceclaims", "resourceclaimtemplates"):
-                    rec = claim_record(e.obj)
-                    if rec is None:
-                        continue
-                    if resource == "resourceclaims":
-                        claims[key] = rec
-                        if key not in inv.claims:
-                            new_claims.append(e.obj)
-                    else:
-                        templates[key] = rec
-                        raw_templates[key] = e.obj
-            except Exception as exc:  # an object the engine cannot read stays out, like in the caches
-                log.debug(
-                    "overlay object unreadable", extra={"object": "/".join(key), "reason": str(exc)[:200]}
-                )
+    for key, e in (live.get("resourceclaimtemplates") or {}).items():
+        rec = _record_of(e)
+        if rec is not None:
+            templates[key] = rec
+            raw_templates[key] = e.obj
     labels: Mapping[str, Mapping[str, str]] = view.namespace_labels
     ns_entries = live.get("namespaces") or {}
     if ns_entries:
@@ -241,29 +283,27 @@ def apply_overlay(
         for key, e in ns_entries.items():
             raw = (e.obj.get("metadata") or {}).get("labels") or {}
             top[key[1]] = MappingProxyType({str(k): str(v) for k, v in raw.items()})
-        labels = Layered(view.namespace_labels, top)
+        labels = _over(view.namespace_labels, top)
     inventory = inv
     if classes or claims or templates:
         inventory = Inventory(
             devices=inv.devices,
-            classes=Layered(inv.classes, classes) if classes else inv.classes,
-            claims=Layered(inv.claims, claims) if claims else inv.claims,
-            templates=Layered(inv.templates, templates) if templates else inv.templates,
+            classes=_over(inv.classes, classes),
+            claims=_over(inv.claims, claims),
+            templates=_over(inv.templates, templates),
         )
         if not classes:
             # Same devices and classes: what the engine memoised on the watched inventory still holds.
             object.__setattr__(inventory, "_memo", inv._memo)
     usage = view.usage
-    if new_claims:
-        from webhook.engine.quota import compute_usage
-
-        usage = add_usage(usage, compute_usage(new_claims, labels, policies, inventory))
+    for e in new_claims:
+        usage = add_usage(usage, _charge_of(e, labels, policies, inventory))
     return replace(
         view,
         inventory=inventory,
         namespace_labels=labels,
         usage=usage,
-        templates=Layered(view.templates, raw_templates) if raw_templates else view.templates,
+        templates=_over(view.templates, raw_templates),
         overlay_version=version,
     )
 
