@@ -163,3 +163,40 @@ def test_shared_index_gives_the_same_findings_as_a_copied_one(monkeypatch: pytes
     slow = [evaluate([o], policies, inv, ctx).findings for o in objs]
     assert fast == slow and any(fast)
     assert evaluate_mod.MAX_DEPTH == 100
+
+
+def test_today_follows_the_local_date_across_midnight(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime as dt
+    import time
+
+    assert admission._today() == dt.date.today()
+    day = dt.date(2031, 3, 14)
+    midnight = dt.datetime.combine(day + dt.timedelta(days=1), dt.time()).timestamp()
+    for at, want in (
+        (midnight - 0.001, day),
+        (midnight, day + dt.timedelta(days=1)),
+        (midnight - 3600, day),  # the clock stepped back: the remembered day is not reused
+    ):
+        monkeypatch.setattr(time, "time", lambda at=at: at)
+        assert admission._today() == want
+
+
+def test_gpu_equivalents_memo_is_per_calculator() -> None:
+    """Two inventories that price a class differently never share a remembered value."""
+    from fractions import Fraction
+
+    from webhook.engine.quota import QuotaCalculator
+    from webhook.engine.rules import quota as quota_rule
+
+    classes = _docs("deviceclasses.yaml")
+    names = [c["metadata"]["name"] for c in classes]
+    mig = next(n for n in names if "mig" in n)
+    full = Inventory.from_objects(classes)
+    a, b = QuotaCalculator(full), QuotaCalculator(Inventory.from_objects(classes))
+    demand = {mig: 2}
+    want = a.gpu_equivalents(demand)
+    assert want != Fraction(2)  # a MIG slice counts a fraction of a GPU
+    b._fractions[mig] = Fraction(1)  # b prices the class as a whole GPU
+    assert quota_rule._gpu_equivalents(a, demand) == want
+    assert quota_rule._gpu_equivalents(b, demand) == Fraction(2)
+    assert quota_rule._gpu_equivalents(a, demand) == want

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from webhook.dra.objects import as_str
-from webhook.dra.workloads import command_line, containers_of, pod_annotations, pod_labels, pod_spec_of
+from webhook.dra.objects import as_list, as_str
+from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
 from webhook.engine.context import SourceObject
 from webhook.engine.findings import Finding
 from webhook.engine.resolve import PodClaim, requested_classes
@@ -19,16 +19,20 @@ def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     found = pod_spec_of(obj)
     if found is None:
         return None
-    pp, spec = found
+    _pp, spec = found
     images: list[str] = []
     tokens: list[str] = []
-    for c in containers_of(pp, spec):
-        img = as_str(c.container.get("image"))
-        if img:
-            images.append(img)
-        for arg in command_line(c.container):
-            # "python -m vllm.entrypoints..." and "bash -c 'torchrun ...'" both carry the tool as a word.
-            tokens.extend(arg.split())
+    # initContainers then containers, as containers_of() orders them (without building pointers).
+    for key in ("initContainers", "containers"):
+        for c in as_list(spec.get(key)):
+            if not isinstance(c, Mapping):
+                continue
+            img = as_str(c.get("image"))
+            if img:
+                images.append(img)
+            for arg in command_line(c):
+                # "python -m vllm.entrypoints..." and "bash -c 'torchrun ...'" both carry the tool as a word.
+                tokens.extend(arg.split())
     return WorkloadFacts(pod_labels(obj), pod_annotations(obj), tuple(images), tuple(tokens))
 
 
