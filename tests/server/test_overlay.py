@@ -249,6 +249,9 @@ async def test_template_admitted_then_deployment_denied_before_the_watch_has_it(
         denied = await h.deploy("llm-a100")
         assert denied["allowed"] is False and "[tier/gpu-tiers]" in denied["status"]["message"]
         assert A100 in denied["status"]["message"]
+        # The mutating path's "template already exists" map stays the watch's: an admitted template
+        # may yet be rejected, and a migration patch must not point at one that is absent.
+        assert ("team-a", "llm-a100") not in h.wh.snapshot.templates
         # The watch catches up: its object takes over, the verdict stays.
         h.watch_delivers("resourceclaimtemplates", t)
         assert len(h.rb.overlay) == 0

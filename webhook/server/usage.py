@@ -247,7 +247,9 @@ def apply_overlay(
 
     When no DeviceClass changes, the new inventory shares the old one's memo (class matches, per-node
     capacity), whose entries depend only on devices and classes. New claims add their charge to
-    the quota usage; namespaces bring their labels.
+    the quota usage; namespaces bring their labels. `view.templates` (which migration templates
+    already exist, so the mutating path skips creating them) stays the watch's alone: an admitted
+    template may still have been rejected later, and a patch must not point at one that is absent.
     """
     if not live:
         return view if view.overlay_version == version else replace(view, overlay_version=version)
@@ -270,12 +272,10 @@ def apply_overlay(
             if key not in inv.claims:
                 new_claims.append(e)
     templates: dict[tuple[str, str], ClaimRecord] = {}
-    raw_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
     for key, e in (live.get("resourceclaimtemplates") or {}).items():
         rec = _record_of(e)
         if rec is not None:
             templates[key] = rec
-            raw_templates[key] = e.obj
     labels: Mapping[str, Mapping[str, str]] = view.namespace_labels
     ns_entries = live.get("namespaces") or {}
     if ns_entries:
@@ -303,7 +303,6 @@ def apply_overlay(
         inventory=inventory,
         namespace_labels=labels,
         usage=usage,
-        templates=_over(view.templates, raw_templates),
         overlay_version=version,
     )
 
