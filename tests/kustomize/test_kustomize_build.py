@@ -74,6 +74,8 @@ def test_namespaced_objects_live_in_draguard_system(overlay: str) -> None:
             "DeviceClass",
             "MutatingWebhookConfiguration",
             "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         }:
             assert "namespace" not in o["metadata"], o["metadata"]
         else:
