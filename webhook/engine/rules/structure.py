@@ -145,7 +145,8 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
     resolved = {pc.name: pc for pc in rc.pod_claims(item)}
     for n, ptr in used:
         pc = resolved.get(n)
-        req = as_str(as_map(_at(item.obj, ptr)).get("request"))
+        # From the pod spec, not the root: `ptr` starts with the pod spec's pointer `pp`.
+        req = as_str(as_map(_at(spec, ptr[len(pp):])).get("request"))
         if pc is None or pc.spec is None or not req:
             continue
         if pc.spec.request(req.split("/", 1)[0]) is None:
