@@ -200,3 +200,24 @@ def test_gpu_equivalents_memo_is_per_calculator() -> None:
     assert quota_rule._gpu_equivalents(a, demand) == want
     assert quota_rule._gpu_equivalents(b, demand) == Fraction(2)
     assert quota_rule._gpu_equivalents(a, demand) == want
+
+
+@pytest.mark.parametrize(
+    ("request_name", "warned"), [("mig-gpu", False), ("mig-gpu/sub", False), ("nope", True)]
+)
+def test_container_claim_request_names_are_checked(request_name: str, warned: bool) -> None:
+    """structure/undeclared-claim reads a container's `request` (now from the pod spec): a request
+    the template lacks warns, an existing one (or its subrequest) does not."""
+    docs = _docs("inference-deployment.yaml")
+    dep = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"))
+    ref = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["claims"][0]
+    ref["request"] = request_name
+    inv = Inventory.from_objects(_docs("deviceclasses.yaml") + docs)
+    report = evaluate([SourceObject(dep)], load_policies(ROOT / "policies"), inv,
+                      Context(default_namespace="ml-workloads"), rule_modules=("structure",))
+    hits = [
+        f for f in report.findings if f.rule == "structure/undeclared-claim" and "names request" in f.message
+    ]
+    assert bool(hits) is warned
+    if warned:
+        assert "'nope'" in hits[0].message and "mig-gpu" in hits[0].message
