@@ -12,6 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from webhook.certs import generate_ca
+
 # Short-lived dev clusters: a year is plenty and never expires mid-run.
 VALIDITY = dt.timedelta(days=365)
 
@@ -48,38 +50,12 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
 
 
 def make_ca(directory: Path, cn: str) -> KeyPair:
-    """Create a self-signed CA in `directory` as <cn-slug>-ca.crt/.key."""
-    key = _key()
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    """A self-signed CA in `directory` as <cn>.crt/.key: the CA profile `draguard certs` issues."""
+    cert, key = generate_ca(cn, days=VALIDITY.days)
     pair = KeyPair(directory / f"{cn}.crt", directory / f"{cn}.key")
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(key, pair.key)
+    pair.cert.write_bytes(cert)
+    pair.key.write_bytes(key)
+    pair.key.chmod(0o600)
     return pair
 
 
