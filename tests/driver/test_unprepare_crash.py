@@ -8,63 +8,30 @@ A re-prepare must answer with CDI ids that the spec on disk actually defines.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from driver_helpers import InMemoryClaims, Kubelet, make_claim, make_state
+from driver_helpers import InMemoryClaims, make_claim, make_state
 
 from driver.checkpoint import PREPARE_COMPLETED, Checkpoint
-from driver.state import CRASH_ENV, ClaimRef
+from driver.state import ClaimRef
+from tests.reliability.plugin_process import Plugin as PluginProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "tests" / "reliability" / "plugin_runner.py"  # the plugin with the driver's own env fault
 
 KEEP = make_claim("keep", "uid-keep", [("gpu", "gpu-0")])
 VICTIM = make_claim("victim", "uid-victim", [("gpu", "gpu-1"), ("gpu", "gpu-2")])
 UNPREPARE_POINTS = ("before-unprepare", "after-unprepare-checkpoint", "after-cdi-removed")
 
 
-class Plugin:
-    """The real plugin (gRPC over unix sockets, real files) as a child process that can be killed."""
+class Plugin(PluginProcess):
+    """The real plugin (gRPC over unix sockets, real files) with the two claims these tests use."""
 
     def __init__(self, base: Path) -> None:
-        self.base = base
-        self.proc: subprocess.Popen[str] | None = None
-        (base / "claims.json").write_text(json.dumps([KEEP, VICTIM]))
-
-    def start(self, crash_at: str | None = None) -> dict[str, Any]:
-        env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-        if crash_at:
-            env[CRASH_ENV] = crash_at
-        self.proc = subprocess.Popen(
-            [sys.executable, str(RUNNER), str(self.base)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"plugin did not start: {err[-2000:]}")
-        return dict(json.loads(line))
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-    async def kubelet(self) -> Kubelet:
-        k = Kubelet(self.base / "registry" / "gpu.nvidia.com-reg.sock")
-        await k.register()
-        return k
+        super().__init__(base)
+        self.claims(KEEP, VICTIM)
 
 
 @pytest.fixture
