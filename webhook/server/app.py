@@ -151,6 +151,12 @@ class Webhook:
                 extra={"path": str(self.opts.policies), "reason": str(e)},
             )
             return False
+        if not first:
+            from webhook.server.usage import warm
+
+            # Runs off the loop (see _policy_loop): the first review under the new set does not pay
+            # for its set-up (CEL programs, per-policy class matches).
+            warm(self.snapshot.inventory, policies)
         self.snapshot = replace(self.snapshot, policies=policies, generation=self.snapshot.generation + 1)
         self.policies_loaded = True
         self.metrics.policy_reloads.inc()

@@ -134,11 +134,37 @@ def _class_of_result(rec: ClaimRecord | None, request: str) -> str | None:
     return req.device_class
 
 
-def warm(inventory: Inventory, policies: Any) -> None:
+_REPLAYED_SELECTORS = 16  # bounds the rebuild's extra work: each is one pass over the devices
+
+
+def seen_selectors(previous: Inventory | None, inventory: Inventory) -> list[tuple[str, tuple[str, ...]]]:
+    """(class, request selectors) pairs whose device matches `previous` memoised, most recent last,
+    named against `inventory`'s classes: what recent claims asked for, to match again in `warm`."""
+    if previous is None:
+        return []
+    prefixes = sorted(
+        ((tuple(s.expression for s in spec.selectors), name) for name, spec in inventory.classes.items()),
+        key=lambda p: -len(p[0]),
+    )
+    out: list[tuple[str, tuple[str, ...]]] = []
+    # The engine memoises a claim's match under ("match", class selectors + request selectors).
+    for key in list(previous._memo):
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] == "match" and isinstance(key[1], tuple)):
+            continue
+        exprs: tuple[str, ...] = key[1]
+        for cls_exprs, name in prefixes:  # longest class prefix first
+            if len(exprs) > len(cls_exprs) and exprs[: len(cls_exprs)] == cls_exprs:
+                out.append((name, exprs[len(cls_exprs) :]))
+                break
+    return out[-_REPLAYED_SELECTORS:]
+
+
+def warm(inventory: Inventory, policies: Any, selectors: Iterable[tuple[str, tuple[str, ...]]] = ()) -> None:
     """Evaluate a few representative objects against a fresh inventory before it is published: one
-    claim and the class itself per DeviceClass, and a legacy GPU pod. The CEL environment, the
-    rule modules and the engine's per-inventory memos (class matches, per-node capacity) are then
-    ready here, in the background, and not paid for by the first admission request."""
+    claim and the class itself per DeviceClass, a legacy GPU pod, and one claim per (class, request
+    selectors) in `selectors`. The CEL environment, the rule modules and the engine's per-inventory
+    memos (class matches, per-node capacity) are then ready here, in the background, and not paid
+    for by the first admission request."""
     if policies is None:
         return
     from webhook.engine.context import Context, SourceObject
@@ -171,6 +197,16 @@ def warm(inventory: Inventory, policies: Any) -> None:
                 "kind": "DeviceClass",
                 "metadata": {"name": name},
                 "spec": {"selectors": [{"cel": {"expression": sel.expression}} for sel in spec.selectors]},
+            }
+        )
+    for name, exprs in selectors:
+        request = {"deviceClassName": name, "selectors": [{"cel": {"expression": e}} for e in exprs]}
+        objs.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "draguard-warmup", "namespace": "draguard-warmup"},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": request}]}},
             }
         )
     for obj in objs:
@@ -389,7 +425,8 @@ class Rebuilder:
                 claims=MappingProxyType(claims),
                 templates=MappingProxyType(templates),
             )
-            warm(inventory, self.policies())
+            # Also match again what recent claims selected, so their next review does not pay.
+            warm(inventory, self.policies(), seen_selectors(self._inventory, inventory))
             self._inventory = inventory
         labels: dict[str, Mapping[str, str]] = {}
         for ns in c.objects("namespaces"):
