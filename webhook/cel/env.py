@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from webhook.cel import _native
+from webhook.cel import _native, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -132,12 +132,18 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
         if "recursion" in exc.message.lower():
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
-            return CelIssue(
-                "cel/limits", Severity.WARNING,
-                f"expression nests more than 32 levels deep; draguard's CEL runtime cannot check it "
-                f"({exc.message.splitlines()[0]})",
-                "remove redundant parentheses, or split long `+` chains / conditions over several selectors",
+            nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
+            if nested is not None:
+                return nested
+            return _error(
+                "cel/limits",
+                f"expression nests {unsupported.max_depth(expression)} levels deep; the API server's CEL "
+                f"parser allows at most {unsupported.PARSER_NESTING} (draguard's runtime stops at 32 levels)",
+                "remove redundant parentheses, or split the condition over several selectors",
             )
+        missing = unsupported.classify(expression, exc.message)
+        if missing is not None:
+            return missing
         check = "cel/syntax" if "Syntax error" in exc.message else "cel/type"
         line, column = _location(exc.message)
         return _error(check, exc.message, "", line, column)
@@ -145,8 +151,9 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
         ast = decode_checked(native.serialized)
         analysis = analyse(ast)
     except RecursionError:
-        return _error("cel/limits", "expression is nested too deeply to analyse",
-                      "flatten the expression, e.g. split it over several selectors")
+        nested = unsupported.nesting_issue(expression, "too deep for draguard's analysis")
+        return nested or _error("cel/limits", "expression is nested too deeply to analyse",
+                                "flatten the expression, e.g. split it over several selectors")
     for name, node_id in analysis.unknown_fields:
         line, column = ast.location(node_id)
         return _error(

@@ -13,6 +13,7 @@ CHECKS = (
     "cel/no-match",
     "cel/limits",
     "cel/driver-guard",
+    "cel/unsupported",
 )
 
 

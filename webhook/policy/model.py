@@ -176,6 +176,7 @@ CEL_CHECKS: tuple[str, ...] = (
     "cel/no-match",
     "cel/limits",
     "cel/driver-guard",
+    "cel/unsupported",
 )
 
 

@@ -77,6 +77,9 @@ def _lint(
             if setting is None:
                 continue
             mode = setting.mode or policy.mode
+            if issue.check == "cel/unsupported" and issue.check not in policy.checks:
+                # The API server accepts these selectors: only an explicit setting may deny them.
+                mode = Mode.WARN if mode is Mode.ENFORCE else mode
             base = rc.finding(
                 item, issue.check, _severity(setting.severity, issue.severity), mode,
                 f"{dotted(sel.pointer)}: {issue.message}", fix=issue.fix, pointer=sel.pointer,

@@ -49,6 +49,7 @@ RULE_HELP: dict[str, str] = {
     "cel/no-match": "A CEL selector matches no device of the inventory: the claim would stay pending.",
     "cel/limits": "A CEL selector exceeds the API server's cost or length limits.",
     "cel/driver-guard": "A selector reads a driver's attributes without checking `device.driver` first.",
+    "cel/unsupported": "A selector uses CEL the API server accepts but draguard's runtime cannot check.",
     "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
     "`draguard migrate` rewrites it to a DRA claim.",
     "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",

@@ -1,0 +1,146 @@
+"""Recognise compile failures that are draguard's runtime's limits, not the API server's.
+
+`cel_expr_python` lacks some syntax and library functions the Kubernetes CEL environment has
+(see the base environment in `k8s.io/apiserver/pkg/cel/environment/base.go`). A selector using
+them is valid for the API server, so draguard must not report it as a syntax or type error; it
+reports `cel/unsupported` (a warning) and leaves the check to the API server.
+"""
+
+from __future__ import annotations
+
+import re
+
+from webhook.cel.issues import CelIssue
+from webhook.engine.findings import Severity
+
+CHECK = "cel/unsupported"
+
+# Release that introduced each library in the Kubernetes base CEL environment. Libraries there
+# since "1.0" are given as 1.31, the first release with DRA selectors. Only libraries the DRA
+# environment inherits and draguard does not declare.
+_BASE = "1.31"
+KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
+    # k8s Regex library
+    "find": ("the Kubernetes regex library (find)", _BASE),
+    "findAll": ("the Kubernetes regex library (findAll)", _BASE),
+    # k8s URLs library
+    **{name: ("the Kubernetes URL library", _BASE) for name in (
+        "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
+    )},
+    # k8s Lists library (indexOf/lastIndexOf on lists: see _LIST_OVERLOAD)
+    **{name: ("the Kubernetes lists library", _BASE) for name in ("isSorted", "sum", "min", "max")},
+    # cel-go ext.Sets
+    **{name: ("the CEL sets extension", "1.29") for name in ("sets", "equivalent", "intersects")},
+    # k8s IP and CIDR libraries
+    **{name: ("the Kubernetes IP/CIDR library", "1.30") for name in (
+        "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
+        "isLinkLocalUnicast", "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR",
+        "masked", "prefixLength",
+    )},
+    # cel-go ext.Lists v3. Not `reverse`: on a string it is strings v3, which Kubernetes lacks, and
+    # the runtime's error does not say which receiver it had.
+    **{name: ("the CEL lists extension", "1.34") for name in (
+        "lists", "range", "distinct", "flatten", "slice", "sort", "sortBy",
+    )},
+}
+"""Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
+
+# `sets.contains(...)` also reports `contains`, which only exists here as part of that namespace.
+_NAMESPACED = {"contains": "sets"}
+
+TWO_VARIABLE_MACROS = ("all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry")
+_TWO_VAR = re.compile(
+    r"\.\s*(" + "|".join(TWO_VARIABLE_MACROS) + r")\s*\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*,"
+)
+_ERROR = re.compile(r"^ERROR: <input>:\d+:\d+: (.*)$", re.MULTILINE)
+_UNDECLARED = re.compile(r"^undeclared reference to '([^']+)'")
+_LIST_OVERLOAD = re.compile(r"^found no matching overload for '(indexOf|lastIndexOf)' applied to '\(list\(")
+
+RUNTIME_NESTING = 32
+"""The native runtime's nesting limit (33 parentheses, a 33-term `+` chain, ...)."""
+PARSER_NESTING = 250
+"""cel-go's parser recursion limit (its default), which the API server keeps: deeper is refused there too."""
+
+
+def issue(feature: str, version: str, fix: str = "") -> CelIssue:
+    """The warning for a selector draguard cannot check but the API server accepts."""
+    return CelIssue(
+        CHECK, Severity.WARNING,
+        f"draguard cannot evaluate this selector (uses {feature}, which Kubernetes supports from "
+        f"{version}); it is checked by the API server only",
+        fix or "nothing to change if your cluster runs that release; draguard skips its other checks",
+    )
+
+
+def classify(expression: str, message: str) -> CelIssue | None:
+    """A `cel/unsupported` issue when every error in `message` is explained by Kubernetes-only features.
+
+    Any other error (an undeclared name that is no Kubernetes function, a wrong argument type, a
+    syntax error) means the expression is wrong for the API server too: None.
+    """
+    errors = _ERROR.findall(message)
+    if not errors:
+        return None
+    macros = _TWO_VAR.findall(expression)
+    macro_names = {m[0] for m in macros}
+    loop_vars = {v for m in macros for v in m[1:]}
+    used: list[tuple[str, str]] = []
+    two_var = False
+    names = {u.group(1) for e in errors if (u := _UNDECLARED.match(e))}
+    for error in errors:
+        undeclared = _UNDECLARED.match(error)
+        if undeclared:
+            name = undeclared.group(1)
+            if name in loop_vars or name in macro_names:
+                two_var = True
+                continue
+            if name in KUBERNETES_FUNCTIONS:
+                used.append(KUBERNETES_FUNCTIONS[name])
+                continue
+            if _NAMESPACED.get(name) in names:
+                continue
+            return None
+        if _LIST_OVERLOAD.match(error):
+            used.append(("the Kubernetes lists library (indexOf/lastIndexOf on lists)", _BASE))
+            continue
+        return None
+    if two_var:
+        names_used = ", ".join(sorted(macro_names))
+        return issue(f"two-variable comprehensions ({names_used})", "1.32")
+    feature, version = used[0]
+    return issue(feature, version)
+
+
+def max_depth(expression: str) -> int:
+    """Deepest bracket nesting outside string literals (a lower bound of the parse depth)."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for ch in expression:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+    return deepest
+
+
+def nesting_issue(expression: str, detail: str) -> CelIssue | None:
+    """`cel/unsupported` for the runtime's nesting limit, unless the API server's parser refuses it too."""
+    if max_depth(expression) > PARSER_NESTING:
+        return None
+    return issue(
+        f"more than {RUNTIME_NESTING} levels of nesting ({detail})", _BASE,
+        "remove redundant parentheses, or split long `+` chains / conditions over several selectors, "
+        "so draguard can check it",
+    )
