@@ -47,6 +47,9 @@ POSITIVE = {
     "init container only": _pod(
         [{"name": "a"}], initContainers=[{"name": "i", "resources": {"limits": {GPU: "1"}}}]
     ),
+}
+# Objects already on DRA claims: /validate checks them, /mutate has nothing to rewrite in them.
+CLAIMS_ONLY = {
     "pod resourceClaims": _pod(
         [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}],
         resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}],
@@ -98,19 +101,23 @@ def test_match_conditions_select_exactly_gpu_objects(kind: str, hook: dict[str, 
     family = hook["name"].split(".")[0]
     conds = hook.get("matchConditions", [])
     if family == "dra":
-        assert conds == [], "resource.k8s.io objects always reach the webhook"
+        assert kind == "ValidatingWebhookConfiguration", "nothing in resource.k8s.io is ever patched"
+        assert conds == [], "resource.k8s.io objects always reach the validating webhook"
         return
     assert len(conds) == 1
     expr = ENV.compile(conds[0]["expression"])
     assert expr.return_type().name() == "BOOL"
+    mutating = kind == "MutatingWebhookConfiguration"
+    positive = POSITIVE if mutating else {**POSITIVE, **CLAIMS_ONLY}
+    negative = {**NEGATIVE, **CLAIMS_ONLY} if mutating else NEGATIVE
     for k in KINDS_OF[family]:
-        for label, spec in POSITIVE.items():
+        for label, spec in positive.items():
             obj = _wrap(k, copy.deepcopy(spec))
             assert _eval(expr, {"object": obj, "oldObject": None, "request": _request()}), f"{k}: {label}"
             assert _eval(expr, {"object": obj, "oldObject": obj, "request": _request("UPDATE")}), (
                 f"{k}: {label}"
             )
-        for label, spec in NEGATIVE.items():
+        for label, spec in negative.items():
             obj = _wrap(k, copy.deepcopy(spec))
             assert not _eval(expr, {"object": obj, "oldObject": None, "request": _request()}), f"{k}: {label}"
         # Shapes that must not error: DELETE (object null), missing spec/template, a different kind.
@@ -283,3 +290,49 @@ def test_deviceclass_file_mentions_no_seed_only_names() -> None:
     text = (REPO / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml").read_text()
     assert "gpu.nvidia.com/v1alpha1" not in text and "migProfile" not in text
     assert Path(REPO / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml").is_file()
+
+
+def test_every_object_mutate_would_patch_passes_the_mutating_condition() -> None:
+    """The narrowed /mutate conditions lose nothing: run the real engine in migration mode over every
+    shape, and wherever it returns a patch, the mutating webhook's condition must have let it through."""
+    import json
+
+    from tests.server.conftest import review as review_body
+    from tests.server.conftest import seed_inventory
+    from tests.server.objects import WORKLOADS
+    from webhook.policy.load import load_policies
+    from webhook.server import admission
+    from webhook.server.admission import Snapshot
+
+    snap = Snapshot(
+        policies=load_policies(REPO / "policies"),
+        inventory=seed_inventory(),
+        namespace_labels={"ml": {"draguard.io/migration-mode": "migrate"}},
+    )
+    hooks = {h["name"].split(".")[0]: h for kind, h in _hooks() if kind == "MutatingWebhookConfiguration"}
+    assert set(hooks) == {"pods", "workloads", "cronjobs"}
+    mixed = _pod(
+        [
+            {"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
+            {"name": "b", "resources": {"limits": {GPU: "1"}}},
+        ],
+        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}],
+    )
+    shapes = {**POSITIVE, **NEGATIVE, **CLAIMS_ONLY, "claims plus a legacy limit": mixed}
+    patched = 0
+    for family, hook in hooks.items():
+        expr = ENV.compile(hook["matchConditions"][0]["expression"])
+        for k in KINDS_OF[family]:
+            for label, spec in shapes.items():
+                obj = _wrap(k, copy.deepcopy(spec))
+                assert obj is not None
+                obj["metadata"]["namespace"] = "ml"
+                grp, ver = WORKLOADS[k]
+                obj["apiVersion"] = f"{grp}/{ver}" if grp else ver
+                body = json.dumps(review_body(obj, group=grp, version=ver, kind=k, namespace="ml")).encode()
+                out = admission.review("mutate", admission.parse_review(body), snap)
+                if out.patch:
+                    patched += 1
+                    assert _eval(expr, {"object": obj, "oldObject": None, "request": _request()}), (k, label)
+    # Legacy limits on every kind were rewritten, so the check above had something to check.
+    assert patched >= 4 * (len(KINDS_OF["workloads"]) + 2), patched

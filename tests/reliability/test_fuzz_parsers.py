@@ -9,6 +9,7 @@ the time is spent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -75,10 +76,22 @@ def run_property(prop: Callable[..., None], strategy: Any) -> None:
     if not SOAK:
         given(strategy)(settings(max_examples=EXAMPLES, **fast)(prop))()  # type: ignore[arg-type]
         return
-    end = time.monotonic() + MINUTES * 60
-    test = given(strategy)(settings(max_examples=2000, **fast)(prop))  # type: ignore[arg-type]
+    count = 0
+
+    @functools.wraps(prop)  # @given reads the property's signature
+    def counted(*args: Any, **kwargs: Any) -> None:
+        nonlocal count
+        count += 1
+        prop(*args, **kwargs)
+
+    start = time.monotonic()
+    end = start + MINUTES * 60
+    test = given(strategy)(settings(max_examples=2000, **fast)(counted))  # type: ignore[arg-type]
     while time.monotonic() < end:
         test()  # each round draws fresh examples (no database, not derandomized)
+    # The soak's figure for docs/reliability.md (visible with pytest -s).
+    test_id = os.environ.get("PYTEST_CURRENT_TEST", prop.__qualname__).split(" ")[0]
+    print(f"\nsoak {test_id}: {count} examples in {time.monotonic() - start:.0f} s, no failure")
 
 
 def _quick(fn: Callable[[], Any]) -> Any:

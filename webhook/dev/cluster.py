@@ -894,7 +894,8 @@ def generated_webhook_configs(port: int, ca_bundle: str) -> list[dict[str, Any]]
         return {
             "name": name,
             "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
-            "rules": rules,
+            # /mutate only rewrites workloads' device-plugin requests; resource.k8s.io is never patched.
+            "rules": rules[:2] if path == "/mutate" else rules,
             "namespaceSelector": ns_selector,
             "failurePolicy": policy,
             "sideEffects": "None",
