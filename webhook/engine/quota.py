@@ -207,6 +207,80 @@ def scopes_of(namespace: str, namespace_labels: Mapping[str, Mapping[str, str]],
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimCharge:
+    """What one ResourceClaim charges: devices per DeviceClass and GPU-equivalents, in its namespace."""
+
+    namespace: str
+    devices: Mapping[str, int]
+    gpu_equivalents: Fraction
+    # (numerator, denominator) of gpu_equivalents: summing thousands of charges hashes these, and
+    # hashing a tuple of ints is far cheaper than hashing a Fraction.
+    gpu_key: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        ge = self.gpu_equivalents
+        object.__setattr__(self, "gpu_key", (ge.numerator, ge.denominator))
+
+
+def charge_of(namespace: str, spec: ClaimSpec, calc: QuotaCalculator) -> ClaimCharge:
+    """The charge of one claim spec. Depends on the claim and on the calculator's devices and
+    classes only, so a caller may keep it for as long as both are unchanged."""
+    demand = calc.claim_demand(spec)
+    ge = calc.gpu_equivalents(demand)
+    return ClaimCharge(namespace or "default", demand, ge)
+
+
+def claim_charge(obj: Mapping[str, Any], calc: QuotaCalculator) -> ClaimCharge | None:
+    """The charge of a ResourceClaim object (as cached by the server); None for anything else."""
+    if not isinstance(obj, Mapping) or obj.get("kind") not in (None, "ResourceClaim"):
+        return None
+    # Items of a raw API list carry no apiVersion/kind: they are v1 ResourceClaims.
+    read = claim_spec_of(
+        {**obj, "kind": "ResourceClaim", "apiVersion": obj.get("apiVersion") or "resource.k8s.io/v1"}
+    )
+    if read is None:
+        return None
+    return charge_of(as_str(as_map(obj.get("metadata")).get("namespace")) or "default", read[0], calc)
+
+
+def team_labels_of(policies: PolicySet | None) -> list[str]:
+    """The namespace labels that name a team: each GpuQuotaPolicy's team label, else the default."""
+    return sorted({p.team_label for p in policies.quota} if policies else set()) or [TEAM_LABEL]
+
+
+def usage_from_charges(
+    charges: Iterable[ClaimCharge],
+    namespace_labels: Mapping[str, Mapping[str, str]],
+    team_labels: Iterable[str] = (TEAM_LABEL,),
+) -> QuotaUsage:
+    """Sum claim charges per namespace, then per team (a namespace's team label)."""
+    # Per namespace first: one addition per claim, whatever the number of scopes it counts toward;
+    # GPU-equivalents are counted per distinct fraction, since Fraction arithmetic is slow.
+    ns_devices: dict[str, dict[str, int]] = {}
+    ns_fracs: dict[str, dict[tuple[int, int], int]] = {}
+    ns_count: dict[str, int] = {}
+    for c in charges:
+        devs = ns_devices.setdefault(c.namespace, {})
+        for cls, n in c.devices.items():
+            devs[cls] = devs.get(cls, 0) + n
+        fr = ns_fracs.setdefault(c.namespace, {})
+        fr[c.gpu_key] = fr.get(c.gpu_key, 0) + 1
+        ns_count[c.namespace] = ns_count.get(c.namespace, 0) + 1
+    labels_keys = tuple(team_labels)
+    devices: dict[tuple[str, str], int] = {}
+    geq: dict[str, Fraction] = {}
+    count: dict[str, int] = {}
+    for ns, n_claims in ns_count.items():
+        ns_geq = sum((Fraction(num * k, den) for (num, den), k in ns_fracs[ns].items()), Fraction(0))
+        for scope in scopes_of(ns, namespace_labels, labels_keys):
+            for cls, n in ns_devices[ns].items():
+                devices[(scope, cls)] = devices.get((scope, cls), 0) + n
+            geq[scope] = geq.get(scope, Fraction(0)) + ns_geq
+            count[scope] = count.get(scope, 0) + n_claims
+    return QuotaUsage(devices=devices, gpu_equivalents={k: float(v) for k, v in geq.items()}, claims=count)
+
+
 def compute_usage(
     claims: Iterable[Mapping[str, Any]],
     namespace_labels: Mapping[str, Mapping[str, str]],
@@ -218,29 +292,11 @@ def compute_usage(
     Every existing claim counts, allocated or not, like a ResourceQuota does. Teams are read from
     the team label of each GpuQuotaPolicy (default `draguard.io/team`).
     """
-    team_labels = sorted({p.team_label for p in policies.quota} if policies else set()) or [TEAM_LABEL]
     calc = QuotaCalculator(inventory or Inventory.empty())
-    devices: dict[tuple[str, str], int] = {}
-    geq: dict[str, Fraction] = {}
-    count: dict[str, int] = {}
-    for obj in claims:
-        if not isinstance(obj, Mapping) or obj.get("kind") not in (None, "ResourceClaim"):
-            continue
-        # Items of a raw API list carry no apiVersion/kind: they are v1 ResourceClaims.
-        read = claim_spec_of(
-            {**obj, "kind": "ResourceClaim", "apiVersion": obj.get("apiVersion") or "resource.k8s.io/v1"}
-        )
-        if read is None:
-            continue
-        ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
-        demand = calc.claim_demand(read[0])
-        ge = calc.gpu_equivalents(demand)
-        for scope in scopes_of(ns, namespace_labels, team_labels):
-            for cls, n in demand.items():
-                devices[(scope, cls)] = devices.get((scope, cls), 0) + n
-            geq[scope] = geq.get(scope, Fraction(0)) + ge
-            count[scope] = count.get(scope, 0) + 1
-    return QuotaUsage(devices=devices, gpu_equivalents={k: float(v) for k, v in geq.items()}, claims=count)
+    charges = (claim_charge(obj, calc) for obj in claims)
+    return usage_from_charges(
+        (c for c in charges if c is not None), namespace_labels, team_labels_of(policies)
+    )
 
 
 def _is_glob(text: str) -> bool:

@@ -19,6 +19,7 @@ from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
 from webhook.dra.objects import DeviceClassSpec, read_device_class, read_slice_devices
 from webhook.engine.context import QuotaUsage
+from webhook.engine.quota import ClaimCharge, QuotaCalculator, charge_of, team_labels_of, usage_from_charges
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import DraStats, Metrics
 from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key
@@ -375,6 +376,9 @@ class Rebuilder:
         self.thread = threading.Thread(target=self._run, name="cache-rebuild", daemon=True)
         self.view = CacheView()
         self._inventory: Inventory | None = None
+        # Quota charge per claim, valid while devices and classes are unchanged (see _charges_of).
+        self._calc: QuotaCalculator | None = None
+        self._charges: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}
 
     def start(self) -> None:
         self.thread.start()
@@ -416,8 +420,21 @@ class Rebuilder:
             (r.namespace, r.name): r for r in self._templates.update(tmpl_objs).values() if r is not None
         }
         parsed = (self._slices, self._classes, self._claims, self._templates)
-        if self._inventory is not None and not any(p.changed for p in parsed):
-            inventory = self._inventory  # same facts: keep the object and what it has memoised
+        devices_changed = self._slices.changed or self._classes.changed
+        previous = self._inventory
+        if previous is not None and not any(p.changed for p in parsed):
+            inventory = previous  # same facts: keep the object and what it has memoised
+        elif previous is not None and not devices_changed:
+            # Only claims or templates changed (a stream of pod creates): everything the engine
+            # memoises on an inventory (class matches, per-node capacity, lint results) depends on
+            # devices and classes alone, so the new inventory keeps the old memo and needs no warm-up.
+            inventory = Inventory(
+                devices=previous.devices,
+                classes=previous.classes,
+                claims=MappingProxyType(claims),
+                templates=MappingProxyType(templates),
+            )
+            object.__setattr__(inventory, "_memo", previous._memo)
         else:
             inventory = Inventory(
                 devices=tuple(devices),
@@ -426,15 +443,15 @@ class Rebuilder:
                 templates=MappingProxyType(templates),
             )
             # Also match again what recent claims selected, so their next review does not pay.
-            warm(inventory, self.policies(), seen_selectors(self._inventory, inventory))
-            self._inventory = inventory
+            warm(inventory, self.policies(), seen_selectors(previous, inventory))
+        self._inventory = inventory
         labels: dict[str, Mapping[str, str]] = {}
         for ns in c.objects("namespaces"):
             meta = ns.get("metadata") or {}
             labels[str(meta.get("name"))] = MappingProxyType(dict(meta.get("labels") or {}))
-        from webhook.engine.quota import compute_usage
-
-        usage = compute_usage(claim_objs, labels, self.policies(), inventory)
+        usage = usage_from_charges(
+            self._charges_of(claims, inventory, devices_changed), labels, team_labels_of(self.policies())
+        )
         tmpl_map = {_key(o): o for o in tmpl_objs}
         return CacheView(
             inventory=inventory,
@@ -444,6 +461,24 @@ class Rebuilder:
             stats=dra_stats(inventory, claim_objs),
             quotas=len(c.objects("resourcequotas")),
         )
+
+    def _charges_of(
+        self, claims: Mapping[tuple[str, str], ClaimRecord], inventory: Inventory, devices_changed: bool
+    ) -> list[ClaimCharge]:
+        """Each claim's quota charge, computed again only for claims that changed (or all of them
+        when devices or classes did): the rebuild after one new claim among thousands stays cheap."""
+        if devices_changed or self._calc is None:
+            self._calc = QuotaCalculator(inventory)
+            self._charges = {}
+        calc, old = self._calc, self._charges
+        fresh: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}
+        for key, rec in claims.items():
+            hit = old.get(key)
+            if hit is None or hit[0] is not rec:
+                hit = (rec, charge_of(rec.namespace, rec.spec, calc))
+            fresh[key] = hit
+        self._charges = fresh
+        return [c for _rec, c in fresh.values()]
 
     def admitted(self, request: Mapping[str, Any], outcome: Any) -> CacheView | None:
         """Called by the validating endpoint after each review (on the event loop): an allowed,

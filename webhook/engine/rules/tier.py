@@ -44,16 +44,13 @@ def _claim_label(pc: PodClaim) -> str:
     return "its inline claim"
 
 
-def check_policy(item: SourceObject, rc: RuleContext, policy: GpuTierPolicy) -> Iterator[Finding]:
-    ns = rc.namespace(item) or rc.ctx.default_namespace
-    if not policy.scope.applies(ns, rc.namespace_labels(ns)):
-        return
-    claims = [pc for pc in rc.pod_claims(item) if pc.spec is not None]
-    if not claims:
-        return
-    facts = workload_facts(item.obj)
-    if facts is None:
-        return
+def check_policy(
+    item: SourceObject,
+    rc: RuleContext,
+    policy: GpuTierPolicy,
+    claims: list[PodClaim],
+    facts: WorkloadFacts,
+) -> Iterator[Finding]:
     cls = policy.classify(facts)
     if cls is None:
         return
@@ -95,8 +92,21 @@ def check_policy(item: SourceObject, rc: RuleContext, policy: GpuTierPolicy) -> 
 
 
 def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    if not rc.policies.tier:
+        return
+    # What the object is (its claims, its workload facts) is worked out once, not once per policy:
+    # with hundreds of tier policies this loop is the request path's linear part.
+    claims = [pc for pc in rc.pod_claims(item) if pc.spec is not None]
+    if not claims:
+        return
+    facts = workload_facts(item.obj)
+    if facts is None:
+        return
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(ns)
     for policy in rc.policies.tier:
-        yield from check_policy(item, rc, policy)
+        if policy.scope.applies(ns, labels):
+            yield from check_policy(item, rc, policy, claims, facts)
 
 
 RULES = (FunctionRule("tier/", check),)
