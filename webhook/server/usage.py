@@ -102,9 +102,9 @@ def dra_stats(inventory: Inventory, claims: Iterable[Mapping[str, Any]]) -> DraS
                 per_class[cls] = per_class.get(cls, 0) + 1
     available: dict[str, int] = {}
     if inventory.classes and inventory.devices:
-        from webhook.engine.quota import QuotaCalculator
-
-        calc = QuotaCalculator(inventory)
+        # The calculator the quota rule keeps on the inventory: its class matches survive rebuilds
+        # that only saw claims change (the memo is carried over), so stats cost no CEL evaluation.
+        calc = inventory.cached(("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes))
         for name in inventory.classes:
             try:
                 devs = calc.matching(name) or []
@@ -468,7 +468,9 @@ class Rebuilder:
         """Each claim's quota charge, computed again only for claims that changed (or all of them
         when devices or classes did): the rebuild after one new claim among thousands stays cheap."""
         if devices_changed or self._calc is None:
-            self._calc = QuotaCalculator(inventory)
+            self._calc = inventory.cached(
+                ("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes)
+            )
             self._charges = {}
         calc, old = self._calc, self._charges
         fresh: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}
