@@ -117,9 +117,14 @@ class QuotaCalculator:
             return None
         exprs = tuple(s.expression for s in (*cls.selectors, *selectors))
         key = (class_name, exprs)
-        if key not in self._matches:
-            self._matches[key] = _match(exprs, self.inventory.devices)
-        return self._matches[key]
+        hit = self._matches.get(key)
+        if hit is None:
+            # Kept on the inventory too: every calculator over the same devices (and every inventory
+            # that shares this one's memo) reuses the CEL matching instead of evaluating it again.
+            devices = self.inventory.devices
+            hit = self.inventory.cached(("quota-match", exprs), lambda: _match(exprs, devices))
+            self._matches[key] = hit
+        return hit
 
     def per_node_max(self, class_name: str, selectors: Sequence[Selector] = ()) -> int | None:
         """Most devices of the class on one node (network-attached devices count as one node)."""
@@ -162,6 +167,13 @@ class QuotaCalculator:
         """
         if class_name in self._fractions:
             return self._fractions[class_name]
+        cls = self.class_spec(class_name)
+        key = ("quota-fraction", class_name, tuple(s.expression for s in cls.selectors) if cls else None)
+        result: Fraction = self.inventory.cached(key, lambda: self._class_fraction(class_name))
+        self._fractions[class_name] = result
+        return result
+
+    def _class_fraction(self, class_name: str) -> Fraction:
         frac: Fraction | None = None
         devs = self.matching(class_name)
         if devs:
@@ -177,9 +189,7 @@ class QuotaCalculator:
             m2 = _MIG_IN_NAME.search(class_name.lower())
             if m2:
                 frac = mig_fraction(f"{m2.group(1)}g.{m2.group(2)}gb")
-        result = frac if frac is not None else Fraction(1)
-        self._fractions[class_name] = result
-        return result
+        return frac if frac is not None else Fraction(1)
 
     def gpu_equivalents(self, demand: Mapping[str, int]) -> Fraction:
         return sum((self.class_fraction(c) * n for c, n in demand.items()), Fraction(0))

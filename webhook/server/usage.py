@@ -19,7 +19,14 @@ from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
 from webhook.dra.objects import DeviceClassSpec, read_device_class, read_slice_devices
 from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import ClaimCharge, QuotaCalculator, charge_of, team_labels_of, usage_from_charges
+from webhook.engine.quota import (
+    ClaimCharge,
+    QuotaCalculator,
+    charge_of,
+    claim_charge,
+    team_labels_of,
+    usage_from_charges,
+)
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import DraStats, Metrics
 from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key
@@ -254,7 +261,7 @@ def _record_of(e: Entry) -> ClaimRecord | None:
 def _charge_of(
     e: Entry, labels: Mapping[str, Mapping[str, str]], policies: Any, inventory: Inventory
 ) -> QuotaUsage:
-    """What one new claim adds to the quota usage: the engine's own `compute_usage` on it alone,
+    """What one new claim adds to the quota usage (the engine's own charge arithmetic on it alone),
     remembered while devices, classes, policies and its namespace's labels stay the same."""
     ns = e.key[0] or "default"
     ns_labels = dict(labels.get(ns) or {})
@@ -263,9 +270,13 @@ def _charge_of(
     if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)) and hit[1] == ns_labels:
         charge: QuotaUsage = hit[2]
         return charge
-    from webhook.engine.quota import compute_usage
-
-    charge = compute_usage([e.obj], {ns: ns_labels}, policies, inventory)
+    calc = inventory.cached(("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes))
+    try:
+        one = claim_charge(e.obj, calc)
+    except Exception as exc:  # unreadable: it charges nothing, like an unreadable cached claim
+        log.debug("overlay claim not charged", extra={"object": "/".join(e.key), "reason": str(exc)[:200]})
+        one = None
+    charge = usage_from_charges([one] if one else [], {ns: ns_labels}, team_labels_of(policies))
     e.memo["charge"] = (deps, ns_labels, charge)
     return charge
 
