@@ -275,6 +275,13 @@ def main() -> int:
                 handler.setdefault(ep, [0.0, 0.0])[part == "count"] += float(line.rsplit(" ", 1)[1])
     handler_ms = {ep: round(sc[0] / sc[1] * 1000, 2) for ep, sc in handler.items() if sc[1]}
     calls = {ep: int(sc[1]) for ep, sc in handler.items()}
+    # Background rebuilds from the watch caches share the process (and the GIL) with the handlers.
+    rebuild: dict[str, list[float]] = {}
+    for line in metrics_text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"draguard_cache_rebuild_duration_seconds_{part}{{"):
+                what = line.split('changed="', 1)[1].split('"', 1)[0]
+                rebuild.setdefault(what, [0.0, 0.0])[part == "count"] += float(line.rsplit(" ", 1)[1])
     print(f"Creates through kube-apiserver, one client, sequential; {args.blocks} alternating blocks; "
           f"every object requests a GPU through a claim template")  # fmt: skip
     print(
@@ -293,6 +300,10 @@ def main() -> int:
         print("webhook handler time, mean per request (its own histogram): "
               + ", ".join(f"/{ep} {ms:.2f} ms ({calls[ep]} calls)"
                           for ep, ms in sorted(handler_ms.items())))  # fmt: skip
+    if rebuild:
+        print("cache rebuilds in the webhook (CPU, by what changed): "
+              + ", ".join(f"{what} {int(n)} x {t / n * 1000:.1f} ms = {t:.2f} s"
+                          for what, (t, n) in sorted(rebuild.items()) if n))  # fmt: skip
     for arm, errs in errors.items():
         for e in errs[:5]:
             print(f"  {arm}: {e}")
@@ -308,6 +319,7 @@ def main() -> int:
                     "webhook_requests": served,
                     "handler_mean_ms": handler_ms,
                     "handler_calls": calls,
+                    "rebuilds": {w: {"count": int(n), "cpu_s": round(t, 3)} for w, (t, n) in rebuild.items()},
                 },
                 indent=2,
             )

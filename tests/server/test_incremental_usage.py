@@ -66,6 +66,7 @@ def test_incremental_usage_equals_a_full_recount(seed: int) -> None:
     for step in range(120):
         rv += 1
         op = rng.random()
+        expect = "claims"
         if op < 0.55 or not store:  # a new claim
             c = _claim(rng, step)
             c["metadata"]["resourceVersion"] = str(rv)
@@ -80,6 +81,7 @@ def test_incremental_usage_equals_a_full_recount(seed: int) -> None:
         elif op < 0.9:  # a claim deleted
             del store[rng.choice(sorted(store))]
         elif op < 0.95:  # a namespace joins or leaves a team
+            expect = "none"
             ns = rng.choice(NAMESPACES)
             labels = {"draguard.io/team": rng.choice(["ml", "vision"])} if rng.random() < 0.7 else {}
             ns_store[("", ns)] = {
@@ -88,10 +90,12 @@ def test_incremental_usage_equals_a_full_recount(seed: int) -> None:
                 "metadata": {"name": ns, "labels": labels, "resourceVersion": str(rv)},
             }
         else:  # more devices: All-mode charges and class matches change
+            expect = "devices"
             _bigger_node(h, rv)
         before = h.rb._inventory
         expected, view = _from_scratch(h)
         assert view.usage == expected, f"step {step}"
+        assert h.rb.last_change == expect, f"step {step}"
         if before is not None and view.inventory is not before:
             if before.devices is view.inventory.devices:
                 assert view.inventory._memo is before._memo

@@ -387,6 +387,7 @@ class Rebuilder:
         self.thread = threading.Thread(target=self._run, name="cache-rebuild", daemon=True)
         self.view = CacheView()
         self._inventory: Inventory | None = None
+        self.last_change = "none"  # what the last build_base saw change: devices | claims | none
         # Quota charge per claim, valid while devices and classes are unchanged (see _charges_of).
         self._calc: QuotaCalculator | None = None
         self._charges: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}
@@ -435,7 +436,9 @@ class Rebuilder:
         previous = self._inventory
         if previous is not None and not any(p.changed for p in parsed):
             inventory = previous  # same facts: keep the object and what it has memoised
+            self.last_change = "none"
         elif previous is not None and not devices_changed:
+            self.last_change = "claims"
             # Only claims or templates changed (a stream of pod creates): everything the engine
             # memoises on an inventory (class matches, per-node capacity, lint results) depends on
             # devices and classes alone, so the new inventory keeps the old memo and needs no warm-up.
@@ -455,6 +458,7 @@ class Rebuilder:
             )
             # Also match again what recent claims selected, so their next review does not pay.
             warm(inventory, self.policies(), seen_selectors(previous, inventory))
+            self.last_change = "devices"
         self._inventory = inventory
         labels: dict[str, Mapping[str, str]] = {}
         for ns in c.objects("namespaces"):
@@ -542,8 +546,9 @@ class Rebuilder:
             if not self.cache.synced:
                 continue
             try:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 view = self.build()
+                self.metrics.rebuild_duration.labels(self.last_change).observe(time.thread_time() - c0)
                 self.view = view
                 self.metrics.inventory_rebuilds.inc()
                 self.metrics.inventory_devices.set(len(view.inventory.devices))
