@@ -405,7 +405,10 @@ class Cached:
 
     def render(self, uid: str) -> tuple[Outcome, bytes]:
         out = replace(self.outcome, response={**self.outcome.response, "uid": uid})
-        return out, self.prefix + json.dumps(uid).encode() + self.suffix
+        return out, self.render_bytes(uid)
+
+    def render_bytes(self, uid: str) -> bytes:
+        return self.prefix + json.dumps(uid).encode() + self.suffix
 
 
 def serialise(outcome: Outcome) -> bytes:
@@ -446,14 +449,18 @@ class ReviewCache:
         self.hits += 1
         return hit
 
-    def put(self, key: tuple[str, int, str, bytes], outcome: Outcome) -> None:
+    def put(self, key: tuple[str, int, str, bytes], outcome: Outcome) -> Cached | None:
+        """Store the outcome; returns the entry (None when not cached), whose `render_bytes(uid)`
+        is the serialised response for that uid."""
         if outcome.verdict == "error":
-            return  # an internal error may be transient; evaluate again next time
+            return None  # an internal error may be transient; evaluate again next time
         tmpl = serialise(replace(outcome, response={**outcome.response, "uid": _UID_SENTINEL}))
         prefix, _, suffix = tmpl.partition(json.dumps(_UID_SENTINEL).encode())
-        self._data[key] = Cached(outcome, prefix, suffix)
+        entry = Cached(outcome, prefix, suffix)
+        self._data[key] = entry
         if len(self._data) > self.size:
             self._data.popitem(last=False)
+        return entry
 
     def __len__(self) -> int:
         return len(self._data)

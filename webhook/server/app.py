@@ -252,12 +252,13 @@ class Webhook:
             snap = self.snapshot
             cache = self.review_cache if snap.policies is not None else None
             peeked = admission.peek_uid(body) if cache is not None else None
-            if cache is not None and peeked:
-                hit = cache.get(admission.ReviewCache.key(endpoint, body, peeked, snap.generation))
+            key = admission.ReviewCache.key(endpoint, body, peeked, snap.generation) if peeked else None
+            if cache is not None and key is not None and peeked:
+                hit = cache.get(key)
                 if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
-                    outcome, payload = hit.render(peeked)
+                    outcome, hit_body = hit.render(peeked)
                     self._safe_account(endpoint, outcome, t0, cached=True)
-                    return web.Response(body=payload, content_type="application/json")
+                    return web.Response(body=hit_body, content_type="application/json")
             try:
                 request = admission.parse_review(body)
             except ReviewError as e:
@@ -271,14 +272,20 @@ class Webhook:
                 view = self.rebuilder.admitted(request, outcome)
                 if view is not None:
                     self.publish_view(view)
+            payload: bytes | None = None
             if cache is not None:
-                cache.put(
-                    admission.ReviewCache.key(endpoint, body, str(request["uid"]), snap.generation), outcome
-                )
+                uid = str(request["uid"])
+                if key is None or uid != peeked:
+                    key = admission.ReviewCache.key(endpoint, body, uid, snap.generation)
+                entry = cache.put(key, outcome)
+                if entry is not None and not outcome.generated:
+                    payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
             if outcome.generated and endpoint == "mutate":
                 outcome = await self._ensure_generated(outcome)
             self._safe_account(endpoint, outcome, t0, cached=False)
-            return web.Response(body=admission.serialise(outcome), content_type="application/json")
+            if payload is None:
+                payload = admission.serialise(outcome)
+            return web.Response(body=payload, content_type="application/json")
         finally:
             self.inflight -= 1
 
