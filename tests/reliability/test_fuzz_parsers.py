@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import os
 import time
@@ -91,7 +92,12 @@ def run_property(prop: Callable[..., None], strategy: Any) -> None:
         test()  # each round draws fresh examples (no database, not derandomized)
     # The soak's figure for docs/reliability.md (visible with pytest -s).
     test_id = os.environ.get("PYTEST_CURRENT_TEST", prop.__qualname__).split(" ")[0]
-    print(f"\nsoak {test_id}: {count} examples in {time.monotonic() - start:.0f} s, no failure")
+    blips = f"; {len(SLOW_FIRST)} first run(s) over {LIMIT_S:g} s, quick when rerun" if SLOW_FIRST else ""
+    print(f"\nsoak {test_id}: {count} examples in {time.monotonic() - start:.0f} s, no failure{blips}")
+    SLOW_FIRST.clear()
+
+
+SLOW_FIRST: list[float] = []  # first attempts over the limit that were quick when run again
 
 
 def _quick(fn: Callable[[], Any]) -> Any:
@@ -99,7 +105,15 @@ def _quick(fn: Callable[[], Any]) -> Any:
     t0 = time.process_time()
     out = fn()
     took = time.process_time() - t0
-    assert took < LIMIT_S, f"took {took:.2f} s"
+    if took >= LIMIT_S:
+        # A slow input is slow every time; a one-off pause is not the input's cost (a soak hour saw the
+        # unmodified 6 KB seed inventory take 1.02 s of CPU once, and milliseconds on the rerun).
+        gc.collect()
+        t0 = time.process_time()
+        out = fn()
+        again = time.process_time() - t0
+        assert again < LIMIT_S, f"took {took:.2f} s, and {again:.2f} s when run again"
+        SLOW_FIRST.append(took)
     return out
 
 
