@@ -158,21 +158,13 @@ def reviews() -> list[bytes]:
 # --- servers (child processes) ---------------------------------------------------------------------
 
 
-def eventloop_name(choice: str) -> str:
-    from webhook.server import eventloop
-
-    return eventloop.loop_factory(choice)[0]
-
-
 def _pin(cpu: int) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {cpu})
 
 
-def run_bare(port: int, cert: str, key: str, loop: str = "auto") -> None:
+def run_bare(port: int, cert: str, key: str) -> None:
     from aiohttp import web
-
-    from webhook.server import eventloop
 
     async def handle(req: web.Request) -> web.Response:
         doc = json.loads(await req.read())
@@ -188,18 +180,11 @@ def run_bare(port: int, cert: str, key: str, loop: str = "auto") -> None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
-    # The same event loop as draguard's, so the ratio measures draguard's own work.
-    _name, factory = eventloop.loop_factory(loop)
-    web.run_app(
-        app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None, print=None,
-        loop=factory() if factory else None,
-    )  # fmt: skip
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None, print=None)
 
 
-def run_draguard(
-    port: int, cert: str, key: str, policies: str, inventory: str, cache: bool, loop: str = "auto"
-) -> None:
-    from webhook.server import eventloop, logs
+def run_draguard(port: int, cert: str, key: str, policies: str, inventory: str, cache: bool) -> None:
+    from webhook.server import logs
     from webhook.server.app import ServeOptions, serve
 
     # Info level: one JSON line per review, as in production (to /dev/null here).
@@ -218,11 +203,9 @@ def run_draguard(
     if os.environ.get("DRAGUARD_BENCH_PROFILE"):
         import cProfile
 
-        cProfile.runctx(
-            "eventloop.run(serve(opts), loop)", globals(), locals(), os.environ["DRAGUARD_BENCH_PROFILE"]
-        )
+        cProfile.runctx("asyncio.run(serve(opts))", globals(), locals(), os.environ["DRAGUARD_BENCH_PROFILE"])
     else:
-        eventloop.run(serve(opts), loop)
+        asyncio.run(serve(opts))
 
 
 # --- load ------------------------------------------------------------------------------------------
@@ -468,12 +451,6 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios", action="store_true", help="also load each kind of review alone (per-scenario figures)"
     )
     p.add_argument("--scenario-seconds", type=float, default=1.5)
-    p.add_argument(
-        "--event-loop",
-        default="auto",
-        choices=["auto", "uvloop", "asyncio"],
-        help="both servers' event loop, as `draguard serve --event-loop` (default auto: uvloop if installed)",
-    )
     p.add_argument("--role", choices=["bare", "draguard"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cert", help=argparse.SUPPRESS)
@@ -484,10 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role:
         _pin(0)
         if args.role == "bare":
-            run_bare(args.port, args.cert, args.key, args.event_loop)
+            run_bare(args.port, args.cert, args.key)
         else:
-            cache, loop = not args.no_cache, args.event_loop
-            run_draguard(args.port, args.cert, args.key, args.policies, args.inventory, cache, loop)
+            run_draguard(args.port, args.cert, args.key, args.policies, args.inventory, not args.no_cache)
         return 0
 
     from webhook import certs
@@ -503,8 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--policies", args.policies, "--inventory", str(inv)] + (
             ["--no-cache"] if args.no_cache else []
         )
-        loop = ["--event-loop", args.event_loop]
-        servers = {"bare": start("bare", loop, tls), "draguard": start("draguard", extra + loop, tls)}
+        servers = {"bare": start("bare", [], tls), "draguard": start("draguard", extra, tls)}
         try:
             time.sleep(0.5)
             res = rounds(servers, tls, args)
@@ -530,7 +505,6 @@ def main(argv: list[str] | None = None) -> int:
                     "devices": args.devices,
                     "rate": args.rate,
                     "cpu_ratio": cpu_ratio,
-                    "event_loop": eventloop_name(args.event_loop),
                     "scenarios": per_kind,
                 },
                 indent=2,
@@ -538,7 +512,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if ok else 1
     print(
-        f"event loop: {eventloop_name(args.event_loop)}; "
         f"{args.connections} TLS connections, {args.devices} devices; {args.rounds} alternating rounds of "
         f"{args.seconds:g} s closed loop + {args.paced_seconds:g} s paced at {args.rate:g} req/s; "
         "best round shown"

@@ -339,8 +339,7 @@ def test_serve_command_without_cluster_access_says_what_to_do(
     assert "--no-watch --inventory FILE" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir: Path, loop: str) -> None:
+def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir: Path) -> None:
     import signal
     import subprocess
     import sys
@@ -370,10 +369,8 @@ def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir
             "--no-watch",
             "--shutdown-delay",
             "2",
-            "--event-loop",
-            loop,
             "--log-level",
-            "info",
+            "warning",
         ],
         cwd=ROOT,
         stderr=subprocess.PIPE,
@@ -400,8 +397,6 @@ def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir
         time.sleep(0.5)
         assert readyz() == 503  # still serving, but no longer ready
         assert proc.wait(30) == 0
-        assert proc.stderr is not None
-        assert f'"loop":"{loop}"' in proc.stderr.read().decode()  # the loop asked for is the one used
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import logging
 import sys
 from typing import Any
 
@@ -53,12 +53,6 @@ def register(sub: Any) -> None:
         "--no-review-cache",
         action="store_true",
         help="evaluate every request, even byte-identical repeats under unchanged policies and caches",
-    )
-    p.add_argument(
-        "--event-loop",
-        default="auto",
-        choices=["auto", "uvloop", "asyncio"],
-        help="auto (default): uvloop when installed, else the standard asyncio loop",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
@@ -130,7 +124,7 @@ def _err(msg: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from webhook.dra.inventory import InventoryError
     from webhook.policy.load import PolicyError
-    from webhook.server import eventloop, logs
+    from webhook.server import logs
     from webhook.server.app import ServeOptions, serve
     from webhook.server.tls import TlsError
 
@@ -155,9 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         review_cache=not args.no_review_cache,
     )
     try:
-        loop_name, _factory = eventloop.loop_factory(args.event_loop)
-        logging.getLogger("draguard.server").info("event loop", extra={"loop": loop_name})
-        return eventloop.run(serve(opts), args.event_loop)
+        return asyncio.run(serve(opts))
     except (TlsError, PolicyError, InventoryError, ValueError) as e:
         return _err(str(e))
     except OSError as e:
