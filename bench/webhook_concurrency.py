@@ -8,9 +8,10 @@ Then two server processes share the port through SO_REUSEPORT (the kernel spread
 between them); `draguard serve` has no worker option, so this bench sets the socket option in the
 child processes to show what a second worker would give on this machine.
 
-Bodies: by default every review carries a different object name (`--unique`), so the server's
-review cache, which answers byte-identical repeats, never hits: the engine runs for every request.
-`--repeats` sends bench/webhook.py's five fixed reviews instead (the cache answers most of them).
+Bodies: by default 2,000 reviews, each with its own object name (`--unique`), and the servers'
+review cache off: the load generator cycles through its bodies, and the cache (which answers
+byte-identical repeats) would otherwise answer nearly all of them. The engine runs for every
+request. `--repeats` sends bench/webhook.py's five fixed reviews with the cache on.
 """
 
 from __future__ import annotations
@@ -49,18 +50,20 @@ def unique_reviews(n: int = 2000) -> list[bytes]:
     return out
 
 
-def serve_child(port: int, cert: str, key: str, policies: str, inventory: str, cpu: int | None) -> None:
+def serve_child(
+    port: int, cert: str, key: str, policies: str, inventory: str, cpu: int | None, cache: bool
+) -> None:
     """A draguard server whose listening socket sets SO_REUSEPORT (for the two-worker runs)."""
     from aiohttp import web
 
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
     web.TCPSite = functools.partial(web.TCPSite, reuse_port=True)  # type: ignore[misc]
-    wb.run_draguard(port, cert, key, policies, inventory, True)
+    wb.run_draguard(port, cert, key, policies, inventory, cache)
 
 
 def start_servers(
-    workers: int, port: int, tls: Path, inv: Path, policies: str
+    workers: int, port: int, tls: Path, inv: Path, policies: str, cache: bool = False
 ) -> list[subprocess.Popen[bytes]]:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     procs = []
@@ -70,7 +73,7 @@ def start_servers(
         cpu: int | None = cpus[0] if workers == 1 else (cpus[w] if len(cpus) > 2 else None)
         cmd = [
             sys.executable, __file__, "--child", str(port), str(tls / "tls.crt"), str(tls / "tls.key"),
-            policies, str(inv), str(cpu if cpu is not None else -1),
+            policies, str(inv), str(cpu if cpu is not None else -1), "cache" if cache else "no-cache",
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd))
     for p in procs:
@@ -96,11 +99,11 @@ def main() -> int:
     g.add_argument("--unique", action="store_true", default=True)
     g.add_argument("--repeats", action="store_true")
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        port, cert, key, policies, inv, cpu = args.child
-        serve_child(int(port), cert, key, policies, inv, None if cpu == "-1" else int(cpu))
+        port, cert, key, policies, inv, cpu, cache = args.child
+        serve_child(int(port), cert, key, policies, inv, None if cpu == "-1" else int(cpu), cache == "cache")
         return 0
 
     from webhook import certs
@@ -126,7 +129,9 @@ def main() -> int:
                 os.sched_setaffinity(0, set(cpus[1:]))  # the client off the server's core
             elif hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, set(cpus))
-            procs = start_servers(workers, port, tls, inv, args.policies)
+            # Unique objects: the review cache is off, so every request runs the engine (the
+            # load generator cycles through its bodies, and a cache would answer the repeats).
+            procs = start_servers(workers, port, tls, inv, args.policies, cache=args.repeats)
             try:
                 r = asyncio.run(wb.load(port, ca, c, args.seconds, args.warmup))
                 r["rss_mb"] = round(rss_mb(procs), 1)
@@ -140,9 +145,11 @@ def main() -> int:
             print(
                 f"  {workers} worker(s), {c} connection(s): {r['rps']:.0f} req/s", file=sys.stderr, flush=True
             )
+    bodies_text = "unique objects, review cache off"
+    if args.repeats:
+        bodies_text = "five repeated reviews, review cache on"
     print(
-        f"draguard serve, {args.devices:,} devices, shipped policies, "
-        f"{'unique objects (no review-cache hits)' if not args.repeats else 'five repeated reviews'}, "
+        f"draguard serve, {args.devices:,} devices, shipped policies, {bodies_text}, "
         f"{args.seconds:g} s closed loop per row, {len(cpus)} CPU(s)"
     )
     print(f"{'workers':>7} {'conns':>6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} {'errors':>6}")
