@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -401,3 +402,32 @@ def test_sigterm_turns_readiness_off_then_exits_cleanly(tmp_path: Path, cert_dir
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_default_host_serves_ipv4_and_ipv6(tmp_path: Path) -> None:
+    """Without --host the webhook listens on every interface of both families (IPv6-only pods)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    out = tmp_path / "tls"
+    assert run_cli(["certs", "--out-dir", str(out), "--extra-san", "127.0.0.1", "--extra-san", "::1"]) == 0
+    pol = write_policies(tmp_path / "pol", "enforce")
+    port = free_port()
+    opts = ServeOptions(
+        policies=str(pol), port=port, tls_cert=str(out / "tls.crt"), tls_key=str(out / "tls.key"),
+        no_watch=True, shutdown_delay=0.0,
+    )  # fmt: skip
+    assert opts.host is None
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(serve(opts, stop=stop, started=started, webhook=make_webhook(pol)))
+    await started.wait()
+    try:
+        ctx = client_ctx(out / "ca.crt")
+        body = review(workload("Pod", legacy_pod_spec()))
+        async with aiohttp.ClientSession() as s:
+            for host in ("127.0.0.1", "[::1]"):
+                async with s.post(f"https://{host}:{port}/validate", json=body, ssl=ctx) as r:
+                    assert r.status == 200, host
+                    assert (await r.json())["response"]["uid"] == body["request"]["uid"], host
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

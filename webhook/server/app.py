@@ -30,7 +30,7 @@ MAX_BODY = 3 * 1024 * 1024
 @dataclass
 class ServeOptions:
     policies: str
-    host: str = "0.0.0.0"
+    host: str | None = None  # None: every interface, IPv4 and IPv6
     port: int = 8443
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -501,7 +501,8 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, opts.host, opts.port, ssl_context=wh.tls.context, backlog=1024)
     await site.start()
-    log.info("serving", extra={"host": opts.host, "port": opts.port, "client_ca": bool(opts.client_ca)})
+    host = opts.host or "* (IPv4 and IPv6)"
+    log.info("serving", extra={"host": host, "port": opts.port, "client_ca": bool(opts.client_ca)})
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

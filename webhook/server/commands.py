@@ -15,7 +15,11 @@ from webhook.dra import yamlload
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the admission webhook (POST /validate, /mutate)")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="address to listen on (default: every interface, IPv4 and IPv6, so IPv6-only pods work too)",
+    )
     p.add_argument("--port", type=int, default=8443)
     p.add_argument(
         "--tls-cert", required=True, metavar="FILE", help="serving certificate (PEM); reloaded on change"
@@ -153,7 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TlsError, PolicyError, InventoryError, ValueError) as e:
         return _err(str(e))
     except OSError as e:
-        return _err(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return _err(f"cannot listen on {args.host or '*'}:{args.port}: {e.strerror or e}")
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
