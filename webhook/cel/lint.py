@@ -312,12 +312,16 @@ class _Linter:
         for message, errors in failures.items():
             first = errors[0]
             if first.limit:
-                # draguard's own limit, not the API server's (whose cost estimate this passed).
+                # draguard's runtime's own limit, not the API server's: the expression passed the
+                # static cost estimate the API server applies, so it is valid there and must never be
+                # denied for this. Like other selectors the runtime cannot run: cel/unsupported.
                 self.add(
-                    "cel/limits", Severity.WARNING,
-                    f"{message}; draguard cannot check this selector against the inventory "
-                    "(the verdict for these devices is unknown)",
-                    "avoid nested comprehensions (all/exists/map/filter) over literal or large lists",
+                    "cel/unsupported", Severity.WARNING,
+                    f"{message}; draguard cannot check this selector against the inventory (its CEL "
+                    "runtime's iteration budget ran out; the verdict for these devices is unknown); it "
+                    "is within the API server's cost limit, which checks it",
+                    "nothing to change if the scheduler's evaluation time is acceptable; nested "
+                    "comprehensions (all/exists/map/filter) over literal or large lists are what costs",
                 )
                 continue
             if first.missing_key is not None and first.missing_key in self.reported_names:
