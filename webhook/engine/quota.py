@@ -195,6 +195,12 @@ class QuotaCalculator:
         return sum((self.class_fraction(c) * n for c, n in demand.items()), Fraction(0))
 
 
+def inventory_calculator(inventory: Inventory) -> QuotaCalculator:
+    """The calculator kept on the inventory's memo: one per set of devices and classes, shared by the
+    quota rule, the server's usage and DRA statistics (and by inventories that share the memo)."""
+    return inventory.cached(("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes))
+
+
 def claim_demand(spec: ClaimSpec, inventory: Inventory) -> dict[str, int]:
     """Devices per DeviceClass a claim charges (see the module docstring for the counting rules)."""
     return QuotaCalculator(inventory).claim_demand(spec)

@@ -24,6 +24,7 @@ from webhook.engine.quota import (
     QuotaCalculator,
     charge_of,
     claim_charge,
+    inventory_calculator,
     team_labels_of,
     usage_from_charges,
 )
@@ -111,7 +112,7 @@ def dra_stats(inventory: Inventory, claims: Iterable[Mapping[str, Any]]) -> DraS
     if inventory.classes and inventory.devices:
         # The calculator the quota rule keeps on the inventory: its class matches survive rebuilds
         # that only saw claims change (the memo is carried over), so stats cost no CEL evaluation.
-        calc = inventory.cached(("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes))
+        calc = inventory_calculator(inventory)
         for name in inventory.classes:
             try:
                 devs = calc.matching(name) or []
@@ -270,7 +271,7 @@ def _charge_of(
     if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)) and hit[1] == ns_labels:
         charge: QuotaUsage = hit[2]
         return charge
-    calc = inventory.cached(("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes))
+    calc = inventory_calculator(inventory)
     try:
         one = claim_charge(e.obj, calc)
     except Exception as exc:  # unreadable: it charges nothing, like an unreadable cached claim
@@ -483,9 +484,7 @@ class Rebuilder:
         """Each claim's quota charge, computed again only for claims that changed (or all of them
         when devices or classes did): the rebuild after one new claim among thousands stays cheap."""
         if devices_changed or self._calc is None:
-            self._calc = inventory.cached(
-                ("quota-calculator",), lambda: QuotaCalculator(inventory, inventory.classes)
-            )
+            self._calc = inventory_calculator(inventory)
             self._charges = {}
         calc, old = self._calc, self._charges
         fresh: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}

@@ -16,7 +16,7 @@ from webhook.dra.objects import as_map, as_str, claim_spec_of
 from webhook.dra.workloads import containers_of, pod_spec_of, replicas_of
 from webhook.engine.context import QuotaUsage, SourceObject
 from webhook.engine.findings import Finding
-from webhook.engine.quota import QuotaCalculator, team_scope
+from webhook.engine.quota import QuotaCalculator, inventory_calculator, team_scope
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuQuotaPolicy, QuotaBudget, glob_match
 
@@ -56,7 +56,7 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     )):
         # The input set brings no class of its own (the admission case: one workload per request):
         # share one calculator per inventory, so class matches are not recomputed per request.
-        return rc.inventory.cached(("quota-calculator",), lambda: QuotaCalculator(rc.inventory, inv_classes))
+        return inventory_calculator(rc.inventory)
     calc = QuotaCalculator(rc.inventory, rc.index.classes)
     _LAST[:] = [calc]
     return calc
