@@ -20,8 +20,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from webhook.core.source import SourceObject  # noqa: E402
 from webhook.dra.inventory import load_inventory  # noqa: E402
-from webhook.engine.context import Context, SourceObject  # noqa: E402
+from webhook.engine.context import Context  # noqa: E402
 from webhook.engine.evaluate import evaluate  # noqa: E402
 from webhook.engine.rules import modules  # noqa: E402
 from webhook.policy.load import load_policies, source_objects  # noqa: E402

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.core.findings import Finding
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory, load_inventory
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, SourceObject
+from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding
 from webhook.policy.load import load_policies, source_objects
 from webhook.policy.model import PolicySet
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.lint import lint_selector
-from webhook.engine.findings import Severity
+from webhook.core.findings import Severity
 
 # The three DeviceClasses of the seed article (gpu-deviceclasses.yaml); the third is a folded YAML
 # scalar (`>-`), so its lines join with single spaces.

@@ -12,10 +12,11 @@ from webhook.cel.env import compile_or_issue
 from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.lint import lint_selector
 from webhook.cel.unsupported import KUBERNETES_FUNCTIONS, max_depth
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.policy.load import load_policies
 from webhook.policy.model import CelCheckSetting, CelLintPolicy, PolicySet
 

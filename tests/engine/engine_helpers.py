@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from webhook.core.findings import Report
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Report
 from webhook.policy.load import load_policies, parse_policy_text, source_objects
 from webhook.policy.model import PolicySet
 

@@ -14,9 +14,10 @@ from engine_helpers import (
 )
 
 import webhook.engine.evaluate as ev
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
-from webhook.engine.findings import Finding, Mode, Severity
+from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule
 from webhook.engine.rules.base import FunctionRule, RuleContext
 from webhook.policy.load import load_policies, parse_policy_text

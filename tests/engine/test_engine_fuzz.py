@@ -12,8 +12,9 @@ from engine_helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory, load_inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
 from webhook.policy.load import (
     PolicyError,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import POLICIES
 
-from webhook.engine.findings import Mode
+from webhook.core.findings import Mode
 from webhook.policy.load import PolicyError, load_policies, parse_policy_text, policy_schema
 from webhook.policy.model import CEL_CHECKS, MigrationMode, MigrationStrategy
 

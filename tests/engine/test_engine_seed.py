@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from engine_helpers import SEED
 
+from webhook.core.findings import Finding, Mode, Report
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Mode, Report
 from webhook.policy.load import source_objects
 from webhook.policy.model import PolicySet
 

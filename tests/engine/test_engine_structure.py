@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from engine_helpers import rules, run
 
+from webhook.core.findings import Mode, Severity
 from webhook.dra.inventory import Inventory
 from webhook.engine.context import Context
-from webhook.engine.findings import Mode, Severity
 
 ONLY = ("structure",)
 

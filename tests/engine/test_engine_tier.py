@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from engine_helpers import rules, run
 
+from webhook.core.findings import Mode
 from webhook.dra.inventory import Inventory
-from webhook.engine.findings import Mode
 from webhook.policy.load import parse_policy_text
 from webhook.policy.model import WorkloadFacts
 

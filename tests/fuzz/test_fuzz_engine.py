@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.lint import lint_selector
+from webhook.core.findings import Finding, Report
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory, InventoryError, parse_inventory_text
-from webhook.engine.context import Context, QuotaUsage, SourceObject
+from webhook.engine.context import Context, QuotaUsage
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Report
 from webhook.engine.migration import plan_workload
 from webhook.policy.load import PolicyError, load_policies, parse_policy_text
 from webhook.policy.model import (

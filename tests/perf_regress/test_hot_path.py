@@ -20,10 +20,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.engine import evaluate as evaluate_mod
 from webhook.engine import migration
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate, too_deep
 from webhook.engine.resolve import Index
 from webhook.policy.load import load_policies

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.core.findings import Report
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory, load_inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Report
 from webhook.policy.load import load_policies
 from webhook.policy.model import PolicySet
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.robustness.conftest import POLICIES, run_review
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import MAX_DEPTH, evaluate, too_deep
 from webhook.engine.migration import copy_data, plan_workload
 from webhook.policy.model import PolicySet

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import SourceObject
 from webhook.review.inputs import parse_yaml_documents
 
 FIXTURES = Path(__file__).parent / "fixtures"

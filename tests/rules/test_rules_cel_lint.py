@@ -6,10 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.policy.model import CelCheckSetting, CelLintPolicy, NamespaceScope, PolicySet
 from webhook.review.inputs import parse_yaml_documents
 

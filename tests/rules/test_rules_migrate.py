@@ -9,10 +9,11 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import Context, SourceObject
+from webhook.engine.context import Context
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.policy.model import (
     MigrationMode,
     MigrationPolicy,

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import read_claim_spec
-from webhook.engine.context import Context, QuotaUsage, SourceObject
+from webhook.engine.context import Context, QuotaUsage
 from webhook.engine.evaluate import evaluate
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.engine.quota import (
     ALL_MODE_CHARGE,
     QuotaCalculator,

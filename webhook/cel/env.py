@@ -18,8 +18,8 @@ from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
 from webhook.cel.library import cel_type_name, device_data
+from webhook.core.findings import Severity
 from webhook.dra.device import Device
-from webhook.engine.findings import Severity
 
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """CELSelectorExpressionMaxLength: 10 KiB of UTF-8."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.engine.findings import Severity
+from webhook.core.findings import Severity
 
 CHECKS = (
     "cel/syntax",

@@ -17,9 +17,9 @@ from webhook.cel.analysis import COMPARISON_SYMBOLS, Access, Comparison
 from webhook.cel.env import CompiledSelector, compile_or_issue
 from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.match import MatchError, match_compiled
+from webhook.core.findings import Severity
 from webhook.dra.device import Device, Version
 from webhook.dra.semver import coerce_semver
-from webhook.engine.findings import Severity
 
 __all__ = ["CHECKS", "CelIssue", "lint_selector"]
 

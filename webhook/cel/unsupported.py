@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from webhook.cel.issues import CelIssue
-from webhook.engine.findings import Severity
+from webhook.core.findings import Severity
 
 CHECK = "cel/unsupported"
 

@@ -1,34 +1,13 @@
-"""Inputs of the engine besides policies and inventory: the objects and what admission knows."""
+"""Inputs of the engine besides policies and inventory: what admission knows."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 ALL_RESOURCE_VERSIONS: frozenset[str] = frozenset({"v1", "v1beta2", "v1beta1"})
-
-
-@dataclass(frozen=True, slots=True)
-class SourceObject:
-    """One Kubernetes object and where it came from (a file in review, a request in admission)."""
-
-    obj: Mapping[str, Any]
-    file: str | None = None
-    line: int | None = None  # line of the document's first key, 1-based
-    doc_index: int = 0
-    # JSON pointer ("/spec/devices/requests/0") -> line, where the reader knows it.
-    lines: Mapping[str, int] = field(default_factory=dict)
-
-    def line_of(self, pointer: str) -> int | None:
-        """Best known line for a JSON pointer: the pointer itself or its nearest parent."""
-        p = pointer
-        while p:
-            if p in self.lines:
-                return self.lines[p]
-            p = p.rsplit("/", 1)[0]
-        return self.line
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,12 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import DRA_KINDS
 from webhook.dra.workloads import WORKLOAD_KINDS
-from webhook.engine.context import Context, SourceObject
-from webhook.engine.findings import Finding, Mode, ObjectRef, Report, Severity
+from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule, modules
 from webhook.engine.rules.base import RuleContext
 from webhook.policy.model import API_VERSION, PolicyException, PolicySet

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.core.findings import ObjectRef
+from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_spec_of
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import ObjectRef
 from webhook.engine.resolve import Index, namespace_of, per_node_capacity, pod_claims
 
 

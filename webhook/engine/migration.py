@@ -16,9 +16,9 @@ from typing import Any
 
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
+from webhook.core.findings import JsonPatch
 from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, claim_template, esc
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.findings import JsonPatch
 from webhook.policy.model import MigrationPolicy, ResourceMapping
 
 LEGACY_GPU_RESOURCE = "nvidia.com/gpu"

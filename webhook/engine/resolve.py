@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
 from webhook.dra.objects import (
@@ -19,7 +20,6 @@ from webhook.dra.objects import (
     read_device_class,
 )
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.context import SourceObject
 
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
     {

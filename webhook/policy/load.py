@@ -17,9 +17,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from webhook.core.findings import Mode
+from webhook.core.source import SourceObject
 from webhook.dra import yamlload
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Mode
 from webhook.policy.model import (
     API_VERSION,
     TEAM_LABEL,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from webhook.engine.findings import Finding, Mode
+from webhook.core.findings import Finding, Mode
 
 API_VERSION = "policy.draguard.io/v1alpha1"
 KINDS: tuple[str, ...] = (

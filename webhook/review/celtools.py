@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from webhook.core.findings import Severity
 from webhook.dra.device import Device
-from webhook.engine.findings import Severity
 from webhook.review.inputs import InputError, read_paths
 from webhook.review.pipeline import ReviewError, load_inventory_file
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
+from webhook.core.findings import Finding, Mode, Report
 from webhook.dra import yamlload
-from webhook.engine.findings import Finding, Mode, Report
 from webhook.review.formats import ReviewResult, finding_sort_key
 from webhook.review.pipeline import (
     Progress,

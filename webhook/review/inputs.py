@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from webhook.core.source import SourceObject
 from webhook.dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader, check_aliases
-from webhook.engine.context import SourceObject
 
 # libyaml's safe loader (pure Python as the fallback), refusing alias bombs and oversized integers.
 _Loader = SafeLoader

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from webhook.core.source import SourceObject
 from webhook.dra import yamlload
-from webhook.engine.context import SourceObject
 from webhook.review.inputs import (
     KUSTOMIZATION_FILES,
     Document,

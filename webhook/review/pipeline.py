@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from webhook.engine.context import Context, SourceObject
-from webhook.engine.findings import ObjectRef
+from webhook.core.findings import ObjectRef
+from webhook.core.source import SourceObject
+from webhook.engine.context import Context
 from webhook.review.formats import ReviewedObject, ReviewResult
 from webhook.review.inputs import InputError, Inputs, display_path, read_paths
 

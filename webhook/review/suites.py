@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
+from webhook.core.findings import Finding, Report
 from webhook.dra import yamlload
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
-from webhook.engine.findings import Finding, Report
 from webhook.review.inputs import InputError, Inputs, objects_of, parse_text, read_paths
 from webhook.review.pipeline import ReviewError, load_inventory_file, load_policy_set
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import jsonpatch
 
+from webhook.core.findings import Finding, Mode, ObjectRef, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage, SourceObject
-from webhook.engine.findings import Finding, Mode, ObjectRef, Severity
+from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
 
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING = 120

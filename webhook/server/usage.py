@@ -176,7 +176,8 @@ def warm(inventory: Inventory, policies: Any, selectors: Iterable[tuple[str, tup
     for by the first admission request."""
     if policies is None:
         return
-    from webhook.engine.context import Context, SourceObject
+    from webhook.core.source import SourceObject
+    from webhook.engine.context import Context
     from webhook.engine.evaluate import evaluate
 
     objs: list[dict[str, Any]] = [

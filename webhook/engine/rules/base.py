@@ -6,10 +6,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from webhook.core.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_map, as_str
-from webhook.engine.context import Context, SourceObject
-from webhook.engine.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
+from webhook.engine.context import Context
 from webhook.engine.resolve import Index, PodClaim, namespace_of, pod_claims
 from webhook.policy.model import PolicySet
 

@@ -14,10 +14,10 @@ from functools import partial
 
 from driver.schema import DRIVER_NAME
 from webhook.cel.lint import lint_selector
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.engine.rules.base import FunctionRule, RuleContext
 from webhook.engine.rules.opaque import dotted
 from webhook.policy.model import CelLintPolicy

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.objects import esc
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
 from webhook.engine.rules.base import FunctionRule, RuleContext
 from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy

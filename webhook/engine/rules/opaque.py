@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 
 from driver.config import API_VERSION, KINDS, ConfigError, validate_opaque_config
 from driver.schema import DEVICE_TYPES, DRIVER_NAME
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.objects import (
     ClaimSpec,
     OpaqueConfig,
@@ -24,8 +26,6 @@ from webhook.dra.objects import (
     dra_version,
     read_device_class,
 )
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.engine.quota import QuotaCalculator
 from webhook.engine.rules.base import FunctionRule, RuleContext
 

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from webhook.core.findings import Finding
+from webhook.core.source import SourceObject
 from webhook.dra.objects import as_map, as_str, claim_spec_of
 from webhook.dra.workloads import containers_of, pod_spec_of, replicas_of
-from webhook.engine.context import QuotaUsage, SourceObject
-from webhook.engine.findings import Finding
+from webhook.engine.context import QuotaUsage
 from webhook.engine.quota import QuotaCalculator, inventory_calculator, team_scope
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuQuotaPolicy, QuotaBudget, glob_match

@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from driver.schema import ATTRIBUTES, lookup
+from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.objects import (
     ALL,
@@ -33,8 +35,6 @@ from webhook.dra.objects import (
     write_claim_spec,
 )
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Finding, Mode, Severity
 from webhook.engine.resolve import claim_names_used, per_node_capacity
 from webhook.engine.rules.base import FunctionRule, RuleContext
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from webhook.core.findings import Finding
+from webhook.core.source import SourceObject
 from webhook.dra.objects import as_list, as_str
 from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
-from webhook.engine.context import SourceObject
-from webhook.engine.findings import Finding
 from webhook.engine.resolve import PodClaim, requested_classes
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuTierPolicy, WorkloadFacts

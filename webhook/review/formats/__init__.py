@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from webhook.engine.findings import Finding, Mode, ObjectRef, Report
+from webhook.core.findings import Finding, Mode, ObjectRef, Report
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webhook.engine.findings import Mode
+from webhook.core.findings import Mode
 from webhook.review.formats import ReviewResult
 from webhook.review.formats.text import summary_line
 

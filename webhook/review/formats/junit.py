@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from webhook.engine.findings import Finding, Mode
+from webhook.core.findings import Finding, Mode
 from webhook.review.formats import ReviewedObject, ReviewResult, rule_help
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webhook.engine.findings import Finding, Mode
+from webhook.core.findings import Finding, Mode
 from webhook.review.formats import MODE_ORDER, ReviewResult, finding_sort_key
 from webhook.review.formats.text import summary_line
 

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from webhook import __version__
-from webhook.engine.findings import Mode
+from webhook.core.findings import Mode
 from webhook.review.formats import ReviewResult, rule_help
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from webhook.engine.findings import Mode
+from webhook.core.findings import Mode
 from webhook.review.formats import ReviewResult
 
 _COLOURS = {Mode.ENFORCE: "\033[31m", Mode.WARN: "\033[33m", Mode.AUDIT: "\033[36m"}
