@@ -1,7 +1,7 @@
-"""Reference programs in Go (tools/<name>/): where Kubernetes or another project's library defines the behaviour.
+"""Reference programs in Go (tools/<name>/), where another project's library defines the behaviour.
 
-`go_tool(name)` returns the built binary, building it with scripts/build-tools.sh when missing.  Without Go the
-test skips, except under CI=true, where a missing reference is a failure.
+`go_tool(name)` returns the built binary, building it with scripts/build-tools.sh when missing.
+Without Go the test skips, except under CI=true, where a missing reference is a failure.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _unavailable(reason: str) -> None:
 
 
 def go_tool(name: str) -> Path:
-    """Path of tools/<name>'s binary, built on first use (a file lock keeps parallel sessions to one build)."""
+    """Path of tools/<name>'s binary, built on first use (a file lock: parallel sessions build once)."""
     path = Path(subprocess.run(["bash", str(SCRIPT), "--path", name], check=True, capture_output=True,
                                text=True).stdout.strip())
     if path.is_file():
