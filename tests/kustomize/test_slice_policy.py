@@ -222,6 +222,20 @@ def _yaml(obj: dict[str, Any]) -> str:
     return yaml.safe_dump(obj)
 
 
+def _wait_until_policy_in_force(api_: Any, token: str, timeout: float = 30.0) -> None:
+    """A ValidatingAdmissionPolicy applies a while after its creation: dry-run until it refuses."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    probe = _yaml(slice_for("node-b", "policy-probe"))
+    while True:
+        res = _kubectl_as(api_, token, "create", "--dry-run=server", "-f", "-", stdin=probe)
+        if res.returncode != 0 and "spec.nodeName is node-a" in res.stderr:
+            return
+        assert time.monotonic() < deadline, f"slice policy not in force after {timeout} s: {res.stderr}"
+        time.sleep(0.1)  # poll interval while waiting for the condition, not a guess at its timing
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
@@ -252,6 +266,7 @@ def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
     bound = tok.stdout.strip()
     loose = api.kubectl("-n", "draguard-system", "create", "token", "draguard-driver").stdout.strip()
     assert loose
+    _wait_until_policy_in_force(api, bound)
 
     # The admin (another user) may place a slice anywhere; the policy leaves it alone.
     res = api.kubectl("create", "-f", "-", stdin=_yaml(slice_for("node-b", "by-admin")))
