@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint typecheck k8s demo demo-down review bench reliability clean
+.PHONY: all venv test test-fast lint typecheck k8s image demo demo-down review bench reliability clean
 
 all: test
 
@@ -17,9 +17,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## The Kubernetes binaries for the local control plane (cached outside the tree; a no-op when present).
+## The Kubernetes binaries: the control plane and the node's kubelet, kube-proxy, containerd, runc,
+## CNI plugins and crictl (cached outside the tree; a no-op when present).
 k8s:
 	bash scripts/build-k8s.sh
+	bash scripts/build-node.sh
+
+## The draguard image and the pause image as OCI archives for containerd, from image/recipe.toml
+## (cached under ~/.cache/draguard/images; needs root, debootstrap and the Debian mirror apt uses).
+image: $(STAMP)
+	$(PY) -m webhook.dev.image build
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check webhook driver tests bench
