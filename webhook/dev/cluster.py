@@ -288,8 +288,9 @@ class LocalCluster(Supervisor):
         }
         self._save_state()
         self.progress(f"simulated GPUs: {len(devs)} device nodes, driver root {driver_root}")
-        cp = containerd.start(self, net, bins, sandbox_image, timeout)
+        cp = containerd.ContainerdPaths.of(self.paths.node, net)
         network.write_cni_config(net, cp.cni_conf, cp.cni_ipam)
+        containerd.start(self, net, bins, sandbox_image, timeout)
         for archive in images:
             t1 = time.monotonic()
             containerd.import_image(bins, cp, archive)

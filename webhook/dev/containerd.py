@@ -59,9 +59,17 @@ def config_toml(p: ContainerdPaths, bins: NodeBins, sandbox_image: str) -> str:
 version = 4
 root = {q(p.root)}
 state = {q(p.state)}
+# Nothing from the host's /etc/containerd.
+imports = []
 
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = {q(p.socket)}
+
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = {q(str(p.socket) + ".ttrpc")}
+
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = {q(p.state / "s")}
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
@@ -73,6 +81,8 @@ state = {q(p.state)}
   cdi_spec_dirs = [{q(p.cdi)}]
   # This machine lacks CAP_SYS_RESOURCE: runc may not lower a container's oom_score_adj below ours.
   restrict_oom_score_adj = true
+  # Pod network namespaces under our state, not /run/netns, so tear-down finds exactly ours.
+  netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]

@@ -6,9 +6,12 @@ crictl in bin/, the CNI plugins in cni/); images from webhook.dev.image (built w
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from webhook.dev.procs import ClusterError
 
@@ -63,3 +66,37 @@ def find_node_bins() -> NodeBins:
         f"no node binaries (kubelet, containerd, runc, CNI plugins) under {root}; build them with "
         "scripts/build-node.sh (make k8s builds them too) or set DRAGUARD_NODE_DIR"
     )
+
+
+@dataclass(frozen=True)
+class NodeImages:
+    """OCI archives to import into the node's containerd and the names they carry."""
+
+    archives: tuple[Path, ...]
+    sandbox: str  # the pause image containerd uses for every pod sandbox
+    workload: str  # the draguard image: Python, a shell and coreutils
+
+
+def node_images(progress: Callable[[str], None] | None = None) -> NodeImages:
+    """Build (or reuse) the pause and draguard images with webhook.dev.image (cached by its recipe)."""
+    try:
+        # Imported by name: the builder is an optional part of a checkout (it needs root and Debian).
+        image: Any = importlib.import_module("webhook.dev.image")
+    except ImportError:
+        raise ClusterError("webhook/dev/image.py (the daemonless image builder) is missing") from None
+    say = progress or (lambda _m: None)
+    try:
+        pause = image.ensure_pause_image(say)
+        app = image.ensure_image(say)
+    except image.ImageError as exc:
+        raise ClusterError(f"the node's images could not be built: {exc}") from None
+    return NodeImages((pause.path, app.path), pause.name, app.name)
+
+
+def real_node_prerequisites(progress: Callable[[str], None] | None = None) -> NodeImages:
+    """Everything a real node needs that can be checked before start; its images, built if missing."""
+    from webhook.dev import network
+
+    network.check_prerequisites()
+    find_node_bins()
+    return node_images(progress)
