@@ -70,7 +70,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         if images is None:
             c.up()
         else:
-            c.up(real_node=RealNode(), images=images.archives, sandbox_image=images.sandbox)
+            c.up(
+                real_node=RealNode(),
+                images=images.archives,
+                sandbox_image=images.sandbox,
+                workload_image=images.workload,
+            )
             _IMAGES.append(images)
     except ClusterError as exc:
         pytest.fail(f"local cluster did not start: {exc}\n" + "\n".join(lines), pytrace=False)

@@ -114,6 +114,11 @@ class LocalCluster(Supervisor):
         return network.NodeNet.from_state(data) if data else None
 
     @property
+    def workload_image(self) -> str | None:
+        """An image on the real node that has a shell, for pods that show what they see."""
+        return (self.state.get("images") or {}).get("workload")
+
+    @property
     def real_node(self) -> str | None:
         """The name of the node with a kubelet, if this cluster has one."""
         node = self.state.get("real_node")
@@ -154,6 +159,7 @@ class LocalCluster(Supervisor):
         real_node: RealNode | None = None,
         images: Sequence[Path] = (),
         sandbox_image: str | None = None,
+        workload_image: str | None = None,
         with_driver: bool = True,
         with_webhook: bool = True,
         policies: Path | None = None,
@@ -163,7 +169,8 @@ class LocalCluster(Supervisor):
 
         With `real_node`, that node runs a kubelet, containerd and kube-proxy (root needed), and a
         simulated node of the same name in `nodes` is left out. `images` are OCI archives imported
-        into its containerd; `sandbox_image` names the pause image among them.
+        into its containerd; `sandbox_image` names the pause image among them and `workload_image`
+        the one demo pods run (it needs a shell).
         """
         if self.is_up():
             self.progress(f"already up: kubeconfig {self.kubeconfig}")
@@ -193,6 +200,7 @@ class LocalCluster(Supervisor):
                 self.state["node_net"] = net.to_state()
                 self.state["real_node"] = {"name": real_node.name, "topology": real_node.topology}
                 self.state["node_bins"] = {"bin": str(bins.bin), "cni": str(bins.cni)}
+                self.state["images"] = {"sandbox": sandbox_image, "workload": workload_image}
                 self.state["apiserver_address"] = net.host_ip
                 self._save_state()
                 network.setup(net)

@@ -99,6 +99,7 @@ def _up(
         real_node=RealNode(),
         images=images.archives,
         sandbox_image=images.sandbox,
+        workload_image=images.workload,
         with_driver=with_driver,
         with_webhook=with_webhook,
         policies=policies,

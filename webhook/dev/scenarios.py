@@ -194,8 +194,12 @@ spec:
 """
 
 
-def training_claim(ns: str) -> str:
+def training_claim(
+    ns: str, image: str | None = None, node: str | None = None, command: str | None = None
+) -> str:
     """The article's 4-GPU training claim, with the interconnect attribute the driver really publishes."""
+    pod, container = _runs_on(node, image, command)
+    default_command = "    command: [torchrun, --nproc_per_node=4, train.py]\n"
     return f"""\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -219,12 +223,12 @@ metadata:
   name: distributed-training
   namespace: {ns}
 spec:
-  restartPolicy: Never
+{pod}  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
   containers:
   - name: trainer
-    image: nvcr.io/nvidia/pytorch:24.01-py3
-    command: [torchrun, --nproc_per_node=4, train.py]
-    resources:
+    image: {image or "nvcr.io/nvidia/pytorch:24.01-py3"}
+{container or default_command}    resources:
       claims:
       - name: training-gpus
   resourceClaims:
