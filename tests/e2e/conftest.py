@@ -30,8 +30,8 @@ _IMAGES: list[NodeImages] = []
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
-        # test_harness.py checks the harness without binaries and runs everywhere.
-        if E2E_DIR in path.parents and path.name != "test_harness.py":
+        # test_harness.py and test_node_parts.py check the harness without binaries and run everywhere.
+        if E2E_DIR in path.parents and path.name not in ("test_harness.py", "test_node_parts.py"):
             item.add_marker(pytest.mark.e2e)
 
 
