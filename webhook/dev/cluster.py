@@ -208,7 +208,7 @@ class LocalCluster(Supervisor):
                     f"node network {net.netns}: node {net.node_ip}, pods {net.pod_cidr}, "
                     f"Services {net.service_cidr} (routed locally only)"
                 )
-            self._start_control_plane(bin_dir, timeout, net)
+            self._start_control_plane(bin_dir, timeout, net, real_node.name if real_node else None)
             kube = self.kube()
             t0 = time.monotonic()
             if sims:
@@ -236,7 +236,9 @@ class LocalCluster(Supervisor):
         self._save_state()
         self.progress(f"cluster up in {time.monotonic() - t_all:.1f}s; export KUBECONFIG={self.kubeconfig}")
 
-    def _start_control_plane(self, bin_dir: Path, timeout: float, net: network.NodeNet | None) -> None:
+    def _start_control_plane(
+        self, bin_dir: Path, timeout: float, net: network.NodeNet | None, node_name: str | None
+    ) -> None:
         c = self.paths.certs
         t0 = time.monotonic()
         service_cidr = net.service_cidr if net else apiserver.DEFAULT_SERVICE_CIDR
@@ -245,6 +247,8 @@ class LocalCluster(Supervisor):
             apiserver_address=net.host_ip if net else "127.0.0.1",
             service_ip=net.service_ip if net else "10.96.0.1",
         )
+        if net is not None and node_name is not None:
+            pki.node_certs(c, node_name=node_name, node_ip=net.node_ip)
         gates = apiserver.feature_gates(self, bin_dir)
         self.progress(
             f"certificates and keys written to {c} ({time.monotonic() - t0:.1f}s); "
@@ -283,7 +287,6 @@ class LocalCluster(Supervisor):
         timeout: float,
     ) -> None:
         c = self.paths.certs
-        pki.node_certs(c, node_name=node.name, node_ip=net.node_ip)
         for user in ("kubelet", "kube-proxy"):
             apiserver.write_kubeconfig(c, self.paths.root / f"{user}.kubeconfig", self.server, user)
         t0 = time.monotonic()
@@ -303,8 +306,9 @@ class LocalCluster(Supervisor):
             t1 = time.monotonic()
             containerd.import_image(bins, cp, archive)
             self.progress(f"imported {archive.name} ({time.monotonic() - t1:.1f}s)")
-        network.start_kube_proxy(self, net, bins.bin, node.name, timeout)
         kubelet.start(self, net, bins, cp, node, timeout)
+        # After the kubelet: kube-proxy reads the node's addresses at start and exits when they change.
+        network.start_kube_proxy(self, net, bins.bin, node.name, timeout)
         self.progress(f"real node {node.name} up ({time.monotonic() - t0:.1f}s)")
 
     def wait_default_sa(self, namespace: str, timeout: float = 60.0) -> None:

@@ -233,6 +233,7 @@ def start_kube_proxy(sup: Supervisor, net: NodeNet, node_bin: Path, node_name: s
         # Host-wide conntrack limits and timeouts are left alone ("0" means: do not set).
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         "iptables": {"localhostNodePorts": False},
+        "nodePortAddresses": ["primary"],
     }
     cfg = d / "config.json"
     cfg.write_text(json.dumps(config, indent=2))
