@@ -1,8 +1,11 @@
-"""One real local control plane per test session (etcd, kube-apiserver, controller-manager, scheduler).
+"""One real local cluster per test session: control plane, one real node (kubelet, containerd,
+kube-proxy, CNI bridge, simulated GPUs) and simulated kubelet-less nodes for the scheduler's choices.
 
-Binaries come from scripts/build-k8s.sh ($DRAGUARD_K8S_BIN or the build cache).  Without them the
-e2e tests skip with a one-line reason, except under CI=true where a missing control plane is a failure.
-When a test fails, the tail of every component's log is attached to its report.
+Binaries come from scripts/build-k8s.sh and scripts/build-node.sh, images from webhook.dev.image.
+Without them the e2e tests skip with a one-line reason, except under CI=true where a missing
+prerequisite is a failure. Without root or the node's parts (outside CI) the cluster starts without
+the real node and the tests that need running pods skip. When a test fails, the tail of every
+component's log is attached to its report.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ import pytest
 
 from tests.e2e.helpers import Kubectl
 from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir
+from webhook.dev.node import NodeImages, RealNode, real_node_prerequisites
 
 E2E_DIR = Path(__file__).parent
 _CLUSTER: list[LocalCluster] = []
+_NO_REAL_NODE: list[str] = []
+_IMAGES: list[NodeImages] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
-        # test_harness.py checks the harness without binaries and runs everywhere.
-        if E2E_DIR in path.parents and path.name != "test_harness.py":
+        # test_harness.py and test_node_parts.py check the harness without binaries and run everywhere.
+        if E2E_DIR in path.parents and path.name not in ("test_harness.py", "test_node_parts.py"):
             item.add_marker(pytest.mark.e2e)
 
 
@@ -52,9 +58,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         _unavailable(str(exc).splitlines()[0])
         raise  # unreachable: skip/fail raise
     lines: list[str] = []
+    images: NodeImages | None = None
+    try:
+        images = real_node_prerequisites()
+    except ClusterError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"e2e: the real node cannot start: {exc}", pytrace=False)
+        _NO_REAL_NODE.append(str(exc).splitlines()[0])
     c = LocalCluster(tmp_path_factory.mktemp("dev"), bin_dir, progress=lines.append, tie_to_parent=True)
     try:
-        c.up()
+        if images is None:
+            c.up()
+        else:
+            c.up(
+                real_node=RealNode(),
+                images=images.archives,
+                sandbox_image=images.sandbox,
+                workload_image=images.workload,
+            )
+            _IMAGES.append(images)
     except ClusterError as exc:
         pytest.fail(f"local cluster did not start: {exc}\n" + "\n".join(lines), pytrace=False)
     _CLUSTER.append(c)
@@ -68,6 +90,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def kubectl(cluster: LocalCluster) -> Kubectl:
     return Kubectl(cluster)
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: LocalCluster) -> str:
+    """The name of the session cluster's node with a kubelet (skips without one, outside CI)."""
+    if cluster.real_node is None:
+        _unavailable(f"no real node: {_NO_REAL_NODE[0] if _NO_REAL_NODE else 'not started'}")
+    assert cluster.real_node is not None
+    return cluster.real_node
+
+
+@pytest.fixture(scope="session")
+def workload_image(real_node: str) -> str:
+    """An image imported into the real node's containerd that has a shell and Python."""
+    return _IMAGES[0].workload
 
 
 @pytest.fixture
@@ -87,7 +124,8 @@ def namespace(cluster: LocalCluster, kubectl: Kubectl) -> Iterator[Callable[...,
 
     yield make
     for name in made:
-        # No kubelet confirms pod shutdown, so pods are force-deleted; their claims are then
-        # released by the controller-manager and the GPUs are free for the next test.
+        # Pods on simulated nodes have no kubelet to confirm shutdown, so pods are force-deleted;
+        # their claims are then released and the GPUs are free for the next test (the real node's
+        # kubelet still stops its containers and unprepares their devices).
         kubectl.run("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0")
         kubectl.run("delete", "namespace", name, "--wait=false")

@@ -10,12 +10,14 @@ from typing import Any
 
 from webhook.dev.cluster import DEFAULT_NODES, ClusterError, LocalCluster, default_state_dir
 from webhook.dev.kube import ApiError
+from webhook.dev.node import RealNode, real_node_prerequisites
 
 
 def register(subparsers: Any) -> None:
     dev = subparsers.add_parser(
         "dev",
-        help="local Kubernetes control plane with simulated GPU nodes (needs scripts/build-k8s.sh)",
+        help="local Kubernetes cluster: control plane, a real node with simulated GPUs, simulated nodes "
+        "(needs scripts/build-k8s.sh and scripts/build-node.sh)",
     )
     sub = dev.add_subparsers(dest="dev_command", metavar="SUBCOMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -31,9 +33,15 @@ def register(subparsers: Any) -> None:
         default=None,
         help="Kubernetes binaries (default: $DRAGUARD_K8S_BIN or the newest scripts/build-k8s.sh build)",
     )
+    starting = argparse.ArgumentParser(add_help=False)
+    starting.add_argument(
+        "--no-real-node",
+        action="store_true",
+        help="only simulated nodes (no kubelet, containerd or root needed; pods are scheduled, never run)",
+    )
 
-    up = sub.add_parser("up", parents=[common], help="start etcd, API server, controller-manager, scheduler, "
-                        "simulated nodes, drivers and the webhook")  # fmt: skip
+    up = sub.add_parser("up", parents=[common, starting], help="start etcd, API server, controller-manager, "
+                        "scheduler, a real node, simulated nodes, drivers and the webhook")  # fmt: skip
     up.add_argument("--no-webhook", action="store_true", help="do not start or register the webhook")
     up.add_argument("--no-driver", action="store_true", help="do not start the simulated-NVML drivers")
     up.add_argument(
@@ -41,7 +49,9 @@ def register(subparsers: Any) -> None:
     )
     up.set_defaults(func=cmd_up)
 
-    down = sub.add_parser("down", parents=[common], help="stop every process `dev up` started")
+    down = sub.add_parser(
+        "down", parents=[common], help="stop every process `dev up` started and undo the node's host changes"
+    )
     down.add_argument("--purge", action="store_true", help="also delete the state directory (logs included)")
     down.set_defaults(func=cmd_down)
 
@@ -51,7 +61,9 @@ def register(subparsers: Any) -> None:
     dev.set_defaults(func=lambda _a: (dev.print_help(sys.stderr), 2)[1])
 
     demo = subparsers.add_parser(
-        "demo", parents=[common], help="start the local cluster and walk through the article's scenarios"
+        "demo",
+        parents=[common, starting],
+        help="start the local cluster and walk through the article's scenarios",
     )
     demo.add_argument("--down", action="store_true", help="tear the demo cluster down instead")
     demo.add_argument("--keep", action="store_true", help="keep the demo namespaces afterwards")
@@ -67,11 +79,39 @@ def _fail(msg: str) -> int:
     return 1
 
 
+def _up(
+    cluster: LocalCluster,
+    args: argparse.Namespace,
+    *,
+    with_driver: bool = True,
+    with_webhook: bool = True,
+    policies: Path | None = None,
+) -> None:
+    if getattr(args, "no_real_node", False):
+        cluster.up(DEFAULT_NODES, with_driver=with_driver, with_webhook=with_webhook, policies=policies)
+        return
+    try:
+        images = real_node_prerequisites(cluster.progress)
+    except ClusterError as exc:
+        raise ClusterError(f"{exc}\n(--no-real-node starts the cluster with simulated nodes only)") from None
+    cluster.up(
+        DEFAULT_NODES,
+        real_node=RealNode(),
+        images=images.archives,
+        sandbox_image=images.sandbox,
+        workload_image=images.workload,
+        with_driver=with_driver,
+        with_webhook=with_webhook,
+        policies=policies,
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         cluster = _cluster(args)
-        cluster.up(
-            DEFAULT_NODES,
+        _up(
+            cluster,
+            args,
             with_driver=not args.no_driver,
             with_webhook=not args.no_webhook,
             policies=args.policies,
@@ -108,6 +148,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {name:<28} pid {c['pid']:<8} {'running' if c['alive'] else 'STOPPED'} {port}")
         if st["nodes"]:
             print(f"nodes:      {', '.join(st['nodes'])}")
+        node = st.get("real_node")
+        if node:
+            print(f"real node:  {node['name']} ({node['topology']}) at {node['node_ip']} in netns "
+                  f"{node['netns']}{'' if node['netns_present'] else ' (MISSING)'}")  # fmt: skip
+            print(
+                f"            pods {node['pod_cidr']}, Services {node['service_cidr']}, "
+                f"API server {node['apiserver']}"
+            )
         print(f"logs:       {st['logs']}")
     return 0 if st["ready"] else 3
 
@@ -119,7 +167,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     try:
         cluster = _cluster(args)
-        cluster.up(DEFAULT_NODES)
+        _up(cluster, args)
         return run_demo(cluster, keep=args.keep)
     except ClusterError as exc:
         return _fail(str(exc))

@@ -84,6 +84,38 @@ class Demo:
             _say(f"    allocated: driver={r['driver']} pool={r['pool']} device={r['device']}")
         return results
 
+    def show_running(self, ns: str, pod: str) -> None:
+        """On the real node: wait for the pod to run and print what its container saw."""
+        if not self.on_real_node:
+            return
+        running = self.wait(
+            lambda: (p := self.get("pod", pod, "-n", ns))["status"].get("phase") == "Running" and p,
+            f"pod {ns}/{pod} Running",
+            timeout=120,
+        )
+        self.expect(bool(running), f"pod {pod} Running on the real node {self.cluster.real_node}")
+        if running:
+            seen = self.cluster.kubectl_run("logs", "-n", ns, pod).stdout
+            _say("    the container saw:")
+            _say(textwrap.indent(seen.strip() or "(nothing yet)", "      "))
+            self.expect(
+                "NVIDIA_VISIBLE_DEVICES=GPU-" in seen, "its claim's GPU UUIDs in NVIDIA_VISIBLE_DEVICES"
+            )
+
+    @property
+    def on_real_node(self) -> bool:
+        return bool(self.cluster.real_node and self.cluster.workload_image)
+
+    def runs(self) -> dict[str, str | None]:
+        """Arguments that put a scenario's pod on the real node with a command showing its GPUs."""
+        if not self.on_real_node:
+            return {}
+        return {
+            "image": self.cluster.workload_image,
+            "node": self.cluster.real_node,
+            "command": scenarios.SHOW_GPUS,
+        }
+
     def pod_claims(self, ns: str, pod: str) -> list[str]:
         bound = self.wait(
             lambda: (p := self.get("pod", pod, "-n", ns))["spec"].get("nodeName") and p,
@@ -91,7 +123,9 @@ class Demo:
         )
         if not bound:
             return []
-        _say(f"    pod {pod} bound to node {bound['spec']['nodeName']}")
+        node = bound["spec"]["nodeName"]
+        kind = "real node" if node == self.cluster.real_node else "simulated node: scheduled, never run"
+        _say(f"    pod {pod} bound to node {node} ({kind})")
         return [s["resourceClaimName"] for s in bound["status"].get("resourceClaimStatuses") or []]
 
     # ---- steps -------------------------------------------------------------------------------
@@ -99,7 +133,7 @@ class Demo:
         _say("\n== 1. A device-plugin pod (nvidia.com/gpu: 2) in a namespace in migrate mode")
         ns = self.namespace("migrate")
         _say(f"  namespace {ns} is labelled draguard.io/migration-mode=migrate")
-        pod_yaml = scenarios.legacy_pod(ns)
+        pod_yaml = scenarios.legacy_pod(ns, **self.runs())
         # The webhook learns a new namespace's labels from its watch a moment later; wait for it.
         self.wait(
             lambda: (
@@ -122,6 +156,10 @@ class Demo:
         names = self.pod_claims(ns, "gpu-training-legacy")
         results = self.show_allocation(ns, names[0]) if names else []
         self.expect(len(results) == 2, "controller-manager made the claim; scheduler allocated 2 GPUs")
+        self.show_running(ns, "gpu-training-legacy")
+        if self.on_real_node:
+            # The real node has four A100s: free these two for the training step.
+            self.kubectl("delete", "pod", "-n", ns, "gpu-training-legacy", "--wait=true", "--timeout=60s")
 
     def step_tiers(self) -> None:
         _say("\n== 2. GPU tiers: an LLM inference Deployment may only use H100")
@@ -183,16 +221,18 @@ class Demo:
     def step_training(self) -> None:
         _say("\n== 5. 4x A100 training claim, all on one NVLink domain")
         ns = self.namespace("training")
-        proc = self.kubectl("apply", "-f", "-", input=scenarios.training_claim(ns))
+        proc = self.kubectl("apply", "-f", "-", input=scenarios.training_claim(ns, **self.runs()))
         self.expect(proc.returncode == 0, "claim and pod admitted")
         self.pod_claims(ns, "distributed-training")
         results = self.show_allocation(ns, "training-gpu-claim")
         self.expect(len(results) == 4 and len({r["pool"] for r in results}) == 1, "4 GPUs from one node")
+        self.show_running(ns, "distributed-training")
 
     def cleanup(self) -> None:
         names = [n for n, _ in NAMESPACES.values()]
         for n in names:
-            # No kubelet confirms shutdown: force-delete so the namespaces can go and claims are freed.
+            # Simulated nodes have no kubelet to confirm shutdown: force-delete so the namespaces can go
+            # and claims are freed (the real node's kubelet still stops its containers).
             self.cluster.kubectl_run("delete", "pods", "--all", "-n", n, "--force", "--grace-period=0")
         self.cluster.kubectl_run("delete", "namespace", "--ignore-not-found", "--wait=false", *names)
         self.cluster.kubectl_run(
@@ -215,6 +255,8 @@ def run_demo(cluster: LocalCluster, keep: bool = False) -> int:
     _say(f"kubeconfig: {cluster.kubeconfig}")
     nodes = ", ".join(n["name"] for n in cluster.state.get("nodes") or [])
     _say(f"nodes: {nodes}; {len(slices)} ResourceSlices")
+    if cluster.real_node:
+        _say(f"real node (kubelet, containerd, kube-proxy; simulated GPUs): {cluster.real_node}")
     for step in (demo.step_migrate, demo.step_tiers, demo.step_cel, demo.step_quota, demo.step_training):
         try:
             step()

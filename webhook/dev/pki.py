@@ -119,3 +119,40 @@ def make_sa_keys(directory: Path) -> KeyPair:
         )
     )
     return pair
+
+
+def cluster_certs(directory: Path, *, apiserver_address: str, service_ip: str) -> None:
+    """The control plane's CA, serving and client certificates, SA keys and the webhook's own CA."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = make_ca(directory, "ca")
+    names = {
+        "127.0.0.1",
+        apiserver_address,
+        service_ip,
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    }
+    issue(ca, directory, "apiserver", cn="kube-apiserver", server_names=tuple(sorted(names)))
+    issue(ca, directory, "admin", cn="draguard-admin", org="system:masters", client=True)
+    issue(ca, directory, "controller-manager", cn="system:kube-controller-manager", client=True)
+    issue(ca, directory, "scheduler", cn="system:kube-scheduler", client=True)
+    make_sa_keys(directory)
+    wca = make_ca(directory, "webhook-ca")
+    issue(wca, directory, "webhook", cn="draguard-webhook", server_names=("127.0.0.1", "localhost"))
+
+
+def node_certs(directory: Path, *, node_name: str, node_ip: str) -> None:
+    """A real node's identities: kubelet client (Node authorizer), kubelet serving, kube-proxy, and
+    the API server's client for kubelets (logs, exec)."""
+    ca = KeyPair(directory / "ca.crt", directory / "ca.key")
+    issue(ca, directory, "kubelet", cn=f"system:node:{node_name}", org="system:nodes", client=True)
+    issue(ca, directory, "kubelet-serving", cn=node_name, server_names=(node_ip, node_name))
+    issue(ca, directory, "kube-proxy", cn="system:kube-proxy", client=True)
+    # system:masters may use every kubelet API; the kubelet authorizes it through the API server.
+    issue(
+        ca, directory, "apiserver-kubelet-client", cn="kube-apiserver-kubelet-client",
+        org="system:masters", client=True,
+    )  # fmt: skip

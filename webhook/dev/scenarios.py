@@ -5,14 +5,35 @@ Each function takes the namespace to use and returns YAML for `kubectl apply -f 
 
 from __future__ import annotations
 
+import json
+
 DRIVER = "gpu.nvidia.com"
 A100 = "gpu.nvidia.com-a100"
 H100 = "gpu.nvidia.com-h100"
 MIGRATE_LABELS = {"draguard.io/migration-mode": "migrate"}
 
 
-def legacy_pod(ns: str) -> str:
-    """The article's device-plugin pod: two whole GPUs through the `nvidia.com/gpu` extended resource."""
+# What a container of a GPU claim prints first: its GPUs as the driver's CDI spec gave them.
+SHOW_GPUS = (
+    'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
+    'echo "device nodes: $(cd /dev && echo nvidia*)"; '
+    "exec sleep 3600"
+)
+
+
+def _runs_on(node: str | None, image: str | None, command: str | None) -> tuple[str, str]:
+    """(pod-spec lines, container lines) that pin a pod to `node` and run `command` in `image`."""
+    pod = f"  nodeSelector:\n    kubernetes.io/hostname: {node}\n" if node else ""
+    container = f"    command: [sh, -c, {json.dumps(command)}]\n" if command else ""
+    return pod, container
+
+
+def legacy_pod(ns: str, image: str | None = None, node: str | None = None, command: str | None = None) -> str:
+    """The article's device-plugin pod: two whole GPUs through the `nvidia.com/gpu` extended resource.
+
+    `image`, `node` and `command` make it a pod that runs on a real node and prints what it sees.
+    """
+    pod, container = _runs_on(node, image, command)
     return f"""\
 apiVersion: v1
 kind: Pod
@@ -20,13 +41,67 @@ metadata:
   name: gpu-training-legacy
   namespace: {ns}
 spec:
+{pod}  terminationGracePeriodSeconds: 1
   containers:
   - name: trainer
-    image: nvcr.io/nvidia/pytorch:24.01-py3
-    resources:
+    image: {image or "nvcr.io/nvidia/pytorch:24.01-py3"}
+{container}    resources:
       limits:
         nvidia.com/gpu: 2
 """
+
+
+def claim_pod(ns: str, name: str, device_class: str, count: int, image: str, node: str) -> str:
+    """A pod with its own claim (`<name>-gpu`) for `count` devices, on `node`, printing its GPUs."""
+    pod, container = _runs_on(node, image, SHOW_GPUS)
+    return f"""\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: {name}-gpu
+  namespace: {ns}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {device_class}
+        count: {count}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+{pod}  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {image}
+{container}    resources:
+      claims:
+      - name: gpu
+  resourceClaims:
+  - name: gpu
+    resourceClaimName: {name}-gpu
+"""
+
+
+def shell_pod(ns: str, name: str, image: str, node: str) -> str:
+    """A pod without devices that sleeps, for `kubectl exec` probes."""
+    pod, container = _runs_on(node, image, "exec sleep 3600")
+    return f"""\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+{pod}  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {image}
+{container}"""
 
 
 def llm_template(ns: str, device_class: str) -> str:
@@ -119,8 +194,12 @@ spec:
 """
 
 
-def training_claim(ns: str) -> str:
+def training_claim(
+    ns: str, image: str | None = None, node: str | None = None, command: str | None = None
+) -> str:
     """The article's 4-GPU training claim, with the interconnect attribute the driver really publishes."""
+    pod, container = _runs_on(node, image, command)
+    default_command = "    command: [torchrun, --nproc_per_node=4, train.py]\n"
     return f"""\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -144,12 +223,12 @@ metadata:
   name: distributed-training
   namespace: {ns}
 spec:
-  restartPolicy: Never
+{pod}  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
   containers:
   - name: trainer
-    image: nvcr.io/nvidia/pytorch:24.01-py3
-    command: [torchrun, --nproc_per_node=4, train.py]
-    resources:
+    image: {image or "nvcr.io/nvidia/pytorch:24.01-py3"}
+{container or default_command}    resources:
       claims:
       - name: training-gpus
   resourceClaims:

@@ -1,0 +1,99 @@
+"""The real node's parts that can be checked without binaries or root: names and addresses per state
+directory, the safety-relevant settings of the CNI, containerd and kubelet configurations, and the
+simulated driver root. Not marked e2e (see conftest): these run in every test run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+from webhook.dev import containerd, gpu, kubelet, network
+from webhook.dev.addons import topology_path
+from webhook.dev.node import NodeBins
+from webhook.dev.procs import Supervisor
+
+
+def test_two_state_dirs_get_distinct_names_within_interface_limits(tmp_path: Path) -> None:
+    a, b = (network.run_id_for(tmp_path / n) for n in ("one", "two"))
+    assert a != b
+    na, nb = network.NodeNet.for_slot(a, 7), network.NodeNet.for_slot(b, 8)
+    assert len({na.netns, nb.netns}) == 2 and len({na.host_if, nb.host_if}) == 2
+    for n in (na, nb):
+        assert len(n.host_if) <= 15 and len(n.node_if) <= 15  # IFNAMSIZ
+        assert n.node_ip != n.host_ip and not n.node_ip.startswith("127.")
+    assert na.pod_cidr != nb.pod_cidr and na.service_cidr != nb.service_cidr
+    assert network.run_id_for(tmp_path / "one") == a  # stable: `down` finds what `up` made
+
+
+def test_cni_network_masquerades_nothing_and_keeps_ipam_in_the_state_dir(tmp_path: Path) -> None:
+    net = network.NodeNet.for_slot("0123abcd", 3)
+    conf = network.cni_config(net, tmp_path / "ipam")
+    bridge = conf["plugins"][0]
+    assert bridge["type"] == "bridge" and bridge["ipMasq"] is False
+    assert bridge["ipam"]["ranges"] == [[{"subnet": net.pod_cidr, "gateway": net.pod_gateway}]]
+    assert bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
+    assert conf["name"] == net.cni_network
+
+
+def test_containerd_config(tmp_path: Path) -> None:
+    net = network.NodeNet.for_slot("0123abcd", 3)
+    p = containerd.ContainerdPaths.of(tmp_path / "node", net)
+    bins = NodeBins(tmp_path / "bin", tmp_path / "cni")
+    cfg = tomllib.loads(containerd.config_toml(p, bins, "localhost/draguard/pause:1"))
+    assert cfg["version"] == 4 and cfg["imports"] == []
+    plugins = cfg["plugins"]
+    runtime = plugins["io.containerd.cri.v1.runtime"]
+    assert runtime["restrict_oom_score_adj"] is True
+    assert runtime["cdi_spec_dirs"] == [str(tmp_path / "node" / "cdi")]
+    assert runtime["netns_mounts_under_state_dir"] is True
+    runc = runtime["containerd"]["runtimes"]["runc"]["options"]
+    assert runc == {"BinaryName": str(tmp_path / "bin" / "runc"), "SystemdCgroup": False}
+    assert plugins["io.containerd.cri.v1.images"]["snapshotter"] == "overlayfs"
+    assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == "localhost/draguard/pause:1"
+    assert plugins["io.containerd.server.v1.grpc"]["address"] == str(p.socket)
+    assert len(str(p.socket)) < 100 and len(str(p.state / "s" / ("x" * 64))) < 108  # sun_path
+    assert plugins["io.containerd.nri.v1.nri"]["disable"] is True
+
+
+def test_kubelet_is_never_anonymous(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path)
+    net = network.NodeNet.for_slot("0123abcd", 3)
+    cfg = kubelet.config(sup, net, containerd.ContainerdPaths.of(sup.paths.node, net))
+    assert cfg["authentication"]["anonymous"] == {"enabled": False}
+    assert cfg["authentication"]["webhook"] == {"enabled": True}
+    assert cfg["authorization"] == {"mode": "Webhook"}
+    assert cfg["readOnlyPort"] == 0
+    assert cfg["address"] == net.node_ip
+    assert cfg["failCgroupV1"] is False and cfg["cgroupDriver"] == "cgroupfs"
+    assert cfg["cgroupRoot"] == f"/draguard-{net.run_id}"
+
+
+def test_simulated_driver_root_has_real_files_and_an_nvidia_smi(tmp_path: Path) -> None:
+    topo = topology_path("a100-4x-nvlink.yaml")
+    info = gpu.write_driver_root(tmp_path, topo)
+    version, gpus = gpu.load_topology(topo)
+    lib = tmp_path / gpu.LIB_DIR
+    for name in ("libcuda.so", "libnvidia-ml.so"):
+        assert (lib / f"{name}.{version}").is_file() and not (lib / f"{name}.{version}").is_symlink()
+        assert (lib / name).resolve() == (lib / f"{name}.{version}").resolve()
+        assert str((lib / name).readlink()) == f"{name}.1"
+    assert info["libraries"] == [
+        f"{gpu.LIB_DIR}/libcuda.so.{version}",
+        f"{gpu.LIB_DIR}/libnvidia-ml.so.{version}",
+    ]
+    out = subprocess.run(
+        [str(tmp_path / "usr/bin/nvidia-smi"), "-L"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.splitlines() == [f"GPU {g.minor}: {g.name} (UUID: {g.uuid})" for g in gpus]
+    table = subprocess.run([str(tmp_path / "usr/bin/nvidia-smi")], capture_output=True, text=True, check=True)
+    assert f"Driver Version: {version}" in table.stdout
+
+
+def test_device_nodes_are_the_nvidia_numbers() -> None:
+    _, gpus = gpu.load_topology(topology_path("h100-8x-nvlink.yaml"))
+    nodes = {str(n.path): (n.major, n.minor) for n in gpu.device_nodes(gpus)}
+    assert nodes["/dev/nvidia7"] == (195, 7)
+    assert nodes["/dev/nvidiactl"] == (195, 255)
+    assert {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= set(nodes)

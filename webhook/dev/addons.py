@@ -1,0 +1,201 @@
+"""draguard's own parts in the local cluster: one driver per node and the host-run webhook."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from webhook.dev.procs import REPO_ROOT, free_port
+
+if TYPE_CHECKING:
+    from webhook.dev.cluster import LocalCluster
+
+# Server-side apply manager of what the harness registers; applying with it again replaces the fields.
+FIELD_MANAGER = "draguard-dev"
+DRIVER_NAME = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class DriverDirs:
+    """Where one node's driver keeps its sockets, checkpoint and CDI specs."""
+
+    plugins: Path
+    registry: Path
+    cdi: Path
+
+
+def draguard_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "webhook.cli", *args]
+
+
+def topology_path(topology: str) -> Path:
+    topo = Path(topology)
+    return topo if topo.is_absolute() else REPO_ROOT / "driver" / "sim" / "topologies" / topology
+
+
+def start_driver(cluster: LocalCluster, node: str, topology: str, dirs: DriverDirs, timeout: float) -> None:
+    """A simulated-NVML driver for `node`; waits until it has published its ResourceSlices."""
+    for d in (dirs.plugins, dirs.registry, dirs.cdi):
+        d.mkdir(parents=True, exist_ok=True)
+    name = f"driver-{node}"
+    cluster.spawn(
+        name,
+        draguard_argv(
+            "driver", "run",
+            "--node-name", node,
+            "--sim", str(topology_path(topology)),
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--plugin-dir", str(dirs.plugins),
+            "--registry-dir", str(dirs.registry),
+            "--cdi-root", str(dirs.cdi),
+            "--metrics-port", "0",
+        ),
+        env={"PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    kube = cluster.kube()
+    path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
+
+    def published() -> bool:
+        return bool(kube.get(path).get("items"))
+
+    took = cluster.wait(name, published, timeout)
+    cluster.progress(f"driver on {node} ({topology}) published its ResourceSlices ({took:.1f}s)")
+
+
+def start_webhook(cluster: LocalCluster, policies: Path, timeout: float) -> None:
+    """Run `draguard serve` on loopback and register it with the API server by URL."""
+    c = cluster.paths.certs
+    port = free_port()
+    cluster.state["ports"]["webhook"] = port
+    cluster.spawn(
+        "webhook",
+        draguard_argv(
+            "serve",
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--tls-cert", str(c / "webhook.crt"),
+            "--tls-key", str(c / "webhook.key"),
+            "--policies", str(policies),
+            "--kubeconfig", str(cluster.kubeconfig),
+        ),
+        env={"PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    ctx = ssl.create_default_context(cafile=str(c / "webhook-ca.crt"))
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2) as r:
+            return bool(r.status == 200)
+
+    took = cluster.wait("webhook", ready, timeout)
+    cluster.progress(f"webhook serving on https://127.0.0.1:{port} ({took:.1f}s)")
+    cluster.state["policies"] = str(policies)
+    cluster._save_state()
+    source = register_webhook(cluster, port)
+    cluster.progress(f"webhook configurations registered ({source})")
+
+
+def webhook_ca_bundle(cluster: LocalCluster) -> str:
+    return base64.b64encode((cluster.paths.certs / "webhook-ca.crt").read_bytes()).decode()
+
+
+def webhook_objects(cluster: LocalCluster, port: int) -> tuple[list[dict[str, Any]], str]:
+    """Namespace, DeviceClasses and webhook configurations of the local overlay, aimed at `port`."""
+    import yaml
+
+    overlay = REPO_ROOT / "kustomize" / "overlays" / "local"
+    if not (overlay / "kustomization.yaml").exists():
+        return generated_webhook_configs(port, webhook_ca_bundle(cluster)), "generated in code"
+    out = cluster.kubectl("kustomize", str(overlay))
+    keep = {"Namespace", "DeviceClass", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    objs = [d for d in yaml.safe_load_all(out) if isinstance(d, dict) and d.get("kind") in keep]
+    bundle = webhook_ca_bundle(cluster)
+    for obj in objs:
+        for hook in obj.get("webhooks") or []:
+            cc = hook.setdefault("clientConfig", {})
+            url = str(cc.get("url") or "https://127.0.0.1/validate")
+            if cc.get("service"):
+                url = f"https://127.0.0.1{cc['service'].get('path') or '/validate'}"
+            cc["url"] = re.sub(r"^https://[^/]+", f"https://127.0.0.1:{port}", url)
+            cc.pop("service", None)
+            cc["caBundle"] = bundle
+    return objs, "kustomize/overlays/local with URL port and caBundle patched in"
+
+
+def register_webhook(cluster: LocalCluster, port: int) -> str:
+    objs, source = webhook_objects(cluster, port)
+    hooks = [o for o in objs if o.get("kind", "").endswith("WebhookConfiguration")]
+    rest = [o for o in objs if o not in hooks]
+    # Configurations first: on a re-registration the old ones still point at a stopped webhook,
+    # which (failing closed) would refuse the DeviceClasses applied in the same batch.
+    for batch in (hooks, rest):
+        if batch:
+            doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": batch})
+            cluster.kubectl(
+                "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+                "-f", "-", input=doc,
+            )  # fmt: skip
+    return source
+
+
+def generated_webhook_configs(port: int, ca_bundle: str) -> list[dict[str, Any]]:
+    """Webhook configurations for a host-run webhook, used when the local overlay is absent."""
+    ns_selector = {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "kube-node-lease", "kube-public", "draguard-system"],
+            }
+        ]
+    }
+    rules = [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
+        {
+            "apiGroups": ["apps", "batch"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["deployments", "statefulsets", "daemonsets", "replicasets", "jobs", "cronjobs"],
+        },
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+        },
+    ]
+
+    def hook(name: str, path: str, policy: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
+            # /mutate only rewrites workloads' device-plugin requests; resource.k8s.io is never patched.
+            "rules": rules[:2] if path == "/mutate" else rules,
+            "namespaceSelector": ns_selector,
+            "failurePolicy": policy,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }
+
+    labels = {"app.kubernetes.io/managed-by": "draguard"}
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "draguard", "labels": labels},
+            "webhooks": [hook("mutate.draguard.io", "/mutate", "Ignore")],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "draguard", "labels": labels},
+            "webhooks": [hook("validate.draguard.io", "/validate", "Fail")],
+        },
+    ]
