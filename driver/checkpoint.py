@@ -181,7 +181,8 @@ class Checkpoint:
             "preparedClaims": {uid: e.to_json() for uid, e in sorted(claims.items())},
         }
         doc = {"checksum": _checksum(v2), "v2": v2}
-        atomic_write(self.path, json.dumps(doc, indent=2, sort_keys=True).encode())
+        # 0600: the checkpoint names every claim on the node; only the plugin reads it.
+        atomic_write(self.path, json.dumps(doc, indent=2, sort_keys=True).encode(), mode=0o600)
 
     def quarantine(self) -> Path:
         """Move a corrupt checkpoint aside (kept for inspection) and start afresh."""
@@ -190,12 +191,16 @@ class Checkpoint:
         return dest
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` so readers see either the old or the new file, never a torn one."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` so readers see either the old or the new file, never a torn one.
+
+    The file gets exactly `mode` (whatever the umask), before any byte is in it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.fchmod(fd, mode)
         os.write(fd, data)
         os.fsync(fd)
     finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import driver as _pkg
-from driver.cdi import CdiDevice, CdiWriter
+from driver.cdi import CdiDevice, CdiError, CdiWriter
 from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -207,7 +207,7 @@ class DeviceState:
                 self._apply(dev, cfg)
             ids = self.cdi.write(ref.uid, [CdiDevice(dev, reqs) for dev, reqs, _s, _c in plan])
             self.fault("after-cdi-written")
-        except (SharingUnsupported, NvmlCallError, OSError) as exc:
+        except (SharingUnsupported, NvmlCallError, CdiError, OSError) as exc:
             self._rollback(ref.uid)
             claims.pop(ref.uid, None)
             self.checkpoint.save(claims)
@@ -355,7 +355,7 @@ class DeviceState:
                 ref.uid,
                 [CdiDevice(d, tuple(p.requests)) for d, p in zip(devs, entry.devices, strict=True) if d],
             )
-        except OSError as exc:
+        except (OSError, CdiError) as exc:
             raise PrepareError(f"claim {ref}: rewriting its missing CDI spec failed: {exc}") from None
         log.warning("claim %s: CDI spec was missing or incomplete; rewrote it from the checkpoint", ref)
         changed = False

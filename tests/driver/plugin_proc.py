@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from driver_helpers import sim_layout
 
 from driver.cdi import CdiWriter
 from driver.checkpoint import Checkpoint
@@ -48,7 +51,7 @@ async def main(cfg: dict[str, Any]) -> None:
         node_name=cfg["node"],
         devices=build_devices(nvml.enumerate()),
         checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"),
+        cdi=CdiWriter(base / "cdi", sim_layout(base, nvml)),
         claims=FileClaims(cfg["claims"]),
         nvml=nvml,
         version=cfg.get("version", "0.1.0"),
