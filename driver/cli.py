@@ -36,7 +36,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
 
 
 def _add_host(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--driver-root", default=os.environ.get("DRIVER_ROOT") or None,
+    p.add_argument("--driver-root", default=None,
                    help="where the NVIDIA driver is installed on the host (env DRIVER_ROOT): / (default), "
                         "/run/nvidia/driver (GPU Operator), /home/kubernetes/bin/nvidia (GKE); with --sim, "
                         "a tree made by `draguard driver sim-root`")  # fmt: skip
@@ -53,13 +53,22 @@ def _add_host(p: argparse.ArgumentParser) -> None:
                         "graphics,ngx or all)")  # fmt: skip
 
 
-def host_layout(args: argparse.Namespace, driver_version: str, default_root: str = "/") -> Any:
+def driver_root(args: argparse.Namespace) -> Any:
+    """--driver-root, else env DRIVER_ROOT, else `/`; seen at --driver-root-mount."""
+    from driver.driverroot import Root
+
+    host = getattr(args, "driver_root", None) or os.environ.get("DRIVER_ROOT") or "/"
+    return Root.of(host, getattr(args, "driver_root_mount", None))
+
+
+def host_layout(args: argparse.Namespace, driver_version: str, root: Any = None) -> Any:
     """The host layout the CDI specs are written for; DriverRootError when the driver root is unusable."""
     from driver.cdi import HostLayout
     from driver.driverroot import Root, parse_capabilities, simulated_roots, validate
 
-    root = Root.of(args.driver_root or default_root, args.driver_root_mount)
+    root = root or driver_root(args)
     validate(root)
+
     sim = simulated_roots(root)
     dev = args.dev_root or (sim[0] if sim else "/")
     proc = args.proc_root or (sim[1] if sim else "/")
@@ -126,12 +135,12 @@ def _err(msg: str) -> int:
 
 def _open(args: argparse.Namespace, on_error: Any = None) -> Any:
     """NVML (real: libnvidia-ml.so.1 and nvidia-smi from the driver root when it has them)."""
-    from driver.driverroot import Root, find_binary, find_nvml
+    from driver.driverroot import find_binary, find_nvml
     from driver.nvml import open_nvml
 
     library = smi = None
-    if getattr(args, "driver_root", None) is not None or getattr(args, "real", False):
-        root = Root.of(getattr(args, "driver_root", None) or "/", getattr(args, "driver_root_mount", None))
+    if not args.sim:
+        root = driver_root(args)
         library, smi = find_nvml(root), find_binary(root, "nvidia-smi")
     return open_nvml(args.sim, args.real, on_error, library, smi)
 
@@ -227,7 +236,8 @@ def check_writable(*dirs: str) -> None:
     """
     for d in dirs:
         p = Path(d)
-        probe = p if p.exists() else next((a for a in p.parents if a.exists()), Path("/"))
+        # os.path.exists: False (not an exception) where a parent cannot be searched
+        probe = p if os.path.exists(p) else next((a for a in p.parents if os.path.exists(a)), Path("/"))
         ok = os.access(probe, os.W_OK | os.X_OK)
         if ok and probe != p:
             try:
@@ -260,15 +270,17 @@ async def run_driver(args: argparse.Namespace) -> int:
         nvml = _open(args, metrics.nvml_error)
         node = nvml.enumerate()
         devices = build_devices(node, args.driver_name)
-        default_root = "/"
+        root = None
         if node.simulated and not args.driver_root:
+            from driver.driverroot import Root
             from driver.sim import load_topology
             from driver.sim.driverroot import make_driver_root
 
-            default_root = os.path.join(plugin_dir, "sim-driver-root")
-            make_driver_root(default_root, load_topology(node.source))
-            log.warning("SIMULATED driver root laid out in %s", default_root)
-        layout = host_layout(args, node.driver_version, default_root)
+            # The plugin directory has the same path on the host and in the pod.
+            root = Root.of(os.path.join(plugin_dir, "sim-driver-root"))
+            make_driver_root(root.mount, load_topology(node.source))
+            log.warning("SIMULATED driver root laid out in %s", root.host)
+        layout = host_layout(args, node.driver_version, root)
         publisher = SlicePublisher.from_kubeconfig(
             args.kubeconfig, args.node_name, args.driver_name, version=args.api_version,
             simulated_source=node.source if node.simulated else None,

@@ -144,10 +144,13 @@ def make_driver_root(dest: str | Path, sim: SimulatedNvml, *, device_nodes: bool
     return info
 
 
-def simulated_layout(dest: str | Path, sim: SimulatedNvml, *, hook: str = "none") -> HostLayout:
-    """Lay out a simulated driver root at `dest` and return the host layout that points at it."""
+def simulated_layout(
+    dest: str | Path, sim: SimulatedNvml, *, hook: str = "none", create: bool = True
+) -> HostLayout:
+    """The host layout of a simulated driver root at `dest` (laid out first unless `create` is False)."""
     root = Path(dest)
-    make_driver_root(root, sim)
+    if create:
+        make_driver_root(root, sim)
     layout = HostLayout(dev=Root.of(str(root)), proc=root, driver=Root.of(str(root)),
                         driver_version=sim.driver_version, hook=hook)  # fmt: skip
     layout.refresh()
