@@ -41,6 +41,8 @@ class PreparedDevice:
     device_name: str
     cdi_device_ids: list[str]
     share_id: str | None = None
+    sharing: str | None = None  # the claim's sharing strategy for this device (TimeSlicing), if any
+    admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +53,10 @@ class PreparedDevice:
         }
         if self.share_id:
             out["shareID"] = self.share_id
+        if self.sharing:
+            out["sharing"] = self.sharing
+        if self.admin_access:
+            out["adminAccess"] = True
         return out
 
     @classmethod
@@ -61,6 +67,8 @@ class PreparedDevice:
             device_name=str(d.get("deviceName") or d.get("DeviceName") or ""),
             cdi_device_ids=list(d.get("cdiDeviceIDs") or d.get("CDIDeviceIDs") or []),
             share_id=d.get("shareID") or d.get("ShareID"),
+            sharing=d.get("sharing") if isinstance(d.get("sharing"), str) else None,
+            admin_access=d.get("adminAccess") is True,
         )
 
 
