@@ -27,6 +27,7 @@ from driver.devices import build_devices
 from driver.nvml import open_sim
 from driver.plugin import PluginServer
 from driver.proto import dra_v1_pb2, pluginregistration_pb2
+from driver.sim.driverroot import simulated_layout
 from driver.slices import build_slices, validate_slices
 from driver.state import ClaimRef, DeviceState
 
@@ -73,7 +74,7 @@ def make_state(base: Path, claims: Claims) -> DeviceState:
         node_name=NODE,
         devices=build_devices(nvml.enumerate()),
         checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"),
+        cdi=CdiWriter(base / "cdi", simulated_layout(base / "root", nvml.lib)),
         claims=claims,
         nvml=nvml,
     )

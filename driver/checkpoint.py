@@ -41,6 +41,8 @@ class PreparedDevice:
     device_name: str
     cdi_device_ids: list[str]
     share_id: str | None = None
+    sharing: str | None = None  # the claim's sharing strategy for this device (TimeSlicing), if any
+    admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +53,10 @@ class PreparedDevice:
         }
         if self.share_id:
             out["shareID"] = self.share_id
+        if self.sharing:
+            out["sharing"] = self.sharing
+        if self.admin_access:
+            out["adminAccess"] = True
         return out
 
     @classmethod
@@ -61,6 +67,8 @@ class PreparedDevice:
             device_name=str(d.get("deviceName") or d.get("DeviceName") or ""),
             cdi_device_ids=list(d.get("cdiDeviceIDs") or d.get("CDIDeviceIDs") or []),
             share_id=d.get("shareID") or d.get("ShareID"),
+            sharing=d.get("sharing") if isinstance(d.get("sharing"), str) else None,
+            admin_access=d.get("adminAccess") is True,
         )
 
 
@@ -181,7 +189,8 @@ class Checkpoint:
             "preparedClaims": {uid: e.to_json() for uid, e in sorted(claims.items())},
         }
         doc = {"checksum": _checksum(v2), "v2": v2}
-        atomic_write(self.path, json.dumps(doc, indent=2, sort_keys=True).encode())
+        # 0600: the checkpoint names every claim on the node; only the plugin reads it.
+        atomic_write(self.path, json.dumps(doc, indent=2, sort_keys=True).encode(), mode=0o600)
 
     def quarantine(self) -> Path:
         """Move a corrupt checkpoint aside (kept for inspection) and start afresh."""
@@ -190,12 +199,16 @@ class Checkpoint:
         return dest
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` so readers see either the old or the new file, never a torn one."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` so readers see either the old or the new file, never a torn one.
+
+    The file gets exactly `mode` (whatever the umask), before any byte is in it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.fchmod(fd, mode)
         os.write(fd, data)
         os.fsync(fd)
     finally:

@@ -13,6 +13,7 @@ import socket
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,6 +35,50 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     g.add_argument("--real", action="store_true", help="use the real NVML even if DRAGUARD_NVML_SIM is set")
 
 
+def _add_host(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--driver-root", default=None,
+                   help="where the NVIDIA driver is installed on the host (env DRIVER_ROOT): / (default), "
+                        "/run/nvidia/driver (GPU Operator), /home/kubernetes/bin/nvidia (GKE); with --sim, "
+                        "a tree made by `draguard driver sim-root`")  # fmt: skip
+    p.add_argument("--driver-root-mount", default=None,
+                   help="where this process sees the driver root (default: the same path)")  # fmt: skip
+    p.add_argument("--dev-root", default=None,
+                   help="host directory holding dev/nvidia* (default /; sim roots: their own)")  # fmt: skip
+    p.add_argument("--proc-root", default=None,
+                   help="directory holding proc/driver/nvidia (default /; sim roots: their own)")  # fmt: skip
+    p.add_argument("--cdi-hook", default="auto",
+                   help="host path of nvidia-cdi-hook; auto: find it in the driver root; none")  # fmt: skip
+    p.add_argument("--driver-capabilities", default="compute,utility",
+                   help="driver libraries to inject, as NVIDIA_DRIVER_CAPABILITIES (compute,utility,video,"
+                        "graphics,ngx or all)")  # fmt: skip
+
+
+def driver_root(args: argparse.Namespace) -> Any:
+    """--driver-root, else env DRIVER_ROOT, else `/`; seen at --driver-root-mount."""
+    from driver.driverroot import Root
+
+    host = getattr(args, "driver_root", None) or os.environ.get("DRIVER_ROOT") or "/"
+    return Root.of(host, getattr(args, "driver_root_mount", None))
+
+
+def host_layout(args: argparse.Namespace, driver_version: str, root: Any = None) -> Any:
+    """The host layout the CDI specs are written for; DriverRootError when the driver root is unusable."""
+    from driver.cdi import HostLayout
+    from driver.driverroot import Root, parse_capabilities, simulated_roots, validate
+
+    root = root or driver_root(args)
+    validate(root)
+
+    sim = simulated_roots(root)
+    dev = args.dev_root or (sim[0] if sim else "/")
+    proc = args.proc_root or (sim[1] if sim else "/")
+    caps = parse_capabilities(args.driver_capabilities)
+    layout = HostLayout(dev=Root.of(dev), proc=Path(proc), driver=root, driver_version=driver_version,
+                        capabilities=caps, hook=args.cdi_hook)  # fmt: skip
+    layout.refresh()
+    return layout
+
+
 def register(subparsers: Any) -> None:
     drv = subparsers.add_parser("driver", help="the bundled NVML-backed DRA driver (kubelet plugin)")
     sub = drv.add_subparsers(dest="driver_command", metavar="SUBCOMMAND")
@@ -45,6 +90,20 @@ def register(subparsers: Any) -> None:
     inv.add_argument("--api-version", choices=("v1", "v1beta2", "v1beta1"), default="v1")
     inv.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     inv.set_defaults(func=cmd_inventory)
+
+    spec = sub.add_parser("cdi-spec", help="print the CDI spec prepare would write for these devices")
+    _add_source(spec)
+    _add_host(spec)
+    spec.add_argument("--devices", required=True, help="device names, comma-separated (gpu-0,gpu-1)")
+    spec.add_argument("--claim-uid", default="00000000-0000-0000-0000-000000000000",
+                      help="the claim UID the spec is written for")  # fmt: skip
+    spec.add_argument("--driver-name", default=DRIVER_NAME)
+    spec.set_defaults(func=cmd_cdi_spec)
+
+    simroot = sub.add_parser("sim-root", help="lay out a simulated driver root (files, device nodes)")
+    simroot.add_argument("directory")
+    simroot.add_argument("--sim", required=True, metavar="TOPOLOGY.yaml", help="the simulated topology")
+    simroot.set_defaults(func=cmd_sim_root)
 
     run = sub.add_parser("run", help="run the kubelet plugin on this node")
     _add_source(run)
@@ -62,6 +121,7 @@ def register(subparsers: Any) -> None:
                      help="this pod's UID (env POD_UID): per-pod sockets for rolling updates")  # fmt: skip
     run.add_argument("--api-version", choices=("v1", "v1beta2", "v1beta1"), default=None,
                      help="resource.k8s.io version to write (default: newest the server offers)")  # fmt: skip
+    _add_host(run)
     run.add_argument("--resync-seconds", type=float, default=300.0,
                      help="re-read NVML and republish slices this often")  # fmt: skip
     run.set_defaults(func=cmd_run)
@@ -74,9 +134,15 @@ def _err(msg: str) -> int:
 
 
 def _open(args: argparse.Namespace, on_error: Any = None) -> Any:
+    """NVML (real: libnvidia-ml.so.1 and nvidia-smi from the driver root when it has them)."""
+    from driver.driverroot import find_binary, find_nvml
     from driver.nvml import open_nvml
 
-    return open_nvml(args.sim, args.real, on_error)
+    library = smi = None
+    if not args.sim:
+        root = driver_root(args)
+        library, smi = find_nvml(root), find_binary(root, "nvidia-smi")
+    return open_nvml(args.sim, args.real, on_error, library, smi)
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
@@ -105,6 +171,47 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cdi_spec(args: argparse.Namespace) -> int:
+    from driver.cdi import CdiDevice, CdiError, CdiWriter
+    from driver.devices import build_devices
+    from driver.driverroot import DriverRootError
+    from driver.nvml import NvmlCallError, NvmlUnavailable
+    from driver.sim import TopologyError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        node = _open(args).enumerate()
+        devices = {d.name: d for d in build_devices(node, args.driver_name)}
+        names = [n.strip() for n in args.devices.split(",") if n.strip()]
+        missing = [n for n in names if n not in devices]
+        if missing or not names:
+            have = ", ".join(devices) or "none"
+            what = ", ".join(missing) or "(none given)"
+            return _err(f"--devices: unknown device(s) {what}; this node has: {have}")
+        if node.simulated and not args.driver_root:
+            return _err("--driver-root is required with a simulated topology; make one with "
+                        "`draguard driver sim-root DIR --sim TOPOLOGY`, then pass it")  # fmt: skip
+        writer = CdiWriter(".", host_layout(args, node.driver_version))
+        data = writer.render(args.claim_uid, [CdiDevice(devices[n], ("cdi-spec",)) for n in names])
+    except (NvmlUnavailable, NvmlCallError, TopologyError, DriverRootError, CdiError, ValueError) as exc:
+        return _err(str(exc))
+    sys.stdout.write(data.decode() + "\n")
+    return 0
+
+
+def cmd_sim_root(args: argparse.Namespace) -> int:
+    from driver.sim import TopologyError, load_topology
+    from driver.sim.driverroot import make_driver_root
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        info = make_driver_root(args.directory, load_topology(args.sim))
+    except (TopologyError, OSError) as exc:
+        return _err(str(exc))
+    print(json.dumps(info, indent=2))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.node_name:
@@ -121,6 +228,30 @@ class DriverStartError(RuntimeError):
     pass
 
 
+def check_writable(*dirs: str) -> None:
+    """Fail at start, naming the directory and the user, when the plugin cannot write where it must.
+
+    The kubelet's directories are root-owned (0750 on many distributions): the plugin runs as root
+    in its privileged container, and any other user is refused here rather than at the first claim.
+    """
+    for d in dirs:
+        p = Path(d)
+        # os.path.exists: False (not an exception) where a parent cannot be searched
+        probe = p if os.path.exists(p) else next((a for a in p.parents if os.path.exists(a)), Path("/"))
+        ok = os.access(probe, os.W_OK | os.X_OK)
+        if ok and probe != p:
+            try:
+                p.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                ok = False
+        if not ok:
+            raise DriverStartError(
+                f"{d}: not writable by uid {os.getuid()} (gid {os.getgid()}); the kubelet's plugin and CDI "
+                "directories are root-owned, so the driver must run as root (runAsUser: 0 in its "
+                "privileged container, as kustomize/base/driver/daemonset.yaml sets)"
+            )
+
+
 async def run_driver(args: argparse.Namespace) -> int:
     from driver.cdi import CdiWriter
     from driver.checkpoint import Checkpoint
@@ -134,22 +265,34 @@ async def run_driver(args: argparse.Namespace) -> int:
 
     metrics = DriverMetrics()
     plugin_dir = args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}"
+    check_writable(plugin_dir, args.registry_dir, args.cdi_root)
     try:
         nvml = _open(args, metrics.nvml_error)
         node = nvml.enumerate()
         devices = build_devices(node, args.driver_name)
+        root = None
+        if node.simulated and not args.driver_root:
+            from driver.driverroot import Root
+            from driver.sim import load_topology
+            from driver.sim.driverroot import make_driver_root
+
+            # The plugin directory has the same path on the host and in the pod.
+            root = Root.of(os.path.join(plugin_dir, "sim-driver-root"))
+            make_driver_root(root.mount, load_topology(node.source))
+            log.warning("SIMULATED driver root laid out in %s", root.host)
+        layout = host_layout(args, node.driver_version, root)
         publisher = SlicePublisher.from_kubeconfig(
             args.kubeconfig, args.node_name, args.driver_name, version=args.api_version,
             simulated_source=node.source if node.simulated else None,
         )  # fmt: skip
-    except (NvmlUnavailable, NvmlCallError, TopologyError, ValueError) as exc:
+    except (NvmlUnavailable, NvmlCallError, TopologyError, ValueError, OSError) as exc:
         raise DriverStartError(str(exc)) from None
     except Exception as exc:  # kubeconfig problems come as assorted exception types
         raise DriverStartError(f"cannot load Kubernetes configuration: {exc}") from None
     version = await asyncio.to_thread(publisher.choose_version)
     state = DeviceState(
         driver_name=args.driver_name, node_name=args.node_name, devices=devices,
-        checkpoint=Checkpoint(plugin_dir), cdi=CdiWriter(args.cdi_root),
+        checkpoint=Checkpoint(plugin_dir), cdi=CdiWriter(args.cdi_root, layout),
         claims=KubeClaimReader(publisher.api, version), nvml=nvml, metrics=metrics,
     )  # fmt: skip
     report = await asyncio.to_thread(state.recover)

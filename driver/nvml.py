@@ -130,6 +130,7 @@ class Nvml:
     source: str
     sysfs_root: Path = Path("/sys/bus/pci/devices")
     on_error: Callable[[str], None] | None = None
+    smi: Path | None = None  # the driver root's nvidia-smi; None: look it up on PATH
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _call(self, name: str, *args: Any, expected: tuple[int, ...] = ()) -> Any:
@@ -283,12 +284,18 @@ class Nvml:
                 finally:
                     self._call("nvmlShutdown")
             return
-        smi = shutil.which("nvidia-smi")
+        smi = str(self.smi) if self.smi is not None else shutil.which("nvidia-smi")
         if smi is None:
-            raise SharingUnsupported("time-slicing needs nvidia-smi on the node (not found in PATH)")
+            raise SharingUnsupported(
+                "time-slicing needs nvidia-smi: none in the driver root (--driver-root) nor on PATH"
+            )
+        env = dict(os.environ)
+        lib = getattr(getattr(self.lib, "nvmlLib", None), "_name", None)
+        if isinstance(lib, str) and "/" in lib:  # nvidia-smi loads libnvidia-ml.so.1 from the driver root too
+            env["LD_LIBRARY_PATH"] = os.path.dirname(lib)
         proc = subprocess.run(  # fixed argv, no shell
             [smi, "compute-policy", "-i", gpu_uuid, f"--set-timeslice={value}"],
-            capture_output=True, text=True, timeout=30, check=False,
+            capture_output=True, text=True, timeout=30, check=False, env=env,
         )  # fmt: skip
         if proc.returncode != 0:
             if self.on_error is not None:
@@ -297,14 +304,27 @@ class Nvml:
             raise SharingUnsupported(f"setting the time-slice on {gpu_uuid} failed: {msg}")
 
 
-def open_real(on_error: Callable[[str], None] | None = None) -> Nvml:
-    """NVML from nvidia-ml-py; raises NvmlUnavailable with a clear message when it cannot load."""
+def open_real(
+    on_error: Callable[[str], None] | None = None, library: Path | None = None, smi: Path | None = None
+) -> Nvml:
+    """NVML from nvidia-ml-py; raises NvmlUnavailable with a clear message when it cannot load.
+
+    `library` is the driver root's libnvidia-ml.so.1 (loaded instead of the loader's search path);
+    `smi` its nvidia-smi.
+    """
     try:
         import pynvml
     except ImportError:
         raise NvmlUnavailable(
             "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
         ) from None
+    if library is not None and getattr(pynvml, "nvmlLib", None) is None:
+        import ctypes
+
+        try:
+            pynvml.nvmlLib = ctypes.CDLL(str(library))  # pynvml keeps an already loaded library
+        except OSError as exc:
+            raise NvmlUnavailable(f"cannot load {library}: {exc}") from None
     try:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
@@ -313,7 +333,7 @@ def open_real(on_error: Callable[[str], None] | None = None) -> Nvml:
             f"NVML is not usable on this machine ({exc}); run on a node with the NVIDIA driver installed, "
             f"or use --sim TOPOLOGY.yaml (or {SIM_ENV}) for a simulated node"
         ) from None
-    return Nvml(pynvml, simulated=False, source="nvml", on_error=on_error)
+    return Nvml(pynvml, simulated=False, source="nvml", on_error=on_error, smi=smi)
 
 
 def open_sim(path: str | Path, on_error: Callable[[str], None] | None = None) -> Nvml:
@@ -323,7 +343,13 @@ def open_sim(path: str | Path, on_error: Callable[[str], None] | None = None) ->
     return Nvml(sim, simulated=True, source=sim.source, on_error=on_error)
 
 
-def open_nvml(sim: str | None, real: bool, on_error: Callable[[str], None] | None = None) -> Nvml:
+def open_nvml(
+    sim: str | None,
+    real: bool,
+    on_error: Callable[[str], None] | None = None,
+    library: Path | None = None,
+    smi: Path | None = None,
+) -> Nvml:
     """Pick the backend: `--sim FILE`, else `DRAGUARD_NVML_SIM`, else real NVML.
 
     `--real` wins over the environment variable, so a node can never be silently simulated.
@@ -333,4 +359,4 @@ def open_nvml(sim: str | None, real: bool, on_error: Callable[[str], None] | Non
     env = os.environ.get(SIM_ENV)
     if env and not real:
         return open_sim(env, on_error)
-    return open_real(on_error)
+    return open_real(on_error, library, smi)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import driver as _pkg
-from driver.cdi import CdiDevice, CdiWriter
+from driver.cdi import CdiDevice, CdiError, CdiWriter
 from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -126,6 +126,10 @@ def _get(obj: Any, *path: str) -> Any:
     return obj
 
 
+def _strategy(cfg: DeviceConfig) -> str | None:
+    return cfg.sharing.strategy if cfg.sharing is not None else None
+
+
 def _request_matches(names: Sequence[str], request: str) -> bool:
     # A result for subrequest "req/sub" is configured by configs naming "req" or "req/sub".
     return request in names or request.split("/", 1)[0] in names
@@ -195,9 +199,16 @@ class DeviceState:
             self.checkpoint.save(claims)
         obj = self._read(ref)
         plan = self._plan(ref, obj)
+        results = _get(obj, "status", "allocation", "devices", "results") or []
+        admin = {str(r.get("device")) for r in results if isinstance(r, Mapping) and r.get("adminAccess")}
+        self._check_exclusive(ref, plan, claims, admin)
         self.fault("before-prepare-checkpoint")
         prepared = [
-            PreparedDevice(list(reqs), self.node_name, dev.name, [], share) for dev, reqs, share, _cfg in plan
+            PreparedDevice(
+                list(reqs), self.node_name, dev.name, [], share, sharing=_strategy(cfg),
+                admin_access=dev.name in admin,
+            )
+            for dev, reqs, share, cfg in plan
         ]
         claims[ref.uid] = ClaimEntry(PREPARE_STARTED, ref.name, ref.namespace, prepared, self.version)
         self.checkpoint.save(claims)
@@ -207,7 +218,7 @@ class DeviceState:
                 self._apply(dev, cfg)
             ids = self.cdi.write(ref.uid, [CdiDevice(dev, reqs) for dev, reqs, _s, _c in plan])
             self.fault("after-cdi-written")
-        except (SharingUnsupported, NvmlCallError, OSError) as exc:
+        except (SharingUnsupported, NvmlCallError, CdiError, OSError) as exc:
             self._rollback(ref.uid)
             claims.pop(ref.uid, None)
             self.checkpoint.save(claims)
@@ -218,6 +229,54 @@ class DeviceState:
         self.checkpoint.save(claims)
         self.fault("after-prepare-completed")
         return prepared
+
+    def _check_exclusive(
+        self,
+        ref: ClaimRef,
+        plan: list[tuple[DriverDevice, tuple[str, ...], str | None, DeviceConfig]],
+        claims: dict[str, ClaimEntry],
+        admin: set[str],
+    ) -> None:
+        """Refuse a device another prepared claim holds, unless both sides share it on purpose.
+
+        Shared on purpose: a sharing strategy in the claim's config (TimeSlicing), a shareID from the
+        scheduler (consumable capacity), or adminAccess. Anything else is an allocation this node
+        must not honour twice: two pods would silently get the same GPU.
+        """
+        errors = []
+        for dev, _reqs, share, cfg in plan:
+            mine = share is not None or dev.name in admin or _strategy(cfg) is not None
+            for uid, entry in claims.items():
+                if uid == ref.uid:
+                    continue
+                for p in entry.devices:
+                    if p.device_name != dev.name:
+                        continue
+                    if mine and (p.share_id or p.admin_access or p.sharing):
+                        continue
+                    errors.append(
+                        f"device {dev.name} is already prepared for claim {entry.namespace}/{entry.name} "
+                        f"({uid}); two claims get the same device only when both share it (GpuConfig "
+                        "sharing.strategy TimeSlicing, a shareID, or adminAccess)"
+                    )
+        if errors:
+            raise PrepareError("; ".join(dict.fromkeys(errors)))
+
+    def _reset_settings(self, uid: str, entry: ClaimEntry, claims: dict[str, ClaimEntry]) -> None:
+        """Put a GPU's time-slice back to Default once no other prepared claim time-slices it."""
+        for p in entry.devices:
+            dev = self.devices.get(p.device_name)
+            if p.sharing != "TimeSlicing" or dev is None or dev.type != "gpu" or self.nvml is None:
+                continue
+            if any(o.device_name == p.device_name and o.sharing == "TimeSlicing"
+                   for u, e in claims.items() if u != uid for o in e.devices):  # fmt: skip
+                continue
+            try:
+                self.nvml.set_time_slice(dev.uuid, INTERVAL_VALUES["Default"])
+            except (SharingUnsupported, NvmlCallError) as exc:  # the claim is gone either way
+                log.error("claim %s: resetting the time-slice of %s failed: %s", uid, dev.name, exc)
+                if self.metrics is not None:
+                    self.metrics.errors.labels(operation="unprepare").inc()
 
     def _read(self, ref: ClaimRef) -> dict[str, Any]:
         try:
@@ -355,7 +414,7 @@ class DeviceState:
                 ref.uid,
                 [CdiDevice(d, tuple(p.requests)) for d, p in zip(devs, entry.devices, strict=True) if d],
             )
-        except OSError as exc:
+        except (OSError, CdiError) as exc:
             raise PrepareError(f"claim {ref}: rewriting its missing CDI spec failed: {exc}") from None
         log.warning("claim %s: CDI spec was missing or incomplete; rewrote it from the checkpoint", ref)
         changed = False
@@ -382,7 +441,9 @@ class DeviceState:
             with self.checkpoint.locked():
                 claims = self.checkpoint.load()
                 self.fault("before-unprepare")
-                if claims.pop(ref.uid, None) is not None:
+                entry = claims.pop(ref.uid, None)
+                if entry is not None:
+                    self._reset_settings(ref.uid, entry, claims)
                     self.checkpoint.save(claims)
                 self.fault("after-unprepare-checkpoint")
                 self.cdi.remove(ref.uid)

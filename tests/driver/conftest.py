@@ -7,6 +7,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from driver_helpers import NODE, InMemoryClaims, Kubelet, make_state
 
+from driver.cdi import CdiWriter
 from driver.plugin import PluginServer
+
+
+@pytest.fixture(autouse=True)
+def specs_pass_the_cdi_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CDI spec a driver test writes in this process goes through the real CDI library."""
+    from cdicheck import check_spec_file
+
+    from driver.cdi import spec_path
+
+    original = CdiWriter.write
+
+    def checked(self: CdiWriter, claim_uid: str, devices: Any) -> list[str]:
+        ids = original(self, claim_uid, devices)
+        check_spec_file(spec_path(self.root, claim_uid))
+        return ids
+
+    monkeypatch.setattr(CdiWriter, "write", checked)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from driver.cdi import CdiWriter
+from driver.cdi import CdiWriter, HostLayout
 from driver.checkpoint import Checkpoint
 from driver.devices import build_devices
 from driver.nvml import Nvml, open_sim
@@ -21,6 +21,7 @@ from driver.proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from driver.sim.driverroot import simulated_layout
 from driver.state import ClaimReadError, DeviceState
 
 NODE = "node-a"
@@ -99,6 +100,11 @@ class InMemoryClaims:
             return copy.deepcopy(obj) if obj is not None else None
 
 
+def sim_layout(base: Path, nvml: Nvml, *, hook: str = "none") -> HostLayout:
+    """A simulated driver root under `base/root` (device nodes when run as root) and its layout."""
+    return simulated_layout(base / "root", nvml.lib, hook=hook)
+
+
 def make_state(
     base: Path,
     claims: Any,
@@ -115,7 +121,7 @@ def make_state(
         node_name=NODE,
         devices=devices,
         checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"),
+        cdi=CdiWriter(base / "cdi", sim_layout(base, nvml)),
         claims=claims,
         nvml=nvml,
         version=version,

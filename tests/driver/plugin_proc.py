@@ -20,6 +20,7 @@ from driver.checkpoint import Checkpoint
 from driver.devices import build_devices
 from driver.nvml import open_sim
 from driver.plugin import PluginServer
+from driver.sim.driverroot import simulated_layout
 from driver.state import DeviceState
 
 
@@ -48,7 +49,9 @@ async def main(cfg: dict[str, Any]) -> None:
         node_name=cfg["node"],
         devices=build_devices(nvml.enumerate()),
         checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"),
+        # `simRoot`: a simulated driver root made beforehand (the plugin may not be able to write base/).
+        cdi=CdiWriter(base / "cdi", simulated_layout(cfg.get("simRoot") or base / "root", nvml.lib,
+                                                     create="simRoot" not in cfg)),
         claims=FileClaims(cfg["claims"]),
         nvml=nvml,
         version=cfg.get("version", "0.1.0"),

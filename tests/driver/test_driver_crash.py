@@ -132,11 +132,12 @@ def test_recover_drops_claims_gone_from_the_api(short_dir):
     state = make_state(short_dir, claims)
     from driver.state import ClaimRef
 
-    for name, uid in (("keep", "uid-keep"), ("gone", "uid-gone"), ("again", "uid-again")):
-        claims.add(make_claim(name, uid))
+    for i, (name, uid) in enumerate((("keep", "uid-keep"), ("gone", "uid-gone"), ("again", "uid-again"))):
+        claims.add(make_claim(name, uid, [("gpu", f"gpu-{i}")]))
         assert state.prepare(ClaimRef("default", name, uid)).error == ""
     claims.delete("default", "gone")
-    claims.add(make_claim("again", "uid-again-2"))  # deleted and recreated under the same name
+    # deleted and recreated under the same name
+    claims.add(make_claim("again", "uid-again-2", [("gpu", "gpu-2")]))
     (short_dir / "cdi" / "k8s.gpu.nvidia.com-claim_uid-orphan.json").write_text("{}")
     report = make_state(short_dir, claims).recover()
     assert report.kept == ["uid-keep"]

@@ -59,19 +59,19 @@ def test_gke_driver_selects_accelerator_nodes_and_mounts_the_gke_driver_root() -
         "tolerations"
     ]
     vols = {v["name"]: v for v in spec["volumes"]}
-    assert vols["nvidia-driver-root"]["hostPath"]["path"] == "/home/kubernetes/bin/nvidia"
+    assert vols["driver-root"]["hostPath"]["path"] == "/home/kubernetes/bin/nvidia"
     c = spec["containers"][0]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["nvidia-driver-root"] == {
-        "name": "nvidia-driver-root",
-        "mountPath": "/usr/local/nvidia",
-        "readOnly": True,
-    }
+    assert mounts["driver-root"]["mountPath"] == "/driver-root" and mounts["driver-root"]["readOnly"]
+    assert c["args"][c["args"].index("--driver-root-mount") + 1] == "/driver-root"
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
-    # Only GKE mounts a host driver root; elsewhere the NVIDIA container runtime injects NVML.
+    assert env["DRIVER_ROOT"] == "/home/kubernetes/bin/nvidia"
+    # Elsewhere the driver is installed on the host itself (or by the GPU Operator: patch both to
+    # /run/nvidia/driver); the volume and DRIVER_ROOT always name the same host directory.
     for other in ("aks", "eks"):
-        assert "nvidia-driver-root" not in {v["name"] for v in _driver_spec(other)["volumes"]}
+        o = _driver_spec(other)
+        path = {v["name"]: v for v in o["volumes"]}["driver-root"]["hostPath"]["path"]
+        assert path == "/" == {e["name"]: e.get("value") for e in o["containers"][0]["env"]}["DRIVER_ROOT"]
 
 
 def test_gke_webhook_listens_on_443_for_private_clusters_without_new_capabilities() -> None:

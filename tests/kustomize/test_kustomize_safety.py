@@ -187,8 +187,12 @@ def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
                 else o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
             )
             if o["metadata"]["name"] == "draguard-driver":
-                # Privileged by necessity (Bidirectional propagation, /dev/nvidia*); still read-only root.
-                assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+                # Privileged by necessity (/dev/nvidia*), root for the kubelet's root-owned directories;
+                # still a read-only root filesystem.
+                assert c["securityContext"] == {
+                    "privileged": True, "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False,
+                    "readOnlyRootFilesystem": True,
+                }  # fmt: skip
                 continue
             _restricted(c, spec, where)
             checked += 1
@@ -251,7 +255,8 @@ def test_driver_daemonset_contract(overlay: str) -> None:
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     host = {vols[n]["hostPath"]["path"]: m for n, m in mounts.items() if "hostPath" in vols[n]}
     assert host["/var/lib/kubelet/plugins"]["mountPath"] == "/var/lib/kubelet/plugins"
-    assert host["/var/lib/kubelet/plugins"]["mountPropagation"] == "Bidirectional"
+    # DRA needs no mount propagation: the plugin only creates sockets and files there.
+    assert all("mountPropagation" not in host[p] for p in ("/var/lib/kubelet/plugins", "/var/run/cdi"))
     assert host["/var/lib/kubelet/plugins_registry"]["mountPath"] == "/var/lib/kubelet/plugins_registry"
     assert host["/var/run/cdi"]["mountPath"] == "/var/run/cdi"
     assert ("/dev" in host) == (overlay != "local")

@@ -21,6 +21,7 @@ from driver.checkpoint import Checkpoint
 from driver.devices import build_devices
 from driver.nvml import open_sim
 from driver.plugin import PluginServer
+from driver.sim.driverroot import simulated_layout
 from driver.state import DeviceState
 
 NODE = "node-a"
@@ -39,12 +40,13 @@ class FileClaims:
 
 async def main(base: Path) -> None:
     nvml = open_sim("h100-8x-nvlink")
+    layout = simulated_layout(base / "root", nvml.lib)  # driver files and device nodes, as on a GPU host
     state = DeviceState(
         driver_name="gpu.nvidia.com",
         node_name=NODE,
         devices=build_devices(nvml.enumerate()),
         checkpoint=Checkpoint(base / "plugins"),
-        cdi=CdiWriter(base / "cdi"),
+        cdi=CdiWriter(base / "cdi", layout),
         claims=FileClaims(base / "claims.json"),
         nvml=nvml,
     )
