@@ -246,9 +246,9 @@ class Webhook:
         client certificate."""
         @web.middleware
         async def authorised(
-            req: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
-            return await self._authorised(req, handler)
+            return await self._authorised(request, handler)
 
         app = web.Application(client_max_size=MAX_BODY, middlewares=[authorised])
         app.router.add_post("/validate", self._validate)
