@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonpatch
 
+from webhook.cel.env import compile_budget
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
@@ -261,7 +262,9 @@ def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: st
         operation=operation,  # type: ignore[arg-type]
         admission=True,
     )
-    report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
+    # Selector text is the caller's: one request compiles a bounded amount of it.
+    with compile_budget():
+        report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
     return list(report.findings)
 
 
