@@ -347,34 +347,39 @@ class Webhook:
                 return self._bad(
                     408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
                 )
-            snap = self.snapshot
-            cache = self.review_cache if snap.policies is not None else None
-            peeked = admission.peek_uid(body) if cache is not None else None
-            key = admission.ReviewCache.key(endpoint, body, peeked, snap.generation) if peeked else None
-            if cache is not None and key is not None and peeked:
-                hit = cache.get(key)
-                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
-                    outcome, hit_body = hit.render(peeked)
-                    self._safe_account(endpoint, outcome, t0, cached=True)
-                    return web.Response(body=hit_body, content_type="application/json")
             try:
                 request = admission.parse_review(body)
             except ReviewError as e:
                 return self._bad(e.status, e.reason, e.message)
+            snap = self.snapshot
             if snap.policies is None:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
+            cache = self.review_cache
+            if self.rebuilder is not None:
+                # What this caller had admitted a moment ago and the watch has not reported yet
+                # (see overlay.py): laid over its own requests only.
+                from webhook.server.overlay import scope_of
+
+                view = self.rebuilder.view_for(scope_of(request))
+                if view is not None:
+                    snap = replace(snap, inventory=view.inventory, usage=view.usage)
+                    cache = None  # short-lived and per caller: not worth caching
+            key = admission.ReviewCache.key(endpoint, request, snap.generation) if cache is not None else None
+            uid = str(request["uid"])
+            if cache is not None and key is not None:
+                hit = cache.get(key)
+                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
+                    outcome, hit_body = hit.render(uid)
+                    self._safe_account(endpoint, outcome, t0, cached=True)
+                    return web.Response(body=hit_body, content_type="application/json")
             outcome = admission.review(endpoint, request, snap)
             if endpoint == "validate" and self.rebuilder is not None:
-                # An admitted template/claim/class: visible to the next request before the watch has it.
-                view = self.rebuilder.admitted(request, outcome)
-                if view is not None:
-                    self.publish_view(view)
+                # An admitted template/claim/class: visible to this caller's next request before
+                # the watch has it.
+                self.rebuilder.admitted(request, outcome)
             payload: bytes | None = None
-            if cache is not None:
-                uid = str(request["uid"])
-                if key is None or uid != peeked:
-                    key = admission.ReviewCache.key(endpoint, body, uid, snap.generation)
+            if cache is not None and key is not None:
                 entry = cache.put(key, outcome)
                 if entry is not None and not outcome.generated:
                     payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
