@@ -58,3 +58,19 @@ def test_texts_over_the_api_limit_are_refused_without_spending_the_budget() -> N
         assert isinstance(issue, CelIssue) and issue.check == "cel/limits"
         small = env.compile_or_issue("device.driver == 'gpu.nvidia.com'")
     assert not isinstance(small, CelIssue)
+
+
+def test_one_request_runs_a_bounded_number_of_device_evaluations() -> None:
+    from tests.server.conftest import seed_inventory
+    from webhook.cel.match import match_compiled
+
+    devices = list(seed_inventory().devices)
+    assert len(devices) >= 12
+    # Reads a value every device has its own of: one evaluation per device.
+    sel = env.compile_selector("device.attributes['gpu.nvidia.com'].uuid != ''")
+    free = match_compiled([sel], devices)
+    assert len(free.matched) == len(devices) and not free.errors
+    with env.compile_budget(evaluations=5):
+        bounded = match_compiled([sel], devices)
+    assert len(bounded.matched) == 5
+    assert bounded.errors and all(e.limit for e in bounded.errors)

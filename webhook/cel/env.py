@@ -7,10 +7,11 @@ counted at run time — device data is bounded, so the estimate bounds the run).
 
 Selector text is written by tenants, so the compile cache is bounded by memory, not by count: a
 compiled expression holds about 136 bytes per byte of text (measured: a 7 KiB selector keeps
-~1 MiB), and takes ~10 ms per KiB to compile. Inside `compile_budget(n)` (one admission request)
-at most `n` bytes of never-seen text are compiled; beyond that a selector is reported as
-`cel/unsupported` (not checked by draguard, left to the API server) and nothing is cached for it,
-so one request can neither grow the cache past its share nor hold the event loop for long.
+~1 MiB), and takes ~10 ms per KiB to compile. Inside `compile_budget()` (one admission request)
+at most 8 KiB of never-seen text are compiled and 5,000 device evaluations run; beyond that a
+selector is reported as `cel/unsupported` (not checked by draguard, left to the API server) and
+nothing is cached for it, so one request can neither grow the cache past its share nor hold the
+event loop for long.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ MAX_EXPRESSION_LENGTH = 10 * 1024
 
 CACHE_BYTES = 32 * 1024 * 1024
 """The compile cache's memory bound (estimated by `entry_bytes`)."""
-REQUEST_COMPILE_BYTES = 32 * 1024
-"""Never-seen selector text one admission request may compile (about 0.3 s of CPU)."""
+REQUEST_COMPILE_BYTES = 8 * 1024
+"""Never-seen selector text one admission request may compile (about 80 ms of CPU)."""
+REQUEST_EVALUATIONS = 5000
+"""Device evaluations one admission request may run (tens of µs each)."""
 _BYTES_PER_CHAR = 136
 _ENTRY_OVERHEAD = 32 * 1024
 _LOCATION = re.compile(r"<input>:(\d+):(\d+):")
@@ -91,6 +94,15 @@ class CompiledSelector:
         return self.evaluate_data(self.device_data(device))
 
     def evaluate_data(self, data: dict[str, object]) -> bool:
+        budget = _budget.get()
+        if budget is not None:
+            if budget.evaluations <= 0:
+                raise CelEvalError(
+                    "draguard's CEL runtime stopped: the request used its budget of "
+                    f"{REQUEST_EVALUATIONS} device evaluations",
+                    limit=True,
+                )
+            budget.evaluations -= 1
         try:
             ok, value = self.native.evaluate({"device": data})
         except _native.EvaluationAborted as exc:
@@ -226,19 +238,24 @@ _cache_lock = threading.Lock()
 
 
 class _Budget:
-    __slots__ = ("left",)
+    __slots__ = ("evaluations", "left")
 
-    def __init__(self, left: int) -> None:
+    def __init__(self, left: int, evaluations: int) -> None:
         self.left = left
+        self.evaluations = evaluations
 
 
 _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
 
 
 @contextlib.contextmanager
-def compile_budget(limit: int = REQUEST_COMPILE_BYTES) -> Iterator[None]:
-    """Bound the never-seen selector text compiled inside the block (one admission request)."""
-    token = _budget.set(_Budget(limit))
+def compile_budget(
+    limit: int = REQUEST_COMPILE_BYTES, evaluations: int = REQUEST_EVALUATIONS
+) -> Iterator[None]:
+    """Bound the never-seen selector text compiled and the device evaluations run inside the
+    block (one admission request). An evaluation over the budget fails as draguard's runtime
+    limit (`CelEvalError.limit`: verdict unknown, reported as cel/unsupported, never denied)."""
+    token = _budget.set(_Budget(limit, evaluations))
     try:
         yield
     finally:
