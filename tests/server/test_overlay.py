@@ -21,9 +21,10 @@ from tests.server.objects import legacy_pod_spec, workload
 from webhook.server.app import ServeOptions, Webhook
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import Metrics
-from webhook.server.overlay import AdmittedOverlay
+from webhook.server.overlay import AdmittedOverlay, scope_of
 from webhook.server.usage import CacheView, Rebuilder
 
+ALICE = scope_of(review(None)["request"])  # the identity every review here is sent as
 A100 = "gpu.nvidia.com-a100"
 H100 = "gpu.nvidia.com-h100"
 
@@ -141,8 +142,9 @@ def test_only_named_objects_of_overlay_kinds_are_recorded() -> None:
     unnamed = template("x", A100)
     unnamed["metadata"]["name"] = "gpu-<generated>"
     assert not ov.record(unnamed, "CREATE")
+    # The API server never sends Namespaces to draguard: a recorded one could only be forged.
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fresh", "labels": {"a": "b"}}}
-    assert ov.record(ns, "CREATE") and ("", "fresh") in ov.live()["namespaces"]
+    assert not ov.record(ns, "CREATE") and ov.live() == {}
 
 
 # --- through the HTTP handler ----------------------------------------------------------------------
@@ -201,6 +203,7 @@ class Harness:
         kind: str,
         dry_run: bool = False,
         namespace: str = "team-a",
+        user: str = "alice",
     ) -> dict[str, Any]:
         assert self.client is not None
         body = review(
@@ -212,6 +215,7 @@ class Harness:
             uid=str(uuid.uuid4()),
             dry_run=dry_run,
         )
+        body["request"]["userInfo"] = {"username": user}
         r = await self.client.post("/validate", json=body)
         assert r.status == 200
         resp: dict[str, Any] = (await r.json())["response"]
@@ -220,8 +224,8 @@ class Harness:
     async def deploy(self, tmpl: str) -> dict[str, Any]:
         return await self.validate(llm_deployment(tmpl), "apps", "v1", "Deployment")
 
-    async def dra(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        return await self.validate(obj, "resource.k8s.io", "v1", obj["kind"], dry_run)
+    async def dra(self, obj: dict[str, Any], dry_run: bool = False, user: str = "alice") -> dict[str, Any]:
+        return await self.validate(obj, "resource.k8s.io", "v1", obj["kind"], dry_run, user=user)
 
 
 def _harness(tmp_path: Path, clock: Clock, quota: bool = False) -> Harness:
@@ -272,11 +276,11 @@ async def test_entry_the_watch_never_confirms_expires(tmp_path: Path) -> None:
     async def body() -> None:
         assert (await h.dra(template("llm-a100", A100)))["allowed"] is True
         assert (await h.deploy("llm-a100"))["allowed"] is False
-        # Another admission step rejected the template: no watch event ever comes.
+        # Another admission step rejected the template: no watch event ever comes, and no rebuild
+        # runs either; the reader drops the expired entry itself.
         clock.now += 31
-        h.rebuild()
-        assert len(h.rb.overlay) == 0 and h.rb.overlay.expired == 1
         assert (await h.deploy("llm-a100"))["allowed"] is True
+        assert len(h.rb.overlay) == 0 and h.rb.overlay.expired == 1
 
     await _with_client(h, body)
 
@@ -309,7 +313,7 @@ async def test_entry_confirmed_before_the_rebuild_stays_visible(tmp_path: Path) 
         assert (await h.deploy("llm-a100"))["allowed"] is False
         # Once a view is built from stores that hold it, the confirmation is let go.
         h.rebuild()
-        assert h.rb.overlay.snapshot(after=0)[1].get("resourceclaimtemplates", {}).keys() == {
+        assert h.rb.overlay.snapshot(after=0, scope=ALICE)[1].get("resourceclaimtemplates", {}).keys() == {
             ("team-a", "other")
         }
         assert (await h.deploy("llm-a100"))["allowed"] is False
@@ -325,11 +329,13 @@ async def test_admitted_claims_count_toward_quota(tmp_path: Path) -> None:
         memo = h.wh.snapshot.inventory._memo
         first = await h.dra(claim("c1", A100))
         assert first["allowed"] is True
-        # The claim is layered in; devices and classes are unchanged, so the engine's memo is kept.
-        assert ("team-a", "c1") in h.wh.snapshot.inventory.claims
-        assert h.wh.snapshot.inventory._memo is memo
-        assert h.wh.snapshot.usage is not None
-        assert h.wh.snapshot.usage.devices[("team-a", A100)] == 1
+        # The claim is layered in for its sender; devices and classes are unchanged, so the
+        # engine's memo is kept. The view everyone else reads does not have it.
+        view = h.rb.view_for(ALICE)
+        assert view is not None and ("team-a", "c1") in view.inventory.claims
+        assert view.inventory._memo is memo
+        assert view.usage is not None and view.usage.devices[("team-a", A100)] == 1
+        assert ("team-a", "c1") not in h.wh.snapshot.inventory.claims
         second = await h.dra(claim("c2", A100))
         assert second["allowed"] is False and "[quota/budgets]" in second["status"]["message"]
         # The watch delivers c1: its usage is now counted from the cache, not twice.
@@ -354,8 +360,10 @@ async def test_admitted_device_class_is_known_to_the_next_claim(tmp_path: Path) 
         }
         assert "gpu.nvidia.com-any" not in h.wh.snapshot.inventory.classes
         assert (await h.validate(cls, "resource.k8s.io", "v1", "DeviceClass"))["allowed"] is True
-        assert "gpu.nvidia.com-any" in h.wh.snapshot.inventory.classes
-        assert len(h.wh.snapshot.inventory.devices) == len(h.rb.base_view.inventory.devices)
+        view = h.rb.view_for(ALICE)
+        assert view is not None and "gpu.nvidia.com-any" in view.inventory.classes
+        assert len(view.inventory.devices) == len(h.rb.base_view.inventory.devices)
+        assert "gpu.nvidia.com-any" not in h.wh.snapshot.inventory.classes
 
     await _with_client(h, body)
 
@@ -373,9 +381,9 @@ async def test_denied_objects_are_not_recorded(tmp_path: Path) -> None:
     await _with_client(h, body)
 
 
-async def test_namespace_labels_if_a_webhook_rule_sends_namespaces(tmp_path: Path) -> None:
-    # The bundled configurations do not send Namespaces to the webhook (see docs); when a rule
-    # does, a new namespace's migration mode applies to the workloads applied right after it.
+async def test_a_namespace_review_never_changes_namespace_labels(tmp_path: Path) -> None:
+    # The API server never sends Namespaces to draguard's webhooks, so such a review is forged:
+    # it must not switch a namespace's migration mode (here: warn -> enforce) for anyone.
     clock = Clock()
     h = _harness(tmp_path, clock)
 
@@ -390,9 +398,79 @@ async def test_namespace_labels_if_a_webhook_rule_sends_namespaces(tmp_path: Pat
             "metadata": {"name": "fresh", "labels": {"draguard.io/migration-mode": "enforce"}},
         }
         assert (await h.validate(ns, "", "v1", "Namespace", namespace=""))["allowed"] is True
-        assert h.wh.snapshot.namespace_labels["fresh"]["draguard.io/migration-mode"] == "enforce"
-        assert "team-a" in h.wh.snapshot.namespace_labels  # the watched ones are still there
+        assert "fresh" not in h.wh.snapshot.namespace_labels
+        assert len(h.rb.overlay) == 0 and h.rb.view_for(ALICE) is None
         after = await h.validate(pod, "", "v1", "Pod", namespace="fresh")
-        assert after["allowed"] is False and "[migrate/legacy-gpu]" in after["status"]["message"]
+        assert after["allowed"] is True
 
     await _with_client(h, body)
+
+
+# --- forged reviews ---------------------------------------------------------------------------------
+
+
+async def test_a_forged_claim_does_not_charge_anyone_elses_budget(tmp_path: Path) -> None:
+    clock = Clock()
+    h = _harness(tmp_path, clock, quota=True)  # team-a may hold 1 A100
+
+    async def body() -> None:
+        # Anyone who can reach the port can send this; it names team-a and fills its budget.
+        assert (await h.dra(claim("phantom", A100), user="mallory"))["allowed"] is True
+        assert len(h.rb.overlay) == 1
+        # team-a's real user is unaffected ...
+        assert (await h.dra(claim("real", A100)))["allowed"] is True
+        # ... while the forger's own next answer reflects what it sent.
+        again = await h.dra(claim("second", A100), user="mallory")
+        assert again["allowed"] is False and "[quota/budgets]" in again["status"]["message"]
+
+    await _with_client(h, body)
+
+
+async def test_a_forged_device_class_or_template_is_seen_only_by_its_sender(tmp_path: Path) -> None:
+    clock = Clock()
+    h = _harness(tmp_path, clock)
+
+    async def body() -> None:
+        assert (await h.dra(template("llm-a100", A100), user="mallory"))["allowed"] is True
+        # alice's Deployment names a template that does not exist: judged without it, as before.
+        assert (await h.deploy("llm-a100"))["allowed"] is True
+        cls = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com-h100"},  # replaces a real class, in mallory's view
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+        }
+        assert (await h.validate(cls, "resource.k8s.io", "v1", "DeviceClass", user="mallory"))["allowed"]
+        assert h.rb.view_for(ALICE) is None
+        assert h.wh.snapshot.inventory.classes["gpu.nvidia.com-h100"] is (
+            h.rb.base_view.inventory.classes["gpu.nvidia.com-h100"]
+        )
+
+    await _with_client(h, body)
+
+
+def test_entries_keep_only_what_verdicts_read_and_are_bounded_by_bytes() -> None:
+    clock = Clock()
+    ov = AdmittedOverlay(clock=clock, max_bytes=400_000, max_scope_bytes=200_000)
+    fat = template("fat", A100)
+    fat["metadata"]["annotations"] = {"note": "x" * 40_000}
+    fat["metadata"]["labels"] = {"a": "b"}
+    fat["status"] = {"junk": "y" * 40_000}
+    assert ov.record(fat, "CREATE", "s1")
+    kept = ov.live("s1")["resourceclaimtemplates"][("team-a", "fat")]
+    assert set(kept.obj["metadata"]) == {"name", "namespace", "uid"} and "status" not in kept.obj
+    assert kept.size < 4_000
+    # An object over the per-entry limit is not recorded at all (the watch brings it).
+    huge = template("huge", A100)
+    huge["spec"]["spec"]["devices"]["requests"][0]["exactly"]["pad"] = "z" * 200_000
+    assert not ov.record(huge, "CREATE", "s1") and ov.refused == 1
+    # Per identity: its own oldest entries go first; others' stay.
+    mid = 40_000
+    for i in range(12):
+        t = template(f"t{i}", A100)
+        t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["pad"] = "z" * mid
+        assert ov.record(t, "CREATE", "s2")
+    assert ov.bytes <= 400_000
+    assert sum(e.size for e in ov.live("s2")["resourceclaimtemplates"].values()) <= 200_000
+    assert ("team-a", "fat") in ov.live("s1")["resourceclaimtemplates"]
+    assert ov.evicted > 0

@@ -4,13 +4,24 @@
 rejects at create time: syntax and type errors, a non-bool result, more than 10 KiB of text and an
 estimated cost over 1,000,000 (see `analysis.estimate_cost`; the limit is checked statically, not
 counted at run time — device data is bounded, so the estimate bounds the run).
+
+Selector text is written by tenants, so the compile cache is bounded by memory, not by count: a
+compiled expression holds about 136 bytes per byte of text (measured: a 7 KiB selector keeps
+~1 MiB), and takes ~10 ms per KiB to compile. Inside `compile_budget()` (one admission request)
+at most 8 KiB of never-seen text are compiled and 5,000 device evaluations run; beyond that a
+selector is reported as `cel/unsupported` (not checked by draguard, left to the API server) and
+nothing is cached for it, so one request can neither grow the cache past its share nor hold the
+event loop for long.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from webhook.cel import _native, unsupported
@@ -24,7 +35,14 @@ from webhook.dra.device import Device
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """CELSelectorExpressionMaxLength: 10 KiB of UTF-8."""
 
-_CACHE_SIZE = 4096
+CACHE_BYTES = 32 * 1024 * 1024
+"""The compile cache's memory bound (estimated by `entry_bytes`)."""
+REQUEST_COMPILE_BYTES = 8 * 1024
+"""Never-seen selector text one admission request may compile (about 80 ms of CPU)."""
+REQUEST_EVALUATIONS = 5000
+"""Device evaluations one admission request may run (tens of µs each)."""
+_BYTES_PER_CHAR = 136
+_ENTRY_OVERHEAD = 32 * 1024
 _LOCATION = re.compile(r"<input>:(\d+):(\d+):")
 _STANDARD_DOMAINS = frozenset({"gpu.nvidia.com", "resource.kubernetes.io"})
 
@@ -76,6 +94,15 @@ class CompiledSelector:
         return self.evaluate_data(self.device_data(device))
 
     def evaluate_data(self, data: dict[str, object]) -> bool:
+        budget = _budget.get()
+        if budget is not None:
+            if budget.evaluations <= 0:
+                raise CelEvalError(
+                    "draguard's CEL runtime stopped: the request used its budget of "
+                    f"{REQUEST_EVALUATIONS} device evaluations",
+                    limit=True,
+                )
+            budget.evaluations -= 1
         try:
             ok, value = self.native.evaluate({"device": data})
         except _native.EvaluationAborted as exc:
@@ -205,22 +232,87 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
 
 
-_cache: OrderedDict[str, CompiledSelector | CelIssue] = OrderedDict()
+_cache: OrderedDict[str, tuple[CompiledSelector | CelIssue, int]] = OrderedDict()
+_cache_bytes = 0
 _cache_lock = threading.Lock()
+
+
+class _Budget:
+    __slots__ = ("evaluations", "left")
+
+    def __init__(self, left: int, evaluations: int) -> None:
+        self.left = left
+        self.evaluations = evaluations
+
+
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
+
+
+@contextlib.contextmanager
+def compile_budget(
+    limit: int = REQUEST_COMPILE_BYTES, evaluations: int = REQUEST_EVALUATIONS
+) -> Iterator[None]:
+    """Bound the never-seen selector text compiled and the device evaluations run inside the
+    block (one admission request). An evaluation over the budget fails as draguard's runtime
+    limit (`CelEvalError.limit`: verdict unknown, reported as cel/unsupported, never denied)."""
+    token = _budget.set(_Budget(limit, evaluations))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def entry_bytes(expression: str, result: CompiledSelector | CelIssue) -> int:
+    """Estimated memory of one cache entry."""
+    size = len(expression.encode("utf-8", errors="surrogatepass"))
+    if isinstance(result, CelIssue):
+        return 1024 + size * 2
+    return _ENTRY_OVERHEAD + size * _BYTES_PER_CHAR
+
+
+def cache_stats() -> tuple[int, int]:
+    """(entries, estimated bytes) of the compile cache."""
+    with _cache_lock:
+        return len(_cache), _cache_bytes
+
+
+def _over_budget(expression: str) -> CelIssue:
+    return CelIssue(
+        unsupported.CHECK,
+        Severity.WARNING,
+        "draguard did not check this selector: the request's selectors exceed draguard's compile "
+        f"budget ({REQUEST_COMPILE_BYTES // 1024} KiB of new CEL text per request); the API server "
+        "still checks it",
+        "split very large selectors over several objects, or reuse selector text draguard has seen",
+    )
 
 
 def compile_or_issue(expression: str) -> CompiledSelector | CelIssue:
     """Compile (cached by text): the selector, or the CelIssue the API server would reject it with."""
+    global _cache_bytes
     with _cache_lock:
         hit = _cache.get(expression)
         if hit is not None:
             _cache.move_to_end(expression)
-            return hit
+            return hit[0]
+    budget = _budget.get()
+    size = len(expression.encode("utf-8", errors="surrogatepass"))
+    if budget is not None and size <= MAX_EXPRESSION_LENGTH:  # longer: refused without compiling
+        if size > budget.left:
+            return _over_budget(expression)
+        budget.left -= size
     result = _compile_uncached(expression)
+    weight = entry_bytes(expression, result)
+    if weight > CACHE_BYTES // 8:
+        return result  # never one entry for an eighth of the cache
     with _cache_lock:
-        _cache[expression] = result
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        old = _cache.pop(expression, None)
+        if old is not None:
+            _cache_bytes -= old[1]
+        _cache[expression] = (result, weight)
+        _cache_bytes += weight
+        while _cache_bytes > CACHE_BYTES and _cache:
+            _cache_bytes -= _cache.popitem(last=False)[1][1]
     return result
 
 
@@ -234,5 +326,7 @@ def compile_selector(expression: str) -> CompiledSelector:
 
 def clear_cache() -> None:
     """Forget compiled expressions (benchmarks and tests)."""
+    global _cache_bytes
     with _cache_lock:
         _cache.clear()
+        _cache_bytes = 0

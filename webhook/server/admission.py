@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonpatch
 
+from webhook.cel.env import compile_budget
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
@@ -261,7 +262,9 @@ def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: st
         operation=operation,  # type: ignore[arg-type]
         admission=True,
     )
-    report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
+    # Selector text is the caller's: one request compiles a bounded amount of it.
+    with compile_budget():
+        report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
     return list(report.findings)
 
 
@@ -384,18 +387,7 @@ def without_patch(outcome: Outcome, reason: str) -> Outcome:
     )
 
 
-_UID = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
 _UID_SENTINEL = "\u0000draguard-uid\u0000"
-
-
-def peek_uid(body: bytes) -> str | None:
-    """The first `"uid": "..."` in the body: request.uid in every API server's encoding.
-
-    Only used to look up the review cache: a wrong guess cannot produce a hit, because the key is
-    the body with that uid removed and entries are stored under the parsed request.uid.
-    """
-    m = _UID.search(body)
-    return m.group(1).decode("utf-8", "replace") if m else None
 
 
 @dataclass(frozen=True)
@@ -416,32 +408,43 @@ def serialise(outcome: Outcome) -> bytes:
     return json.dumps(outcome.document(), separators=(",", ":")).encode()
 
 
+ReviewKey = tuple[str, int, str, bytes]
+
+
 class ReviewCache:
-    """Outcomes of identical requests (same bytes but for the uid) under the same snapshot.
+    """Outcomes of identical requests (the same but for request.uid) under the same snapshot.
 
     Controllers and retries send the same object again and again (a ReplicaSet's pods differ only
     in generated names, a re-applied Deployment not at all). The key covers everything a verdict
-    may depend on: endpoint, the request bytes (object, namespace, operation, userInfo, dryRun),
+    may depend on: endpoint, the whole request but its uid (object, namespace, operation, userInfo,
+    dryRun),
     the snapshot generation (policies, inventory, usage, namespace labels) and the date (exception
     expiry). A hit skips parsing and evaluation; side effects (creating generated templates) still
     run on every request.
     """
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.size = size
-        self._data: OrderedDict[tuple[str, int, str, bytes], Cached] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0  # estimated: the outcome is kept beside its serialised form
+        self._data: OrderedDict[ReviewKey, Cached] = OrderedDict()
+        self._sizes: dict[ReviewKey, int] = {}
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def key(endpoint: str, body: bytes, uid: str, generation: int) -> tuple[str, int, str, bytes]:
-        # surrogatepass: a uid with a lone surrogate must cost a cache miss, never an HTTP 500.
-        digest = hashlib.blake2b(
-            body.replace(uid.encode("utf-8", "surrogatepass"), b""), digest_size=16
-        ).digest()
+    def key(endpoint: str, request: Mapping[str, Any], generation: int) -> ReviewKey | None:
+        """The request without its uid, structurally (a uid that also occurs elsewhere in the body
+        changes nothing but the uid); None when it cannot be serialised again (never cached)."""
+        rest = {k: v for k, v in request.items() if k != "uid"}
+        try:
+            text = json.dumps(rest, separators=(",", ":"), check_circular=False)
+        except (TypeError, ValueError, RecursionError):
+            return None
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
         return endpoint, generation, _today().isoformat(), digest
 
-    def get(self, key: tuple[str, int, str, bytes]) -> Cached | None:
+    def get(self, key: ReviewKey) -> Cached | None:
         hit = self._data.get(key)
         if hit is None:
             self.misses += 1
@@ -450,7 +453,7 @@ class ReviewCache:
         self.hits += 1
         return hit
 
-    def put(self, key: tuple[str, int, str, bytes], outcome: Outcome) -> Cached | None:
+    def put(self, key: ReviewKey, outcome: Outcome) -> Cached | None:
         """Store the outcome; returns the entry (None when not cached), whose `render_bytes(uid)`
         is the serialised response for that uid."""
         if outcome.verdict == "error":
@@ -458,9 +461,16 @@ class ReviewCache:
         tmpl = serialise(replace(outcome, response={**outcome.response, "uid": _UID_SENTINEL}))
         prefix, _, suffix = tmpl.partition(json.dumps(_UID_SENTINEL).encode())
         entry = Cached(outcome, prefix, suffix)
+        weight = 1024 + 3 * len(tmpl)
+        if key in self._data:
+            self.bytes -= self._sizes.pop(key, 0)
+            del self._data[key]
         self._data[key] = entry
-        if len(self._data) > self.size:
-            self._data.popitem(last=False)
+        self._sizes[key] = weight
+        self.bytes += weight
+        while self._data and (len(self._data) > self.size or self.bytes > self.max_bytes):
+            old, _ = self._data.popitem(last=False)
+            self.bytes -= self._sizes.pop(old, 0)
         return entry
 
     def __len__(self) -> int:

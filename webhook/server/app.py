@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +25,8 @@ from webhook.server.metrics import DraStats, Metrics
 
 log = logging.getLogger("draguard.server")
 MAX_BODY = 3 * 1024 * 1024
+# A pod cannot use more devices than one node has; templates for larger counts are never made.
+MAX_TEMPLATE_DEVICES_UNKNOWN = 64
 
 
 @dataclass
@@ -35,6 +37,10 @@ class ServeOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     client_ca: str | None = None
+    # With client_ca: accepted client certificate names (subject CN or DNS SAN); empty: any.
+    client_names: tuple[str, ...] = ()
+    # Probes and /metrics, plain HTTP, on their own port (0: all on the serving port).
+    probe_port: int = 0
     kubeconfig: str | None = None
     inventory: str | None = None
     no_watch: bool = False
@@ -43,6 +49,42 @@ class ServeOptions:
     template_timeout: float = 2.0
     sync_timeout: float = 60.0
     review_cache: bool = True
+    max_connections: int = 256
+    idle_timeout: float = 30.0  # waiting for a request's headers (first or next)
+    body_timeout: float = 10.0  # reading one request body
+    handshake_timeout: float = 10.0
+    # Mutate: all template creation must end this long after the request arrived, well inside the
+    # API server's timeout for the mutating webhook (2 s in the bundle).
+    mutate_deadline: float = 1.5
+    # Ready again only while no watch has been broken longer than this.
+    watch_stale_after: float = 60.0
+
+
+_LABEL_KINDS = frozenset({k for _g, k in admission.POD_KINDS} | admission.DRA_KINDS | {"unknown"})
+_LABEL_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT", "unknown"})
+
+
+def label_kind(kind: str) -> str:
+    """A metric label value from a closed set: a caller can send any kind."""
+    return kind if kind in _LABEL_KINDS else "other"
+
+
+def label_operation(operation: str) -> str:
+    return operation if operation in _LABEL_OPERATIONS else "other"
+
+
+def _template_devices(tmpl: Mapping[str, Any]) -> int:
+    """Devices a generated ResourceClaimTemplate asks for (its requests' exact counts)."""
+    spec = ((tmpl.get("spec") or {}).get("spec") or {}).get("devices") or {}
+    total = 0
+    for r in spec.get("requests") or []:
+        if not isinstance(r, Mapping):
+            continue
+        inner = r.get("exactly")
+        exactly: Mapping[str, Any] = inner if isinstance(inner, Mapping) else r
+        count = exactly.get("count", 1)
+        total += count if isinstance(count, int) and count > 0 else 1
+    return total
 
 
 class TemplateCreator(Protocol):
@@ -119,6 +161,7 @@ class Webhook:
         self.cache: Any = None
         self.rebuilder: Any = None
         self.tls: Any = None
+        self.site: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="draguard-api")
         self._dra_stats = DraStats()
@@ -134,7 +177,14 @@ class Webhook:
 
     @property
     def ready(self) -> bool:
-        return self.policies_loaded and self.caches_synced and not self.draining
+        return self.policies_loaded and self.caches_synced and not self.draining and not self._stale()
+
+    def _stale(self) -> list[str]:
+        """Watches broken for longer than `watch_stale_after` (their caches may be far behind)."""
+        if self.cache is None:
+            return []
+        stale: list[str] = self.cache.broken_for(self.opts.watch_stale_after)
+        return stale
 
     def load_policies(self, first: bool = False) -> bool:
         """(Re)load policies; on error keep the last good set. True when a new set took effect."""
@@ -191,13 +241,51 @@ class Webhook:
     # --- HTTP ------------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY)
+        """The serving port: admission, /healthz and /readyz (they disclose nothing), and /metrics
+        unless a probe port serves it. With --client-ca every request here needs the API server's
+        client certificate."""
+        @web.middleware
+        async def authorised(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            return await self._authorised(request, handler)
+
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[authorised])
         app.router.add_post("/validate", self._validate)
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        if not self.opts.probe_port:
+            app.router.add_get("/metrics", self._metrics)
+        return app
+
+    def build_probe_app(self) -> web.Application:
+        """The probe port (plain HTTP): kubelet probes and Prometheus, never admission."""
+        app = web.Application(client_max_size=1024)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _authorised(
+        self, req: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self.opts.client_names:
+            from webhook.server.tls import peer_names
+
+            names = peer_names(req.transport.get_extra_info("peercert") if req.transport else None)
+            if not names & set(self.opts.client_names):
+                self.metrics.bad_requests.labels("client-name").inc()
+                log.warning("client certificate name not allowed", extra={"names": sorted(names)[:8]})
+                return web.json_response(
+                    {
+                        "error": "client certificate name is not allowed (--client-name)",
+                        "reason": "client-name",
+                    },
+                    status=403,
+                )
+        resp: web.StreamResponse = await handler(req)
+        return resp
 
     async def _healthz(self, _req: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -214,6 +302,11 @@ class Webhook:
             states = self._cache_states()
             pending = [n for n, (ok, _c) in states.items() if not ok]
             why.append("caches not synced" + (f": {', '.join(sorted(pending))}" if pending else ""))
+        stale = self._stale()
+        if stale:
+            why.append(
+                f"watch broken for over {self.opts.watch_stale_after:g} s: {', '.join(sorted(stale))}"
+            )
         return web.Response(status=503, text="not ready: " + "; ".join(why) + "\n")
 
     async def _metrics(self, _req: web.Request) -> web.Response:
@@ -246,42 +339,52 @@ class Webhook:
                     413, "too-large", f"request body of {req.content_length} bytes exceeds 3 MiB"
                 )
             try:
-                body = await req.read()
+                async with asyncio.timeout(self.opts.body_timeout):
+                    body = await req.read()
             except web.HTTPRequestEntityTooLarge:
                 return self._bad(413, "too-large", "request body exceeds 3 MiB")
-            snap = self.snapshot
-            cache = self.review_cache if snap.policies is not None else None
-            peeked = admission.peek_uid(body) if cache is not None else None
-            key = admission.ReviewCache.key(endpoint, body, peeked, snap.generation) if peeked else None
-            if cache is not None and key is not None and peeked:
-                hit = cache.get(key)
-                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
-                    outcome, hit_body = hit.render(peeked)
-                    self._safe_account(endpoint, outcome, t0, cached=True)
-                    return web.Response(body=hit_body, content_type="application/json")
+            except TimeoutError:
+                return self._bad(
+                    408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
+                )
             try:
                 request = admission.parse_review(body)
             except ReviewError as e:
                 return self._bad(e.status, e.reason, e.message)
+            snap = self.snapshot
             if snap.policies is None:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
+            cache = self.review_cache
+            if self.rebuilder is not None:
+                # What this caller had admitted a moment ago and the watch has not reported yet
+                # (see overlay.py): laid over its own requests only.
+                from webhook.server.overlay import scope_of
+
+                view = self.rebuilder.view_for(scope_of(request))
+                if view is not None:
+                    snap = replace(snap, inventory=view.inventory, usage=view.usage)
+                    cache = None  # short-lived and per caller: not worth caching
+            key = admission.ReviewCache.key(endpoint, request, snap.generation) if cache is not None else None
+            uid = str(request["uid"])
+            if cache is not None and key is not None:
+                hit = cache.get(key)
+                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
+                    outcome, hit_body = hit.render(uid)
+                    self._safe_account(endpoint, outcome, t0, cached=True)
+                    return web.Response(body=hit_body, content_type="application/json")
             outcome = admission.review(endpoint, request, snap)
             if endpoint == "validate" and self.rebuilder is not None:
-                # An admitted template/claim/class: visible to the next request before the watch has it.
-                view = self.rebuilder.admitted(request, outcome)
-                if view is not None:
-                    self.publish_view(view)
+                # An admitted template/claim/class: visible to this caller's next request before
+                # the watch has it.
+                self.rebuilder.admitted(request, outcome)
             payload: bytes | None = None
-            if cache is not None:
-                uid = str(request["uid"])
-                if key is None or uid != peeked:
-                    key = admission.ReviewCache.key(endpoint, body, uid, snap.generation)
+            if cache is not None and key is not None:
                 entry = cache.put(key, outcome)
                 if entry is not None and not outcome.generated:
                     payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
             if outcome.generated and endpoint == "mutate":
-                outcome = await self._ensure_generated(outcome)
+                outcome = await self._ensure_generated(outcome, t0 + self.opts.mutate_deadline)
             self._safe_account(endpoint, outcome, t0, cached=False)
             if payload is None:
                 payload = admission.serialise(outcome)
@@ -289,12 +392,28 @@ class Webhook:
         finally:
             self.inflight -= 1
 
-    async def _ensure_generated(self, outcome: Outcome) -> Outcome:
-        """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch."""
+    def _template_limit(self) -> int:
+        per_node: dict[str | None, int] = {}
+        for d in self.snapshot.inventory.devices:
+            per_node[d.node] = per_node.get(d.node, 0) + 1
+        return max(per_node.values()) if per_node else MAX_TEMPLATE_DEVICES_UNKNOWN
+
+    async def _ensure_generated(self, outcome: Outcome, deadline: float) -> Outcome:
+        """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch.
+        Everything ends by `deadline` (perf_counter time): the API server has given up after it."""
         if outcome.dry_run:
             return outcome  # nothing is persisted; neither may we
         snap = self.snapshot
+        limit = self._template_limit()
         for g in outcome.generated:
+            wanted = _template_devices(g)
+            if wanted > limit:
+                # The count is written by whoever sends the pod: a template per count would let
+                # anyone make the webhook create any number of objects. No node has this many.
+                self.metrics.generated.labels("too-many-devices").inc()
+                return admission.without_patch(
+                    outcome, f"{wanted} devices per pod is more than any node has ({limit})"
+                )
             tmpl = dict(g)
             meta = dict(tmpl.get("metadata") or {})
             meta.setdefault("namespace", outcome.namespace)
@@ -321,10 +440,13 @@ class Webhook:
                     f"no API access to create template {key[1]}",
                 )
             loop = asyncio.get_running_loop()
-            timeout = self.opts.template_timeout
+            timeout = min(self.opts.template_timeout, deadline - time.perf_counter())
+            if timeout <= 0.05:
+                self.metrics.generated.labels("deadline").inc()
+                return admission.without_patch(outcome, f"no time left to create template {key[1]}")
             try:
                 result = await asyncio.wait_for(
-                    loop.run_in_executor(self._pool, self.creator.ensure, tmpl, timeout), timeout + 0.5
+                    loop.run_in_executor(self._pool, self.creator.ensure, tmpl, timeout), timeout
                 )
             except Exception as e:
                 self.metrics.generated.labels("failed").inc()
@@ -340,7 +462,7 @@ class Webhook:
                     outcome,
                     f"template {key[1]} could not be created ({type(e).__name__})",
                 )
-            self.metrics.generated.labels(result).inc()
+            self.metrics.generated.labels(result if result in ("created", "exists") else "other").inc()
         return outcome
 
     def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
@@ -368,10 +490,12 @@ class Webhook:
 
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
+        # Kind and operation come from the request: only known values become label values.
+        kind, operation = label_kind(o.kind), label_operation(o.operation)
         m.child(m.latency, endpoint).observe(seconds)
-        m.child(m.requests, endpoint, o.kind, o.operation, o.verdict).inc()
+        m.child(m.requests, endpoint, kind, operation, o.verdict).inc()
         if o.verdict == "ignored":
-            m.child(m.ignored, endpoint, o.kind, o.operation).inc()
+            m.child(m.ignored, endpoint, kind, operation).inc()
         for f in o.findings:
             m.child(m.findings, f.rule, f.mode.value, endpoint).inc()
         for r in o.internal_rules:
@@ -492,19 +616,57 @@ async def serve(
     # the cyclic GC from rescanning it on the request path. Only once: views rebuilt later from the
     # caches must stay collectable (memos can hold cycles back to their inventory).
     gc.freeze()
+    from webhook.server.listen import GuardedSite, quiet_disconnects
+
+    loop = asyncio.get_running_loop()
+    quiet_disconnects(loop)
     runner = web.AppRunner(
         wh.build_app(),
         handle_signals=False,
         access_log=None,
         shutdown_timeout=max(opts.shutdown_delay, 1.0) + 25.0,
+        # Also runs before the first request: a client that never completes its headers goes.
+        keepalive_timeout=opts.idle_timeout,
+        max_line_size=8190,
+        max_field_size=8190,
+        max_headers=64,
     )
     await runner.setup()
-    site = web.TCPSite(runner, opts.host, opts.port, ssl_context=wh.tls.context, backlog=1024)
+
+    def dropped(why: str) -> None:
+        wh.metrics.connections_dropped.labels(why).inc()
+
+    site = GuardedSite(
+        runner,
+        opts.host,
+        opts.port,
+        ssl_context=wh.tls.context,
+        max_connections=opts.max_connections,
+        handshake_timeout=opts.handshake_timeout,
+        on_drop=dropped,
+    )
     await site.start()
+    wh.site = site
+    probe_runner: web.AppRunner | None = None
+    if opts.probe_port:
+        probe_runner = web.AppRunner(
+            wh.build_probe_app(), handle_signals=False, access_log=None, keepalive_timeout=opts.idle_timeout
+        )
+        await probe_runner.setup()
+        probe_site = GuardedSite(probe_runner, opts.host, opts.probe_port, max_connections=32)
+        await probe_site.start()
     host = opts.host or "* (IPv4 and IPv6)"
-    log.info("serving", extra={"host": host, "port": opts.port, "client_ca": bool(opts.client_ca)})
+    log.info(
+        "serving",
+        extra={
+            "host": host,
+            "port": opts.port,
+            "probe_port": opts.probe_port or None,
+            "client_ca": bool(opts.client_ca),
+            "client_names": list(opts.client_names),
+        },
+    )
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
@@ -523,6 +685,8 @@ async def serve(
     while wh.inflight and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     await runner.cleanup()
+    if probe_runner is not None:
+        await probe_runner.cleanup()
     await wh.stop_background()
     wh.tls.close()
     log.info("stopped")

@@ -188,6 +188,8 @@ class Reflector:
         self.thread = threading.Thread(target=self._run, name=f"watch-{res.name}", daemon=True)
         self.backoff_initial = 0.5
         self.backoff_max = 30.0
+        # monotonic time the watch last failed, while it has not been re-established since
+        self.broken_since: float | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -266,6 +268,7 @@ class Reflector:
         ]
         resp = self.http.stream(self.res.path, q, read_timeout=WATCH_SECONDS + 30)
         self._resp = resp
+        self.broken_since = None  # the API server answered the watch
         try:
             for line in self._lines(resp):
                 if self._stop.is_set():
@@ -311,6 +314,8 @@ class Reflector:
             except Exception as e:
                 if self._stop.is_set():
                     return
+                if self.broken_since is None:
+                    self.broken_since = time.monotonic()
                 log.warning(
                     "watch failed; reconnecting",
                     extra={
@@ -418,6 +423,15 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         return all(r.synced for r in self.reflectors.values())
+
+    def broken_for(self, seconds: float) -> list[str]:
+        """Resources whose watch has been failing for longer than `seconds`."""
+        now = time.monotonic()
+        return [
+            n
+            for n, r in self.reflectors.items()
+            if r.broken_since is not None and now - r.broken_since > seconds
+        ]
 
     def states(self) -> dict[str, tuple[bool, int]]:
         return {n: (r.synced, len(r.store)) for n, r in self.reflectors.items()}

@@ -25,7 +25,34 @@ def register(sub: Any) -> None:
         "--tls-cert", required=True, metavar="FILE", help="serving certificate (PEM); reloaded on change"
     )
     p.add_argument("--tls-key", required=True, metavar="FILE", help="serving key (PEM)")
-    p.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA")
+    p.add_argument(
+        "--client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this CA on the serving port (reloaded on change; "
+        "a replaced CA is no longer trusted)",
+    )
+    p.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --client-ca: accept only client certificates with this subject CN or DNS/URI SAN "
+        "(repeatable)",
+    )
+    p.add_argument(
+        "--probe-port",
+        type=int,
+        default=0,
+        help="plain-HTTP port for /healthz, /readyz and /metrics, which then leave the serving port "
+        "(the bundle uses 8081; required with --client-ca, so kubelet and Prometheus need no client "
+        "certificate; default 0: everything on the serving port)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="open connections on the serving port; at the limit the oldest idle one is closed (default 256)",
+    )
     p.add_argument(
         "--policies", required=True, metavar="DIR", help="policy directory or file; reloaded on change"
     )
@@ -134,6 +161,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.no_watch and not args.inventory:
         print("draguard: --no-watch without --inventory: rules that need devices will skip", file=sys.stderr)
+    if args.client_name and not args.client_ca:
+        return _err("--client-name needs --client-ca (names are read from verified client certificates)")
+    if args.client_ca and not args.probe_port:
+        return _err(
+            "--client-ca needs --probe-port: kubelet probes and Prometheus have no client certificate"
+        )
+    if args.max_connections < 1:
+        return _err(f"--max-connections must be at least 1, got {args.max_connections}")
     if args.inventory and not args.no_watch:
         return _err("--inventory replaces the cluster caches; pass --no-watch with it")
     logs.setup(args.log_level)
@@ -144,6 +179,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         client_ca=args.client_ca,
+        client_names=tuple(args.client_name),
+        probe_port=args.probe_port,
+        max_connections=args.max_connections,
         kubeconfig=args.kubeconfig,
         inventory=args.inventory,
         no_watch=args.no_watch,
@@ -157,7 +195,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TlsError, PolicyError, InventoryError, ValueError) as e:
         return _err(str(e))
     except OSError as e:
-        return _err(f"cannot listen on {args.host or '*'}:{args.port}: {e.strerror or e}")
+        return _err(
+            f"cannot listen on {args.host or '*'}:{args.port} (or probe port {args.probe_port}): "
+            f"{e.strerror or e}"
+        )
 
 
 def cmd_certs(args: argparse.Namespace) -> int:

@@ -124,6 +124,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.connections_dropped = Counter(
+            "draguard_connections_dropped_total",
+            "Connections closed at the connection limit: evicted (the longest-open idle one made room) "
+            "or limit (every connection was busy; the new one was closed)",
+            ["reason"],
+            registry=r,
+        )
         self.review_cache = Counter(
             "draguard_review_cache_total",
             "Reviews answered from the review cache or evaluated",

@@ -1,8 +1,11 @@
 """Serving TLS: TLS 1.2 minimum, optional client certificates, certificate reload without restart.
 
-The live `ssl.SSLContext` is never replaced (the listening socket holds it); a changed pair is first
-validated in a scratch context from a private copy of the bytes, then loaded into the live context.
-Handshakes already done keep their session; new connections get the new certificate.
+The listening socket holds one `ssl.SSLContext` for its lifetime, and OpenSSL can add trusted CAs
+to a context but never remove one. So every changed set of files (certificate, key, client CA) is
+loaded into a fresh context from a private copy of the bytes, and the listening context's
+servername callback (which OpenSSL runs for every handshake, with or without SNI) moves each new
+connection onto the newest context before certificates are exchanged. A replaced client CA is
+therefore no longer trusted by any new connection; connections already open keep their session.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("draguard.tls")
 
@@ -46,6 +50,21 @@ def _read(path: str, what: str) -> bytes:
     return data
 
 
+def peer_names(peercert: Mapping[str, Any] | None) -> set[str]:
+    """Subject common names and DNS/URI subject alternative names of a verified client certificate."""
+    out: set[str] = set()
+    if not peercert:
+        return out
+    for rdn in peercert.get("subject") or ():
+        for attr in rdn:
+            if len(attr) == 2 and attr[0] == "commonName":
+                out.add(str(attr[1]))
+    for typ, value in peercert.get("subjectAltName") or ():
+        if typ in ("DNS", "URI"):
+            out.add(str(value))
+    return out
+
+
 class ReloadingTls:
     """Owns the server SSL context and keeps it in step with the certificate files."""
 
@@ -61,10 +80,18 @@ class ReloadingTls:
         self.client_ca = client_ca
         self.on_reload = on_reload
         self._tmp = tempfile.TemporaryDirectory(prefix="draguard-tls-")
-        self.context = self._new_context()
         self._fp = _fingerprint(cert_file, key_file, client_ca)
-        self._load_into(self.context, *self._snapshot())
+        files = self._snapshot()
+        self.context = self._new_context()  # the listening socket's, never replaced
+        self._load_into(self.context, *files)
+        self.current = self.context  # the newest valid set; new handshakes move onto it
+        self.context.sni_callback = self._pick
         self.reloads = 0
+
+    def _pick(self, sslobj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        current = self.current
+        if sslobj.context is not current:
+            sslobj.context = current
 
     def _new_context(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -110,14 +137,15 @@ class ReloadingTls:
             return False
         try:
             files = self._snapshot()
-            self._load_into(self._new_context(), *files)  # validate before touching the live one
+            fresh = self._new_context()
+            self._load_into(fresh, *files)  # a half-written set never reaches a handshake
         except TlsError as e:
             # Often a half-finished rotation (new cert, old key): try again on the next tick.
             log.warning("TLS files changed but are not usable yet", extra={"reason": str(e)})
             if self.on_reload:
                 self.on_reload(False)
             return False
-        self._load_into(self.context, *files)
+        self.current = fresh
         self._fp = fp
         self.reloads += 1
         log.info("TLS certificate reloaded", extra={"cert_file": self.cert_file})

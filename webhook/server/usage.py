@@ -30,7 +30,7 @@ from webhook.engine.quota import (
 )
 from webhook.server.caches import ClusterCache
 from webhook.server.metrics import DraStats, Metrics
-from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key
+from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key, scope_of
 
 log = logging.getLogger("draguard.usage")
 K = TypeVar("K")
@@ -297,7 +297,7 @@ def apply_overlay(
 
     When no DeviceClass changes, the new inventory shares the old one's memo (class matches, per-node
     capacity), whose entries depend only on devices and classes. New claims add their charge to
-    the quota usage; namespaces bring their labels. `view.templates` (which migration templates
+    the quota usage. `view.templates` (which migration templates
     already exist, so the mutating path skips creating them) stays the watch's alone: an admitted
     template may still have been rejected later, and a patch must not point at one that is absent.
     """
@@ -326,14 +326,8 @@ def apply_overlay(
         rec = _record_of(e)
         if rec is not None:
             templates[key] = rec
-    labels: Mapping[str, Mapping[str, str]] = view.namespace_labels
-    ns_entries = live.get("namespaces") or {}
-    if ns_entries:
-        top: dict[str, Mapping[str, str]] = {}
-        for key, e in ns_entries.items():
-            raw = (e.obj.get("metadata") or {}).get("labels") or {}
-            top[key[1]] = MappingProxyType({str(k): str(v) for k, v in raw.items()})
-        labels = _over(view.namespace_labels, top)
+    # Namespace labels (migration mode, team) come from the watch alone: never from a request.
+    labels = view.namespace_labels
     inventory = inv
     if classes or claims or templates:
         inventory = Inventory(
@@ -351,7 +345,6 @@ def apply_overlay(
     return replace(
         view,
         inventory=inventory,
-        namespace_labels=labels,
         usage=usage,
         overlay_version=version,
     )
@@ -381,6 +374,8 @@ class Rebuilder:
         self.base_stamp = 0  # overlay confirmations the base view's stores already contain
         self.base_ready = False
         self._base_lock = threading.Lock()
+        # scope -> (overlay version, base view, view with that scope's entries)
+        self._scoped: dict[str, tuple[int, CacheView, CacheView]] = {}
         self._stop = threading.Event()
         self._slices = _Parsed(read_slice_devices)
         self._classes = _Parsed(read_device_class)
@@ -406,18 +401,41 @@ class Rebuilder:
         self.cache.changed.set()
 
     def build(self) -> CacheView:
-        """The watch caches' view with the admission overlay laid over it."""
-        # Overlay first, stores second: an entry the watch confirms in between is then already in
+        """The watch caches' view (what every request reads; `view_for` lays one identity's
+        admitted objects over it)."""
+        # Stamp first, stores second: an entry the watch confirms in between is then already in
         # the store read below (the reflector stores an object before it reports the event), and
         # entries confirmed after `stamp` stay laid over this base (see overlay.py).
         stamp = self.overlay.stamp
-        version, live = self.overlay.snapshot(after=stamp)
         base = self.build_base()
         with self._base_lock:
             self.base_view, self.base_stamp = base, stamp
             self.base_ready = True
+            self._scoped.clear()
             self.overlay.forget_confirmed(stamp)
-        return apply_overlay(base, live, self.policies(), version)
+        return base
+
+    def view_for(self, scope: str) -> CacheView | None:
+        """The published view with what `scope` (an identity, see overlay.scope_of) had admitted
+        and the watch has not reported yet; None when there is nothing to add. Expired entries
+        are left out here, whether or not a rebuild has run since."""
+        if not self.base_ready or not self.overlay.has(scope):
+            return None
+        with self._base_lock:
+            base, stamp = self.base_view, self.base_stamp
+            version, live = self.overlay.snapshot(after=stamp, scope=scope)
+            if not live:
+                return None
+            hit = self._scoped.get(scope)
+            if hit is not None and hit[0] == version and hit[1] is base:
+                return hit[2]
+        view = apply_overlay(base, live, self.policies(), version)
+        with self._base_lock:
+            if self.base_view is base:
+                self._scoped[scope] = (version, base, view)
+                while len(self._scoped) > 64:
+                    self._scoped.pop(next(iter(self._scoped)))
+        return view
 
     def build_base(self) -> CacheView:
         c = self.cache
@@ -497,48 +515,42 @@ class Rebuilder:
         self._charges = fresh
         return [c for _rec, c in fresh.values()]
 
-    def admitted(self, request: Mapping[str, Any], outcome: Any) -> CacheView | None:
+    def admitted(self, request: Mapping[str, Any], outcome: Any) -> bool:
         """Called by the validating endpoint after each review (on the event loop): an allowed,
-        persisted CREATE/UPDATE of an overlay kind is recorded, and the view to publish now is
-        returned; None when nothing changed. Cheap for every other request."""
+        persisted CREATE/UPDATE of an overlay kind is recorded for the identity that sent it
+        (True). Cheap for every other request."""
         if (
             outcome.kind not in OVERLAY_KINDS
             or outcome.dry_run
             or outcome.operation not in ("CREATE", "UPDATE")
             or not outcome.response.get("allowed")
         ):
-            return None
+            return False
         group, api = OVERLAY_KINDS[outcome.kind][0], request.get("kind")
         if not isinstance(api, Mapping) or str(api.get("group") or "") != group:
-            return None
+            return False
         from webhook.server.admission import prepare_object
 
         obj = prepare_object(request, group, str(api.get("version") or ""), outcome.kind)
-        if obj is None or not self.overlay.record(obj, outcome.operation):
-            return None
-        # Before the first build there is no watched view to lay it over (and nothing is served
-        # from the caches yet); the first build includes the entry.
-        return self.current(None) if self.base_ready else None
+        return obj is not None and self.overlay.record(obj, outcome.operation, scope_of(request))
 
     def current(self, view: CacheView | None) -> CacheView:
-        """`view` (a rebuilt view about to be published; None: the latest) with the overlay as it
-        is now. A view built before the latest admission was recorded is laid over again."""
-        if view is not None and view.overlay_version == self.overlay.version:
+        """`view` (a rebuilt view about to be published; None: the latest watched one)."""
+        if view is not None:
             return view
         with self._base_lock:
-            base = self.base_view
-            version, live = self.overlay.snapshot(after=self.base_stamp)
-        return apply_overlay(base, live, self.policies(), version)
+            return self.base_view
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # Wake for the next overlay expiry too: an entry the watch never confirmed must leave
-            # the published view (its object was rejected after draguard admitted it).
+            # Wake for the next overlay expiry too: readers already skip expired entries, this
+            # frees their memory when no request of their identity comes again.
             expiry = self.overlay.next_expiry()
             woke = self.cache.changed.wait(None if expiry is None else expiry + 0.05)
             if self._stop.is_set():
                 return
-            if not woke and self.overlay.next_expiry() != 0.0:
+            if not woke:
+                self.overlay.expire()
                 continue
             # Debounce: a relist or a burst of slice updates becomes one rebuild.
             time.sleep(self.debounce)
