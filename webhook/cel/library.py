@@ -219,7 +219,7 @@ def device_data(device: Device, empty_domains: frozenset[str] = frozenset()) -> 
         "driver": device.driver,
         "attributes": attributes,
         "capacity": capacity,
-        "allowMultipleAllocations": False,
+        "allowMultipleAllocations": device.allow_multiple_allocations,
     }
 
 
