@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from webhook.cel import _native, unsupported
+from webhook.cel import _native, phantom, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -200,9 +200,19 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             f"estimated cost {analysis.cost} exceeds the limit of {MAX_COST}",
             "avoid nested comprehensions (exists/all/map/filter) over large lists",
         )
-    domains = {a.domain for a in analysis.accesses}
-    domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
-    return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
+    evaluated = native
+    rewritten = phantom.rewrite(expression, ast)
+    if rewritten is not None and rewritten != expression:
+        try:
+            evaluated = _native.compile_expression(rewritten)
+        except _native.CompileFailure:
+            rewritten = None
+    if rewritten is None:
+        # Not rewritable (source positions off): fall back to empty maps for the domains it names.
+        domains = {a.domain for a in analysis.accesses}
+        domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
+        return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
+    return CompiledSelector(expression, evaluated, ast, analysis, frozenset())
 
 
 _cache: OrderedDict[str, CompiledSelector | CelIssue] = OrderedDict()
