@@ -148,7 +148,8 @@ def _sub(left: object, right: object) -> dict[str, str]:
 
 def _spec(name: str, params: tuple[TypeName, ...], result: TypeName, impl: Callable[..., Any],
           *, member: bool = False) -> FunctionSpec:
-    overload = "_".join((name, *params)) if not member else f"{params[0]}_{name}_" + "_".join(params[1:])
+    ids = [p.replace("(", "_").replace(")", "") for p in params]
+    overload = "_".join((name, *ids)) if not member else f"{ids[0]}_{name}_" + "_".join(ids[1:])
     return FunctionSpec(name, overload, params, result, member, impl)
 
 
@@ -172,11 +173,51 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("isInteger", ("tagged",), "bool", lambda q: _as_quantity(q, "isInteger").is_integer(), member=True),
     _spec("asApproximateFloat", ("tagged",), "double",
           lambda q: _as_quantity(q, "asApproximateFloat").as_approximate_float(), member=True),
-    _spec("sign", ("tagged",), "int", lambda q: _as_quantity(q, "sign").sign(), member=True),
+    # A global function in Kubernetes' quantity library (`sign(q)`); `q.sign()` does not compile there.
+    _spec("sign", ("tagged",), "int", lambda q: _as_quantity(q, "sign").sign()),
     _spec("major", ("tagged",), "int", lambda v: _as_semver(v, "major").major, member=True),
     _spec("minor", ("tagged",), "int", lambda v: _as_semver(v, "minor").minor, member=True),
     _spec("patch", ("tagged",), "int", lambda v: _as_semver(v, "patch").patch, member=True),
 )
+
+
+# ---- Kubernetes' lists library (k8s.io/apiserver/pkg/cel/library/lists.go) -------------------------
+# Not indexOf/lastIndexOf on lists: the runtime's strings extension owns those names and a second
+# declaration is refused, so those stay cel/unsupported.
+
+def _list_sum(items: list[Any]) -> Any:
+    total: Any = 0.0 if items and isinstance(items[0], float) else 0
+    for item in items:
+        total += item
+    return total
+
+
+def _list_min(items: list[Any]) -> Any:
+    if not items:
+        raise LibraryError("min called on empty list")
+    return min(items)
+
+
+def _list_max(items: list[Any]) -> Any:
+    if not items:
+        raise LibraryError("max called on empty list")
+    return max(items)
+
+
+def _is_sorted(items: list[Any]) -> bool:
+    return all(items[i] <= items[i + 1] for i in range(len(items) - 1))
+
+
+# One overload each on list(dyn): the runtime dispatches on the argument's kind (list), so one
+# implementation per name serves every element type; the checker then types the result dyn.
+_LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("sum", ("list(dyn)",), "dyn", _list_sum, member=True),
+    _spec("min", ("list(dyn)",), "dyn", _list_min, member=True),
+    _spec("max", ("list(dyn)",), "dyn", _list_max, member=True),
+    _spec("isSorted", ("list(dyn)",), "bool", _is_sorted, member=True),
+)
+
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS
 
 # Names of the functions above (for the linter's cost model and error mapping).
 FUNCTION_NAMES: frozenset[str] = frozenset(f.name for f in FUNCTIONS)

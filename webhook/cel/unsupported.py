@@ -28,19 +28,11 @@ KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
         "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
     )},
     # k8s Lists library (indexOf/lastIndexOf on lists: see _LIST_OVERLOAD)
-    **{name: ("the Kubernetes lists library", _BASE) for name in ("isSorted", "sum", "min", "max")},
-    # cel-go ext.Sets
-    **{name: ("the CEL sets extension", "1.29") for name in ("sets", "equivalent", "intersects")},
     # k8s IP and CIDR libraries
     **{name: ("the Kubernetes IP/CIDR library", "1.30") for name in (
         "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
         "isLinkLocalUnicast", "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR",
         "masked", "prefixLength",
-    )},
-    # cel-go ext.Lists v3. Not `reverse`: on a string it is strings v3, which Kubernetes lacks, and
-    # the runtime's error does not say which receiver it had.
-    **{name: ("the CEL lists extension", "1.34") for name in (
-        "lists", "range", "distinct", "flatten", "slice", "sort", "sortBy",
     )},
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
