@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from webhook.cel import _native, phantom, unsupported
+from webhook.cel import _native, phantom, typecheck, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -162,6 +162,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "device has only driver, attributes and capacity (and allowMultipleAllocations)",
             line, None if column is None else column + 1,
         )
+    mistyped = typecheck.type_error(ast)
+    if mistyped is not None:
+        line, column = _location(mistyped)
+        return _error("cel/type", mistyped, "", line, column)
     for comparison in analysis.comparisons:
         if comparison.access.kind == "capacity":
             # Capacities are typed Quantity in the API server's environment: comparing one with a

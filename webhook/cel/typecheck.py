@@ -1,0 +1,108 @@
+"""Type rules of Kubernetes' CEL environment that the native checker does not apply.
+
+- Aggregate literals are homogeneous (cel-go's HomogeneousAggregateLiterals): `[1, 'a']`,
+  `[1, null]` and `{'a': 1, 'b': 'x'}` do not compile.
+- `device` is an object type whose `driver` is a string and `allowMultipleAllocations` a bool;
+  the native runtime only knows `map(string, dyn)`, so `device.driver == 1` or
+  `true || device.driver` would otherwise pass its checker.
+
+A type that depends on device data (dyn in the native checker) is never held against a selector:
+only what the API server's checker must refuse is reported.
+"""
+
+from __future__ import annotations
+
+from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+
+_DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
+_LOGIC = frozenset({"_&&_", "_||_", "!_"})
+_EQUALITY = frozenset({"_==_", "_!=_"})
+
+
+def _device_field(node: Expr) -> str | None:
+    if node.kind == SELECT and not node.test_only and node.operand is not None \
+            and node.operand.kind == IDENT and node.operand.name == "device":
+        return _DEVICE_FIELD_TYPES.get(node.field)
+    return None
+
+
+class _Typer:
+    def __init__(self, ast: CheckedAst) -> None:
+        self.ast = ast
+
+    def full(self, node: Expr) -> str | None:
+        """The static type as cel-go names it, or None when it depends on device data."""
+        field_type = _device_field(node)
+        if field_type is not None:
+            return field_type
+        if node.kind == LIST:
+            if not node.elements:
+                return None
+            inner = self.full(node.elements[0])
+            return None if inner is None else f"list({inner})"
+        if node.kind == STRUCT:
+            if not node.entries or node.entries[0].key is None or node.entries[0].value is None:
+                return None
+            key, value = self.full(node.entries[0].key), self.full(node.entries[0].value)
+            return None if key is None or value is None else f"map({key}, {value})"
+        if node.kind == CALL and node.function == "dyn" and node.target is None:
+            return "dyn"
+        primitive = self.ast.types.get(node.id)
+        if primitive in (None, "dyn", "list", "map", "type"):
+            return None
+        return primitive
+
+    def message(self, node: Expr, text: str) -> str:
+        line, column = self.ast.location(node.id)
+        return f"ERROR: <input>:{line}:{(column or 0) + 1}: {text}"
+
+    def homogeneous(self, items: list[Expr]) -> str | None:
+        if len(items) < 2:
+            return None
+        first = self.full(items[0])
+        if first is None:
+            return None
+        for item in items[1:]:
+            current = self.full(item)
+            if current is not None and current != first:
+                return self.message(item, f"expected type '{first}' but found '{current}'")
+        return None
+
+    def check(self, node: Expr) -> str | None:
+        if node.kind == LIST:
+            found = self.homogeneous(node.elements)
+            if found:
+                return found
+        elif node.kind == STRUCT and node.entries and all(e.key is not None for e in node.entries):
+            keys = [e.key for e in node.entries if e.key is not None]
+            values = [e.value for e in node.entries if e.value is not None]
+            found = self.homogeneous(keys) or self.homogeneous(values)
+            if found:
+                return found
+        elif node.kind == CALL and node.target is None:
+            if node.function in _LOGIC or (node.function == "_?_:_" and node.args):
+                operands = node.args if node.function in _LOGIC else node.args[:1]
+                for arg in operands:
+                    field_type = _device_field(arg)
+                    if field_type is not None and field_type != "bool":
+                        return self.message(arg, f"expected type 'bool' but found '{field_type}'")
+            elif node.function in _EQUALITY and len(node.args) == 2:
+                left, right = node.args
+                for a, b in ((left, right), (right, left)):
+                    field_type = _device_field(a)
+                    other = self.full(b) if b.kind == CONST or _device_field(b) else None
+                    if field_type is not None and other is not None and other != field_type:
+                        pair = f"({field_type}, {other})" if a is left else f"({other}, {field_type})"
+                        return self.message(node, f"found no matching overload for '{node.function}' "
+                                                  f"applied to '{pair}'")
+        return None
+
+
+def type_error(ast: CheckedAst) -> str | None:
+    """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
+    typer = _Typer(ast)
+    for node in ast.expr.walk():
+        found = typer.check(node)
+        if found:
+            return found
+    return None
