@@ -126,10 +126,21 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
         return issue
+    depth = unsupported.max_depth(expression)
+    if depth > unsupported.PARSER_NESTING:
+        return _error(
+            "cel/syntax",
+            f"expression nests {depth} levels deep; the API server's CEL parser allows at most "
+            f"{unsupported.PARSER_NESTING}",
+            "remove redundant parentheses, or split the condition over several selectors",
+        )
     try:
         native = _native.compile_expression(expression)
     except _native.CompileFailure as exc:
         if "recursion" in exc.message.lower():
+            collapsed = phantom.collapse_parentheses(expression)
+            if collapsed != expression:
+                return _compile_uncached(collapsed)
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])

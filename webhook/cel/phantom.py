@@ -113,3 +113,45 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
     for start, end, replacement in sorted(inserts, key=lambda e: (e[0], e[1]), reverse=True):
         out = out[:start] + replacement + out[end:]
     return out
+
+
+def collapse_parentheses(text: str) -> str:
+    """`((x))` -> `(x)` everywhere outside string literals: the same expression, nested less deep.
+
+    The native parser stops at 32 levels where Kubernetes' allows far more; redundant
+    parentheses are the common way to get there.
+    """
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "'\"":
+            i = _skip_string(text, i)
+            continue
+        if ch in _OPEN:
+            stack.append(i)
+        elif ch in _CLOSE and stack:
+            pairs[stack.pop()] = i
+        i += 1
+    drop: set[int] = set()
+    for start, end in pairs.items():
+        if text[start] != "(":
+            continue
+        inner = start + 1
+        while inner < end and text[inner].isspace():
+            inner += 1
+        before = end - 1
+        while before > start and text[before].isspace():
+            before -= 1
+        # The outer pair only wraps the inner one; a call's own parentheses (f((x))) keep theirs.
+        if inner < end and text[inner] == "(" and pairs.get(inner) == before:
+            prev = start - 1
+            while prev >= 0 and text[prev].isspace():
+                prev -= 1
+            if prev >= 0 and (text[prev].isalnum() or text[prev] in "_)]"):
+                continue
+            drop.update((start, end))
+    if not drop:
+        return text
+    return "".join(ch for k, ch in enumerate(text) if k not in drop)

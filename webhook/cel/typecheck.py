@@ -1,7 +1,7 @@
 """Type rules of Kubernetes' CEL environment that the native checker does not apply.
 
 - Aggregate literals are homogeneous (cel-go's HomogeneousAggregateLiterals): `[1, 'a']`,
-  `[1, null]` and `{'a': 1, 'b': 'x'}` do not compile.
+  `[1, null]` and `{'a': 1, 'b': 'x'}` do not compile (format()'s argument list is exempt).
 - `device` is an object type whose `driver` is a string and `allowMultipleAllocations` a bool;
   the native runtime only knows `map(string, dyn)`, so `device.driver == 1` or
   `true || device.driver` would otherwise pass its checker.
@@ -101,7 +101,12 @@ class _Typer:
 def type_error(ast: CheckedAst) -> str | None:
     """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
     typer = _Typer(ast)
+    # cel-go exempts the argument list of the strings extension's format() from the rule.
+    exempt = {arg.id for node in ast.expr.walk() if node.kind == CALL and node.function == "format"
+              for arg in node.args if arg.kind == LIST}
     for node in ast.expr.walk():
+        if node.id in exempt:
+            continue
         found = typer.check(node)
         if found:
             return found

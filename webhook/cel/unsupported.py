@@ -32,7 +32,7 @@ KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
     **{name: ("the Kubernetes IP/CIDR library", "1.30") for name in (
         "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
         "isLinkLocalUnicast", "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR",
-        "masked", "prefixLength",
+        "masked", "prefixLength", "isCanonical",
     )},
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
@@ -50,8 +50,8 @@ _LIST_OVERLOAD = re.compile(r"^found no matching overload for '(indexOf|lastInde
 
 RUNTIME_NESTING = 32
 """The native runtime's nesting limit (33 parentheses, a 33-term `+` chain, ...)."""
-PARSER_NESTING = 250
-"""cel-go's parser recursion limit (its default), which the API server keeps: deeper is refused there too."""
+PARSER_NESTING = 249
+"""The deepest bracket nesting the API server's cel-go parser accepts (250 levels are refused there)."""
 
 
 def issue(feature: str, version: str, fix: str = "") -> CelIssue:
