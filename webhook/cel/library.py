@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from webhook.cel import netlib
 from webhook.dra.device import AttrValue, Device, Version
 from webhook.dra.quantity import Quantity
 from webhook.dra.semver import Semver, coerce_semver, is_semver
@@ -59,6 +60,9 @@ def _kind(value: object) -> str:
             return "Quantity"
         if SEMVER_TAG in value:
             return "Semver"
+        for tag, kind in netlib.KINDS.items():
+            if tag in value:
+                return kind
     return type(value).__name__
 
 
@@ -217,7 +221,9 @@ _LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("isSorted", ("list(dyn)",), "bool", _is_sorted, member=True),
 )
 
-FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + tuple(
+    _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS
+)
 
 # Names of the functions above (for the linter's cost model and error mapping).
 FUNCTION_NAMES: frozenset[str] = frozenset(f.name for f in FUNCTIONS)
@@ -267,7 +273,7 @@ def device_data(device: Device, empty_domains: frozenset[str] = frozenset()) -> 
 def cel_type_name(value: object) -> str:
     """The CEL type name of a Python value returned by the runtime."""
     kind = _kind(value)
-    if kind in ("Quantity", "Semver"):
+    if kind in ("Quantity", "Semver", *netlib.KINDS.values()):
         return kind
     if isinstance(value, bool):
         return "bool"

@@ -23,17 +23,7 @@ KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
     # k8s Regex library
     "find": ("the Kubernetes regex library (find)", _BASE),
     "findAll": ("the Kubernetes regex library (findAll)", _BASE),
-    # k8s URLs library
-    **{name: ("the Kubernetes URL library", _BASE) for name in (
-        "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
-    )},
     # k8s Lists library (indexOf/lastIndexOf on lists: see _LIST_OVERLOAD)
-    # k8s IP and CIDR libraries
-    **{name: ("the Kubernetes IP/CIDR library", "1.30") for name in (
-        "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
-        "isLinkLocalUnicast", "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR",
-        "masked", "prefixLength", "isCanonical",
-    )},
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
 
