@@ -12,7 +12,7 @@ from typing import Any
 
 from cel_expr_python import cel as _cel
 
-from webhook.cel.library import FUNCTIONS
+from webhook.cel.library import EXTENDS_RUNTIME, FUNCTIONS
 
 _T: Any = _cel.Type
 _TYPES: dict[str, Any] = {
@@ -157,10 +157,16 @@ def _build_env() -> Any:
             impl=spec.impl,
         )
         decls.setdefault(spec.name, []).append(overload)
-    functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()]
+    functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()
+                 if name not in EXTENDS_RUNTIME]
+    # A second declaration of a name is refused; an extension's overloads are merged instead.
+    merged = _cel.CelExtension("kubernetes.lists", [
+        _cel.FunctionDecl(name, overloads) for name, overloads in decls.items() if name in EXTENDS_RUNTIME
+    ])
     return _cel.NewEnv(
         config=_cel.NewEnvConfigFromYaml(_CONFIG),
         variables={"device": _T.Map(_T.STRING, _T.DYN)},
+        extensions=[merged],
         functions=functions + _ordering_decls(),
     )
 

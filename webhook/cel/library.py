@@ -186,8 +186,6 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
 
 
 # ---- Kubernetes' lists library (k8s.io/apiserver/pkg/cel/library/lists.go) -------------------------
-# Not indexOf/lastIndexOf on lists: the runtime's strings extension owns those names and a second
-# declaration is refused, so those stay cel/unsupported.
 
 def _list_sum(items: list[Any]) -> Any:
     total: Any = 0.0 if items and isinstance(items[0], float) else 0
@@ -208,6 +206,21 @@ def _list_max(items: list[Any]) -> Any:
     return max(items)
 
 
+def _same(a: object, b: object) -> bool:
+    # CEL equality across int/uint/double compares numerically; bool is never a number.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _index_of(items: list[Any], value: Any) -> int:
+    return next((i for i, item in enumerate(items) if _same(item, value)), -1)
+
+
+def _last_index_of(items: list[Any], value: Any) -> int:
+    return next((i for i in range(len(items) - 1, -1, -1) if _same(items[i], value)), -1)
+
+
 def _is_sorted(items: list[Any]) -> bool:
     return all(items[i] <= items[i + 1] for i in range(len(items) - 1))
 
@@ -219,7 +232,12 @@ _LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("min", ("list(dyn)",), "dyn", _list_min, member=True),
     _spec("max", ("list(dyn)",), "dyn", _list_max, member=True),
     _spec("isSorted", ("list(dyn)",), "bool", _is_sorted, member=True),
+    _spec("indexOf", ("list(dyn)", "dyn"), "int", _index_of, member=True),
+    _spec("lastIndexOf", ("list(dyn)", "dyn"), "int", _last_index_of, member=True),
 )
+
+EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})
+"""Names the runtime's strings extension already declares: these overloads are merged into it."""
 
 FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + tuple(
     _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS

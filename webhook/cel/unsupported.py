@@ -23,7 +23,6 @@ KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
     # k8s Regex library
     "find": ("the Kubernetes regex library (find)", _BASE),
     "findAll": ("the Kubernetes regex library (findAll)", _BASE),
-    # k8s Lists library (indexOf/lastIndexOf on lists: see _LIST_OVERLOAD)
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
 
@@ -36,7 +35,6 @@ _TWO_VAR = re.compile(
 )
 _ERROR = re.compile(r"^ERROR: <input>:\d+:\d+: (.*)$", re.MULTILINE)
 _UNDECLARED = re.compile(r"^undeclared reference to '([^']+)'")
-_LIST_OVERLOAD = re.compile(r"^found no matching overload for '(indexOf|lastIndexOf)' applied to '\(list\(")
 
 RUNTIME_NESTING = 32
 """The native runtime's nesting limit (33 parentheses, a 33-term `+` chain, ...)."""
@@ -82,9 +80,6 @@ def classify(expression: str, message: str) -> CelIssue | None:
             if _NAMESPACED.get(name) in names:
                 continue
             return None
-        if _LIST_OVERLOAD.match(error):
-            used.append(("the Kubernetes lists library (indexOf/lastIndexOf on lists)", _BASE))
-            continue
         return None
     if two_var:
         names_used = ", ".join(sorted(macro_names))
