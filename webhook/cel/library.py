@@ -11,6 +11,8 @@ declarations.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -236,10 +238,41 @@ _LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("lastIndexOf", ("list(dyn)", "dyn"), "int", _last_index_of, member=True),
 )
 
+def _regex(pattern: str) -> re.Pattern[str]:
+    try:
+        return _compile_regex(pattern)
+    except re.error as exc:
+        raise LibraryError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _find(text: str, pattern: str) -> str:
+    found = _regex(pattern).search(text)
+    return found.group(0) if found else ""
+
+
+def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
+    if limit == 0:
+        return []
+    out = [m.group(0) for m in _regex(pattern).finditer(text)]
+    return out if limit < 0 else out[:limit]
+
+
+# Kubernetes' regex library (k8s.io/apiserver/pkg/cel/library/regex.go).
+_REGEX_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("find", ("string", "string"), "string", _find, member=True),
+    _spec("findAll", ("string", "string"), "list(string)", _find_all, member=True),
+    _spec("findAll", ("string", "string", "int"), "list(string)", _find_all, member=True),
+)
+
 EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})
 """Names the runtime's strings extension already declares: these overloads are merged into it."""
 
-FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + tuple(
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + tuple(
     _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS
 )
 

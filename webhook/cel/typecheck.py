@@ -101,6 +101,9 @@ class _Typer:
 def type_error(ast: CheckedAst) -> str | None:
     """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
     typer = _Typer(ast)
+    root_type = _device_field(ast.expr)
+    if root_type is not None and root_type != "bool":
+        return f"must evaluate to bool or the unknown type, not {root_type}"
     # cel-go exempts the argument list of the strings extension's format() from the rule.
     exempt = {arg.id for node in ast.expr.walk() if node.kind == CALL and node.function == "format"
               for arg in node.args if arg.kind == LIST}

@@ -20,9 +20,6 @@ CHECK = "cel/unsupported"
 # environment inherits and draguard does not declare.
 _BASE = "1.31"
 KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
-    # k8s Regex library
-    "find": ("the Kubernetes regex library (find)", _BASE),
-    "findAll": ("the Kubernetes regex library (findAll)", _BASE),
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
 
