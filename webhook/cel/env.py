@@ -122,6 +122,18 @@ def _too_long(expression: str) -> CelIssue | None:
     return None
 
 
+def _constant_call_error(ast: CheckedAst) -> str | None:
+    for node, text in typecheck.constant_calls(ast):
+        try:
+            ok, value = _native.compile_expression(text).evaluate({"device": {}})
+        except (_native.CompileFailure, _native.EvaluationAborted):
+            continue
+        if not ok:
+            line, column = ast.location(node.id)
+            return f"ERROR: <input>:{line}:{column}: program instantiation failed: {value}"
+    return None
+
+
 def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
@@ -173,7 +185,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "device has only driver, attributes and capacity (and allowMultipleAllocations)",
             line, None if column is None else column + 1,
         )
-    mistyped = typecheck.type_error(ast)
+    mistyped = typecheck.type_error(ast) or typecheck.regex_error(ast) or _constant_call_error(ast)
     if mistyped is not None:
         line, column = _location(mistyped)
         return _error("cel/type", mistyped, "", line, column)

@@ -12,6 +12,9 @@ only what the API server's checker must refuse is reported.
 
 from __future__ import annotations
 
+import json
+import re
+
 from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
 
 _DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
@@ -113,4 +116,73 @@ def type_error(ast: CheckedAst) -> str | None:
         found = typer.check(node)
         if found:
             return found
+    return None
+
+
+# ---- calls the API server evaluates while compiling -------------------------------------------
+# cel-go folds type conversions of literals and the strings extension's format() with a literal
+# format string and arguments while building the program, and precompiles literal regexes: a
+# failure there (`int('x')`, `uint(-1)`, `'%d'.format(['x'])`, `matches('[')`) rejects the selector.
+
+_CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "duration", "timestamp"})
+_RE2_UNSUPPORTED = ("(?=", "(?!", "(?<=", "(?<!")
+
+
+def literal(node: Expr, types: dict[int, str]) -> str | None:
+    """CEL source text of a literal (or a list of literals), None for anything else."""
+    if node.kind == CONST:
+        value = node.value
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return f"{value}u" if types.get(node.id) == "uint" else str(value)
+        if isinstance(value, float):
+            text = repr(value)
+            return text if any(c in text for c in ".e") and "n" not in text else None
+        if isinstance(value, str):
+            return json.dumps(value)
+        if isinstance(value, bytes):
+            return 'b"' + "".join(f"\\x{b:02x}" for b in value) + '"'
+        return None
+    if node.kind == LIST:
+        parts = [literal(e, types) for e in node.elements]
+        if any(p is None for p in parts):
+            return None
+        return "[" + ", ".join(p for p in parts if p is not None) + "]"
+    return None
+
+
+def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
+    """Calls the API server evaluates at compile time, as (node, standalone CEL text)."""
+    out: list[tuple[Expr, str]] = []
+    for node in ast.expr.walk():
+        if node.kind != CALL:
+            continue
+        if node.function in _CONVERSIONS and node.target is None and len(node.args) == 1:
+            arg = literal(node.args[0], ast.types)
+            if arg is not None:
+                out.append((node, f"{node.function}({arg})"))
+        elif node.function == "format" and node.target is not None and len(node.args) == 1:
+            target, arg = literal(node.target, ast.types), literal(node.args[0], ast.types)
+            if target is not None and arg is not None:
+                out.append((node, f"{target}.format({arg})"))
+    return out
+
+
+def regex_error(ast: CheckedAst) -> str | None:
+    """cel-go compiles a literal `matches` pattern with RE2 when it builds the program."""
+    for node in ast.expr.walk():
+        if node.kind != CALL or node.function != "matches" or not node.args:
+            continue
+        pattern = node.args[-1]
+        if pattern.kind != CONST or not isinstance(pattern.value, str):
+            continue
+        try:
+            re.compile(pattern.value)
+        except re.error:
+            return _Typer(ast).message(node, "invalid matches argument")
+        if any(token in pattern.value for token in _RE2_UNSUPPORTED):
+            return _Typer(ast).message(node, "invalid matches argument")
     return None
