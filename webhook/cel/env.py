@@ -221,6 +221,16 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "compare the value, e.g. `... == 'x'`, or use a function that returns bool",
             1, 1,
         )
+    unbounded = typecheck.unbounded_cost(ast)
+    if unbounded is not None:
+        return _error(
+            "cel/limits",
+            f"estimated cost exceeds the limit of {MAX_COST}: the API server's estimate is unbounded "
+            f"({unbounded})",
+            "compare elements directly (e.g. `x in ['a', 'b']`) instead of building strings or lists",
+        )
+    if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.expr.walk()):
+        return unsupported.issue("transformMap/transformMapEntry (two-variable comprehensions)", "1.32")
     if analysis.cost > MAX_COST:
         return _error(
             "cel/limits",

@@ -186,3 +186,40 @@ def regex_error(ast: CheckedAst) -> str | None:
         if any(token in pattern.value for token in _RE2_UNSUPPORTED):
             return _Typer(ast).message(node, "invalid matches argument")
     return None
+
+
+# ---- estimates Kubernetes cannot bound ----------------------------------------------------------
+# Kubernetes' cost estimator charges string traversals by the size of the strings; for the
+# elements of a list built from literals or split() it has no size, so the estimate is unbounded
+# and the selector is refused as too complex. Type values have no size either.
+
+_LIST_SCANS = frozenset({"indexOf", "lastIndexOf", "isSorted", "sum", "max", "min", "includes"})
+_TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
+                         "google.protobuf.Duration", "google.protobuf.Timestamp"})
+
+
+def _string_list(node: Expr) -> bool:
+    if node.kind == LIST:
+        return bool(node.elements) and all(e.kind == CONST and isinstance(e.value, str) for e in node.elements)
+    return node.kind == CALL and node.function == "split" and node.target is not None
+
+
+def _type_value(node: Expr) -> bool:
+    if node.kind == CALL and node.function == "type" and node.target is None:
+        return True
+    return node.kind == IDENT and node.name in _TYPE_NAMES
+
+
+def unbounded_cost(ast: CheckedAst) -> str | None:
+    """Why Kubernetes' estimate for this selector is unbounded, or None."""
+    for node in ast.expr.walk():
+        if node.kind != CALL:
+            continue
+        if node.function == "join" and node.target is not None and _string_list(node.target):
+            return "join() over a list whose element sizes are unknown"
+        if node.function in _LIST_SCANS and node.target is not None and node.target.kind != CONST \
+                and _string_list(node.target):
+            return f"{node.function}() over a list of strings whose sizes are unknown"
+        if node.function in _EQUALITY and any(_type_value(a) for a in node.args):
+            return "comparing type values, which have no size"
+    return None
