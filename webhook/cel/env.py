@@ -138,7 +138,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
         return issue
-    depth = unsupported.max_depth(expression)
+    depth = max(unsupported.max_depth(expression), unsupported.max_operator_chain(expression))
     if depth > unsupported.PARSER_NESTING:
         return _error(
             "cel/syntax",

@@ -109,6 +109,51 @@ def max_depth(expression: str) -> int:
     return deepest
 
 
+_ARITHMETIC = "+-*/%"
+_CHAIN_BREAKS = frozenset(",?:&|=<>!")
+
+
+def max_operator_chain(expression: str) -> int:
+    """Longest run of binary arithmetic operators at one bracket level (outside string literals).
+
+    Such a chain nests one parser level per operator (`1 + 1 + ...`); it is a lower bound of the
+    parse depth, like `max_depth`.
+    """
+    counts = [0]
+    longest = 0
+    quote = ""
+    escaped = False
+    previous = before = ""
+    for ch in expression:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+                previous = ch
+            continue
+        if ch in "'\"":
+            quote = ch
+            continue
+        if ch.isspace():
+            continue
+        if ch in "([{":
+            counts.append(0)
+        elif ch in ")]}":
+            if len(counts) > 1:
+                counts.pop()
+        elif ch in _ARITHMETIC and (previous.isalnum() or previous in "_)]}'\".") \
+                and not (ch in "+-" and previous in "eE" and before.isdigit()):
+            counts[-1] += 1
+            longest = max(longest, counts[-1])
+        elif ch in _CHAIN_BREAKS:
+            counts[-1] = 0
+        before, previous = previous, ch
+    return longest
+
+
 def nesting_issue(expression: str, detail: str) -> CelIssue | None:
     """`cel/unsupported` for the runtime's nesting limit, unless the API server's parser refuses it too."""
     if max_depth(expression) > PARSER_NESTING:
