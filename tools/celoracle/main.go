@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,6 +89,10 @@ func validateCreate(expr string) createVerdict {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "-bench" {
+		bench()
+		return
+	}
 	gates := dracel.Features{
 		EnableConsumableCapacity: utilfeature.DefaultFeatureGate.Enabled(features.DRAConsumableCapacity),
 		EnableListTypeAttributes: utilfeature.DefaultFeatureGate.Enabled(features.DRAListTypeAttributes),
@@ -157,5 +162,46 @@ func main() {
 	if err := in.Err(); err != nil {
 		fmt.Fprintf(os.Stderr, "celoracle: read: %v\n", err)
 		os.Exit(2)
+	}
+}
+
+// bench times Kubernetes' CEL on the same inputs: per selector, the API server's compile (with
+// cost estimation, as create-time validation does) and DeviceMatches per device. One JSON line
+// per input: {"id", "compile_us", "eval_us"}.
+func bench() {
+	gates := dracel.Features{
+		EnableConsumableCapacity: utilfeature.DefaultFeatureGate.Enabled(features.DRAConsumableCapacity),
+		EnableListTypeAttributes: utilfeature.DefaultFeatureGate.Enabled(features.DRAListTypeAttributes),
+	}
+	compiler := dracel.GetCompiler(gates)
+	newExpressions := environment.NewExpressions
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 0, 1<<20), 16<<20)
+	enc := json.NewEncoder(os.Stdout)
+	ctx := context.Background()
+	for in.Scan() {
+		var req input
+		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
+			fmt.Fprintf(os.Stderr, "celoracle: bad input line: %v\n", err)
+			os.Exit(2)
+		}
+		const compiles = 200
+		start := time.Now()
+		var expr dracel.CompilationResult
+		for i := 0; i < compiles; i++ {
+			expr = compiler.CompileCELExpression(req.Selector, dracel.Options{EnvType: &newExpressions})
+		}
+		compileUS := float64(time.Since(start).Microseconds()) / compiles
+		evalUS := -1.0
+		if expr.Error == nil && req.Device != nil {
+			d := dracel.Device{Driver: req.Driver, Attributes: req.Device.Attributes, Capacity: req.Device.Capacity}
+			const evals = 20000
+			start = time.Now()
+			for i := 0; i < evals; i++ {
+				_, _, _ = expr.DeviceMatches(ctx, d)
+			}
+			evalUS = float64(time.Since(start).Nanoseconds()) / evals / 1000
+		}
+		_ = enc.Encode(map[string]any{"id": req.ID, "compile_us": compileUS, "eval_us": evalUS})
 	}
 }
