@@ -235,3 +235,21 @@ def test_clean_and_non_dra_objects() -> None:
     bad = _class("x")
     bad["spec"]["selectors"] = [{"cel": {"expression": 42}}, "nope", {"cel": None}]
     assert _run([SourceObject(bad)]) == []
+
+
+def test_admission_never_reports_what_the_api_server_already_validated() -> None:
+    # Enforced compile/type/cost checks deny in review (a pull request), but at admission the API
+    # server has validated the selector before the webhook runs: no finding, no denial.
+    enforce = PolicySet(cel_lint=(CelLintPolicy(name="strict", mode=Mode.ENFORCE),))
+    selectors = {
+        "cel/syntax": "device.driver ==",
+        "cel/type": "device.attributes['gpu.nvidia.com'].productName.foo(1)",
+        "cel/limits": "device.attributes['gpu.nvidia.com'].productName != '" + "x" * 10300 + "'",
+    }
+    for check, expr in selectors.items():
+        objs = [SourceObject(_class(GUARD + expr))]
+        review = [f for f in _run(objs, enforce) if f.rule == check]
+        assert review and review[0].mode is Mode.ENFORCE, (check, review)
+        admitted = _run(objs, enforce, admission=True)
+        assert not [f for f in admitted if f.rule in selectors], (check, admitted)
+        assert not [f for f in admitted if f.mode is Mode.ENFORCE and f.rule.startswith("cel/")], admitted

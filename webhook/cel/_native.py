@@ -11,20 +11,30 @@ import threading
 from typing import Any
 
 from cel_expr_python import cel as _cel
-from cel_expr_python.ext import ext_bindings as _bindings
-from cel_expr_python.ext import ext_optional as _optional
-from cel_expr_python.ext import ext_strings as _strings
 
-from webhook.cel.library import FUNCTIONS
+from webhook.cel.library import EXTENDS_RUNTIME, FUNCTIONS
 
 _T: Any = _cel.Type
 _TYPES: dict[str, Any] = {
     "string": _T.STRING,
     "int": _T.INT,
+    "uint": _T.UINT,
     "bool": _T.BOOL,
     "double": _T.DOUBLE,
+    "dyn": _T.DYN,
+    "duration": _T.DURATION,
     "tagged": _T.Map(_T.STRING, _T.STRING),
 }
+
+
+def _type(name: str) -> Any:
+    """`list(T)` / `map(K,V)` or one of _TYPES."""
+    if name.startswith("list(") and name.endswith(")"):
+        return _T.List(_type(name[5:-1]))
+    if name.startswith("map(") and name.endswith(")"):
+        key, value = name[4:-1].split(",", 1)
+        return _T.Map(_type(key), _type(value))
+    return _TYPES[name]
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
 _STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
@@ -92,22 +102,72 @@ def runtime_message(raw: str) -> str:
     return text
 
 
+# The Kubernetes base environment's extensions that the runtime ships (cel-go ext.Strings v2,
+# ext.Lists, ext.Sets, ext.TwoVarComprehensions, ext.Bindings, optional types). The ordering
+# operators are declared here instead of by the standard library so that the checker accepts
+# comparisons across int, uint and double, as Kubernetes' CrossTypeNumericComparisons does; the
+# runtime already evaluates those.
+_CONFIG = """stdlib:
+  exclude_functions:
+    - name: "_<_"
+    - name: "_<=_"
+    - name: "_>_"
+    - name: "_>=_"
+extensions:
+  - name: "strings"
+    version: 2
+  - name: "bindings"
+  - name: "optional"
+    version: 2
+  - name: "lists"
+  - name: "sets"
+  - name: "two-var-comprehensions"
+"""
+
+_ORDERED = ("_<_", "_<=_", "_>_", "_>=_")
+_NUMERIC = ("int", "uint", "double")
+_ORDERED_OTHER = ("string", "bytes", "bool", "timestamp", "duration")
+
+
+def _ordering_decls() -> list[Any]:
+    kinds: dict[str, Any] = {
+        "int": _T.INT, "uint": _T.UINT, "double": _T.DOUBLE, "string": _T.STRING, "bytes": _T.BYTES,
+        "bool": _T.BOOL, "timestamp": _T.TIMESTAMP, "duration": _T.DURATION,
+    }
+    decls = []
+    for name in _ORDERED:
+        op = name.strip("_")
+        overloads = [
+            _cel.Overload(f"{op}_{a}_{b}", _T.BOOL, [kinds[a], kinds[b]])
+            for a in _NUMERIC for b in _NUMERIC
+        ]
+        overloads += [_cel.Overload(f"{op}_{a}", _T.BOOL, [kinds[a], kinds[a]]) for a in _ORDERED_OTHER]
+        decls.append(_cel.FunctionDecl(name, overloads))
+    return decls
+
+
 def _build_env() -> Any:
     decls: dict[str, list[Any]] = {}
     for spec in FUNCTIONS:
         overload = _cel.Overload(
             spec.overload_id,
-            _TYPES[spec.result],
-            [_TYPES[p] for p in spec.params],
+            _type(spec.result),
+            [_type(p) for p in spec.params],
             is_member=spec.member,
             impl=spec.impl,
         )
         decls.setdefault(spec.name, []).append(overload)
-    functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()]
+    functions = [_cel.FunctionDecl(name, overloads) for name, overloads in decls.items()
+                 if name not in EXTENDS_RUNTIME]
+    # A second declaration of a name is refused; an extension's overloads are merged instead.
+    merged = _cel.CelExtension("kubernetes.lists", [
+        _cel.FunctionDecl(name, overloads) for name, overloads in decls.items() if name in EXTENDS_RUNTIME
+    ])
     return _cel.NewEnv(
+        config=_cel.NewEnvConfigFromYaml(_CONFIG),
         variables={"device": _T.Map(_T.STRING, _T.DYN)},
-        extensions=[_strings.ExtStrings(2), _bindings.ExtBindings(), _optional.ExtOptional()],
-        functions=functions,
+        extensions=[merged],
+        functions=functions + _ordering_decls(),
     )
 
 

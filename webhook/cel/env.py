@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from webhook.cel import _native, unsupported
+from webhook.cel import _native, phantom, typecheck, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -149,14 +149,37 @@ def _too_long(expression: str) -> CelIssue | None:
     return None
 
 
+def _constant_call_error(ast: CheckedAst) -> str | None:
+    for node, text in typecheck.constant_calls(ast):
+        try:
+            ok, value = _native.compile_expression(text).evaluate({"device": {}})
+        except (_native.CompileFailure, _native.EvaluationAborted):
+            continue
+        if not ok:
+            line, column = ast.location(node.id)
+            return f"ERROR: <input>:{line}:{column}: program instantiation failed: {value}"
+    return None
+
+
 def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
         return issue
+    depth = max(unsupported.max_depth(expression), unsupported.max_operator_chain(expression))
+    if depth > unsupported.PARSER_NESTING:
+        return _error(
+            "cel/syntax",
+            f"expression nests {depth} levels deep; the API server's CEL parser allows at most "
+            f"{unsupported.PARSER_NESTING}",
+            "remove redundant parentheses, or split the condition over several selectors",
+        )
     try:
         native = _native.compile_expression(expression)
     except _native.CompileFailure as exc:
         if "recursion" in exc.message.lower():
+            collapsed = phantom.collapse_parentheses(expression)
+            if collapsed != expression:
+                return _compile_uncached(collapsed)
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
@@ -189,6 +212,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "device has only driver, attributes and capacity (and allowMultipleAllocations)",
             line, None if column is None else column + 1,
         )
+    mistyped = typecheck.type_error(ast) or typecheck.regex_error(ast) or _constant_call_error(ast)
+    if mistyped is not None:
+        line, column = _location(mistyped)
+        return _error("cel/type", mistyped, "", line, column)
     for comparison in analysis.comparisons:
         if comparison.access.kind == "capacity":
             # Capacities are typed Quantity in the API server's environment: comparing one with a
@@ -221,15 +248,35 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "compare the value, e.g. `... == 'x'`, or use a function that returns bool",
             1, 1,
         )
+    unbounded = typecheck.unbounded_cost(ast)
+    if unbounded is not None:
+        return _error(
+            "cel/limits",
+            f"estimated cost exceeds the limit of {MAX_COST}: the API server's estimate is unbounded "
+            f"({unbounded})",
+            "compare elements directly (e.g. `x in ['a', 'b']`) instead of building strings or lists",
+        )
+    if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.expr.walk()):
+        return unsupported.issue("transformMap/transformMapEntry (two-variable comprehensions)", "1.32")
     if analysis.cost > MAX_COST:
         return _error(
             "cel/limits",
             f"estimated cost {analysis.cost} exceeds the limit of {MAX_COST}",
             "avoid nested comprehensions (exists/all/map/filter) over large lists",
         )
-    domains = {a.domain for a in analysis.accesses}
-    domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
-    return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
+    evaluated = native
+    rewritten = phantom.rewrite(expression, ast)
+    if rewritten is not None and rewritten != expression:
+        try:
+            evaluated = _native.compile_expression(rewritten)
+        except _native.CompileFailure:
+            rewritten = None
+    if rewritten is None:
+        # Not rewritable (source positions off): fall back to empty maps for the domains it names.
+        domains = {a.domain for a in analysis.accesses}
+        domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
+        return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
+    return CompiledSelector(expression, evaluated, ast, analysis, frozenset())
 
 
 _cache: OrderedDict[str, tuple[CompiledSelector | CelIssue, int]] = OrderedDict()

@@ -11,11 +11,14 @@ declarations.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from webhook.cel import netlib
 from webhook.dra.device import AttrValue, Device, Version
 from webhook.dra.quantity import Quantity
 from webhook.dra.semver import Semver, coerce_semver, is_semver
@@ -59,6 +62,9 @@ def _kind(value: object) -> str:
             return "Quantity"
         if SEMVER_TAG in value:
             return "Semver"
+        for tag, kind in netlib.KINDS.items():
+            if tag in value:
+                return kind
     return type(value).__name__
 
 
@@ -148,7 +154,8 @@ def _sub(left: object, right: object) -> dict[str, str]:
 
 def _spec(name: str, params: tuple[TypeName, ...], result: TypeName, impl: Callable[..., Any],
           *, member: bool = False) -> FunctionSpec:
-    overload = "_".join((name, *params)) if not member else f"{params[0]}_{name}_" + "_".join(params[1:])
+    ids = [p.replace("(", "_").replace(")", "") for p in params]
+    overload = "_".join((name, *ids)) if not member else f"{ids[0]}_{name}_" + "_".join(ids[1:])
     return FunctionSpec(name, overload, params, result, member, impl)
 
 
@@ -172,10 +179,101 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("isInteger", ("tagged",), "bool", lambda q: _as_quantity(q, "isInteger").is_integer(), member=True),
     _spec("asApproximateFloat", ("tagged",), "double",
           lambda q: _as_quantity(q, "asApproximateFloat").as_approximate_float(), member=True),
-    _spec("sign", ("tagged",), "int", lambda q: _as_quantity(q, "sign").sign(), member=True),
+    # A global function in Kubernetes' quantity library (`sign(q)`); `q.sign()` does not compile there.
+    _spec("sign", ("tagged",), "int", lambda q: _as_quantity(q, "sign").sign()),
     _spec("major", ("tagged",), "int", lambda v: _as_semver(v, "major").major, member=True),
     _spec("minor", ("tagged",), "int", lambda v: _as_semver(v, "minor").minor, member=True),
     _spec("patch", ("tagged",), "int", lambda v: _as_semver(v, "patch").patch, member=True),
+)
+
+
+# ---- Kubernetes' lists library (k8s.io/apiserver/pkg/cel/library/lists.go) -------------------------
+
+def _list_sum(items: list[Any]) -> Any:
+    total: Any = 0.0 if items and isinstance(items[0], float) else 0
+    for item in items:
+        total += item
+    return total
+
+
+def _list_min(items: list[Any]) -> Any:
+    if not items:
+        raise LibraryError("min called on empty list")
+    return min(items)
+
+
+def _list_max(items: list[Any]) -> Any:
+    if not items:
+        raise LibraryError("max called on empty list")
+    return max(items)
+
+
+def _same(a: object, b: object) -> bool:
+    # CEL equality across int/uint/double compares numerically; bool is never a number.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _index_of(items: list[Any], value: Any) -> int:
+    return next((i for i, item in enumerate(items) if _same(item, value)), -1)
+
+
+def _last_index_of(items: list[Any], value: Any) -> int:
+    return next((i for i in range(len(items) - 1, -1, -1) if _same(items[i], value)), -1)
+
+
+def _is_sorted(items: list[Any]) -> bool:
+    return all(items[i] <= items[i + 1] for i in range(len(items) - 1))
+
+
+# One overload each on list(dyn): the runtime dispatches on the argument's kind (list), so one
+# implementation per name serves every element type; the checker then types the result dyn.
+_LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("sum", ("list(dyn)",), "dyn", _list_sum, member=True),
+    _spec("min", ("list(dyn)",), "dyn", _list_min, member=True),
+    _spec("max", ("list(dyn)",), "dyn", _list_max, member=True),
+    _spec("isSorted", ("list(dyn)",), "bool", _is_sorted, member=True),
+    _spec("indexOf", ("list(dyn)", "dyn"), "int", _index_of, member=True),
+    _spec("lastIndexOf", ("list(dyn)", "dyn"), "int", _last_index_of, member=True),
+)
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    try:
+        return _compile_regex(pattern)
+    except re.error as exc:
+        raise LibraryError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _find(text: str, pattern: str) -> str:
+    found = _regex(pattern).search(text)
+    return found.group(0) if found else ""
+
+
+def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
+    if limit == 0:
+        return []
+    out = [m.group(0) for m in _regex(pattern).finditer(text)]
+    return out if limit < 0 else out[:limit]
+
+
+# Kubernetes' regex library (k8s.io/apiserver/pkg/cel/library/regex.go).
+_REGEX_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("find", ("string", "string"), "string", _find, member=True),
+    _spec("findAll", ("string", "string"), "list(string)", _find_all, member=True),
+    _spec("findAll", ("string", "string", "int"), "list(string)", _find_all, member=True),
+)
+
+EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})
+"""Names the runtime's strings extension already declares: these overloads are merged into it."""
+
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + tuple(
+    _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS
 )
 
 # Names of the functions above (for the linter's cost model and error mapping).
@@ -219,14 +317,14 @@ def device_data(device: Device, empty_domains: frozenset[str] = frozenset()) -> 
         "driver": device.driver,
         "attributes": attributes,
         "capacity": capacity,
-        "allowMultipleAllocations": False,
+        "allowMultipleAllocations": device.allow_multiple_allocations,
     }
 
 
 def cel_type_name(value: object) -> str:
     """The CEL type name of a Python value returned by the runtime."""
     kind = _kind(value)
-    if kind in ("Quantity", "Semver"):
+    if kind in ("Quantity", "Semver", *netlib.KINDS.values()):
         return kind
     if isinstance(value, bool):
         return "bool"

@@ -59,6 +59,7 @@ def _full_key(device: Device) -> Hashable:
         tuple(sorted(
             (domain, tuple(sorted(values.items()))) for domain, values in device.capacity.items()
         )),
+        device.allow_multiple_allocations,
     )
 
 

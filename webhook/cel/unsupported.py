@@ -20,28 +20,6 @@ CHECK = "cel/unsupported"
 # environment inherits and draguard does not declare.
 _BASE = "1.31"
 KUBERNETES_FUNCTIONS: dict[str, tuple[str, str]] = {
-    # k8s Regex library
-    "find": ("the Kubernetes regex library (find)", _BASE),
-    "findAll": ("the Kubernetes regex library (findAll)", _BASE),
-    # k8s URLs library
-    **{name: ("the Kubernetes URL library", _BASE) for name in (
-        "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
-    )},
-    # k8s Lists library (indexOf/lastIndexOf on lists: see _LIST_OVERLOAD)
-    **{name: ("the Kubernetes lists library", _BASE) for name in ("isSorted", "sum", "min", "max")},
-    # cel-go ext.Sets
-    **{name: ("the CEL sets extension", "1.29") for name in ("sets", "equivalent", "intersects")},
-    # k8s IP and CIDR libraries
-    **{name: ("the Kubernetes IP/CIDR library", "1.30") for name in (
-        "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
-        "isLinkLocalUnicast", "isGlobalUnicast", "cidr", "isCIDR", "containsIP", "containsCIDR",
-        "masked", "prefixLength",
-    )},
-    # cel-go ext.Lists v3. Not `reverse`: on a string it is strings v3, which Kubernetes lacks, and
-    # the runtime's error does not say which receiver it had.
-    **{name: ("the CEL lists extension", "1.34") for name in (
-        "lists", "range", "distinct", "flatten", "slice", "sort", "sortBy",
-    )},
 }
 """Function (and namespace) names of Kubernetes CEL libraries -> (library, Kubernetes release)."""
 
@@ -54,12 +32,11 @@ _TWO_VAR = re.compile(
 )
 _ERROR = re.compile(r"^ERROR: <input>:\d+:\d+: (.*)$", re.MULTILINE)
 _UNDECLARED = re.compile(r"^undeclared reference to '([^']+)'")
-_LIST_OVERLOAD = re.compile(r"^found no matching overload for '(indexOf|lastIndexOf)' applied to '\(list\(")
 
 RUNTIME_NESTING = 32
 """The native runtime's nesting limit (33 parentheses, a 33-term `+` chain, ...)."""
-PARSER_NESTING = 250
-"""cel-go's parser recursion limit (its default), which the API server keeps: deeper is refused there too."""
+PARSER_NESTING = 249
+"""The deepest bracket nesting the API server's cel-go parser accepts (250 levels are refused there)."""
 
 
 def issue(feature: str, version: str, fix: str = "") -> CelIssue:
@@ -100,9 +77,6 @@ def classify(expression: str, message: str) -> CelIssue | None:
             if _NAMESPACED.get(name) in names:
                 continue
             return None
-        if _LIST_OVERLOAD.match(error):
-            used.append(("the Kubernetes lists library (indexOf/lastIndexOf on lists)", _BASE))
-            continue
         return None
     if two_var:
         names_used = ", ".join(sorted(macro_names))
@@ -133,6 +107,51 @@ def max_depth(expression: str) -> int:
         elif ch in ")]}":
             depth -= 1
     return deepest
+
+
+_ARITHMETIC = "+-*/%"
+_CHAIN_BREAKS = frozenset(",?:&|=<>!")
+
+
+def max_operator_chain(expression: str) -> int:
+    """Longest run of binary arithmetic operators at one bracket level (outside string literals).
+
+    Such a chain nests one parser level per operator (`1 + 1 + ...`); it is a lower bound of the
+    parse depth, like `max_depth`.
+    """
+    counts = [0]
+    longest = 0
+    quote = ""
+    escaped = False
+    previous = before = ""
+    for ch in expression:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+                previous = ch
+            continue
+        if ch in "'\"":
+            quote = ch
+            continue
+        if ch.isspace():
+            continue
+        if ch in "([{":
+            counts.append(0)
+        elif ch in ")]}":
+            if len(counts) > 1:
+                counts.pop()
+        elif ch in _ARITHMETIC and (previous.isalnum() or previous in "_)]}'\".") \
+                and not (ch in "+-" and previous in "eE" and before.isdigit()):
+            counts[-1] += 1
+            longest = max(longest, counts[-1])
+        elif ch in _CHAIN_BREAKS:
+            counts[-1] = 0
+        before, previous = previous, ch
+    return longest
 
 
 def nesting_issue(expression: str, detail: str) -> CelIssue | None:

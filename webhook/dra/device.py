@@ -29,3 +29,5 @@ class Device:
     node: str | None
     attributes: Mapping[str, Mapping[str, AttrValue]]
     capacity: Mapping[str, Mapping[str, str]]
+    # `allowMultipleAllocations` (DRAConsumableCapacity): CEL reads it as device.allowMultipleAllocations.
+    allow_multiple_allocations: bool = False

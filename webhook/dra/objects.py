@@ -396,6 +396,7 @@ def read_slice_devices(obj: Mapping[str, Any]) -> list[Device]:
                 node=node,
                 attributes=attributes,
                 capacity=capacity,
+                allow_multiple_allocations=body.get("allowMultipleAllocations") is True,
             )
         )
     return out

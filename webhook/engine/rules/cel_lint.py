@@ -3,7 +3,9 @@
 Each selector (class selectors, request selectors, `firstAvailable` subrequest selectors) goes
 through `webhook.cel.lint.lint_selector` against the inventory; every issue becomes a finding whose
 rule id is the issue's check. The CelLintPolicy covering the object's namespace decides which
-checks run and in which mode; without one, every check runs in warn mode.
+checks run and in which mode; without one, every check runs in warn mode. At admission the
+API server has already compiled and cost-checked the selector, so `cel/syntax`, `cel/type` and
+`cel/limits` are reported only by offline review.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from webhook.engine.rules.opaque import dotted
 from webhook.policy.model import CelLintPolicy
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
+
+API_SERVER_CHECKS = frozenset({"cel/syntax", "cel/type", "cel/limits"})
+"""Checks that predict the API server's own create-time validation: offline review only."""
 
 def _policy_for(rc: RuleContext, namespace: str | None) -> CelLintPolicy:
     pols = rc.policies.cel_lint
@@ -73,6 +78,10 @@ def _lint(
             partial(lint_selector, sel.expression, devices=devices, driver=DRIVER_NAME),
         )
         for issue in issues:
+            if rc.ctx.admission and issue.check in API_SERVER_CHECKS:
+                # The API server validated this selector before calling the webhook: a compile,
+                # type or cost finding here is draguard disagreeing with it, never a reason to deny.
+                continue
             setting = policy.setting(issue.check)
             if setting is None:
                 continue

@@ -1,0 +1,225 @@
+"""Type rules of Kubernetes' CEL environment that the native checker does not apply.
+
+- Aggregate literals are homogeneous (cel-go's HomogeneousAggregateLiterals): `[1, 'a']`,
+  `[1, null]` and `{'a': 1, 'b': 'x'}` do not compile (format()'s argument list is exempt).
+- `device` is an object type whose `driver` is a string and `allowMultipleAllocations` a bool;
+  the native runtime only knows `map(string, dyn)`, so `device.driver == 1` or
+  `true || device.driver` would otherwise pass its checker.
+
+A type that depends on device data (dyn in the native checker) is never held against a selector:
+only what the API server's checker must refuse is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+
+_DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
+_LOGIC = frozenset({"_&&_", "_||_", "!_"})
+_EQUALITY = frozenset({"_==_", "_!=_"})
+
+
+def _device_field(node: Expr) -> str | None:
+    if node.kind == SELECT and not node.test_only and node.operand is not None \
+            and node.operand.kind == IDENT and node.operand.name == "device":
+        return _DEVICE_FIELD_TYPES.get(node.field)
+    return None
+
+
+class _Typer:
+    def __init__(self, ast: CheckedAst) -> None:
+        self.ast = ast
+
+    def full(self, node: Expr) -> str | None:
+        """The static type as cel-go names it, or None when it depends on device data."""
+        field_type = _device_field(node)
+        if field_type is not None:
+            return field_type
+        if node.kind == LIST:
+            if not node.elements:
+                return None
+            inner = self.full(node.elements[0])
+            return None if inner is None else f"list({inner})"
+        if node.kind == STRUCT:
+            if not node.entries or node.entries[0].key is None or node.entries[0].value is None:
+                return None
+            key, value = self.full(node.entries[0].key), self.full(node.entries[0].value)
+            return None if key is None or value is None else f"map({key}, {value})"
+        if node.kind == CALL and node.function == "dyn" and node.target is None:
+            return "dyn"
+        primitive = self.ast.types.get(node.id)
+        if primitive in (None, "dyn", "list", "map", "type"):
+            return None
+        return primitive
+
+    def message(self, node: Expr, text: str) -> str:
+        line, column = self.ast.location(node.id)
+        return f"ERROR: <input>:{line}:{(column or 0) + 1}: {text}"
+
+    def homogeneous(self, items: list[Expr]) -> str | None:
+        if len(items) < 2:
+            return None
+        first = self.full(items[0])
+        if first is None:
+            return None
+        for item in items[1:]:
+            current = self.full(item)
+            if current is not None and current != first:
+                return self.message(item, f"expected type '{first}' but found '{current}'")
+        return None
+
+    def check(self, node: Expr) -> str | None:
+        if node.kind == LIST:
+            found = self.homogeneous(node.elements)
+            if found:
+                return found
+        elif node.kind == STRUCT and node.entries and all(e.key is not None for e in node.entries):
+            keys = [e.key for e in node.entries if e.key is not None]
+            values = [e.value for e in node.entries if e.value is not None]
+            found = self.homogeneous(keys) or self.homogeneous(values)
+            if found:
+                return found
+        elif node.kind == CALL and node.target is None:
+            if node.function in _LOGIC or (node.function == "_?_:_" and node.args):
+                operands = node.args if node.function in _LOGIC else node.args[:1]
+                for arg in operands:
+                    field_type = _device_field(arg)
+                    if field_type is not None and field_type != "bool":
+                        return self.message(arg, f"expected type 'bool' but found '{field_type}'")
+            elif node.function in _EQUALITY and len(node.args) == 2:
+                left, right = node.args
+                for a, b in ((left, right), (right, left)):
+                    field_type = _device_field(a)
+                    other = self.full(b) if b.kind == CONST or _device_field(b) else None
+                    if field_type is not None and other is not None and other != field_type:
+                        pair = f"({field_type}, {other})" if a is left else f"({other}, {field_type})"
+                        return self.message(node, f"found no matching overload for '{node.function}' "
+                                                  f"applied to '{pair}'")
+        return None
+
+
+def type_error(ast: CheckedAst) -> str | None:
+    """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
+    typer = _Typer(ast)
+    root_type = _device_field(ast.expr)
+    if root_type is not None and root_type != "bool":
+        return f"must evaluate to bool or the unknown type, not {root_type}"
+    # cel-go exempts the argument list of the strings extension's format() from the rule.
+    exempt = {arg.id for node in ast.expr.walk() if node.kind == CALL and node.function == "format"
+              for arg in node.args if arg.kind == LIST}
+    for node in ast.expr.walk():
+        if node.id in exempt:
+            continue
+        found = typer.check(node)
+        if found:
+            return found
+    return None
+
+
+# ---- calls the API server evaluates while compiling -------------------------------------------
+# cel-go folds type conversions of literals and the strings extension's format() with a literal
+# format string and arguments while building the program, and precompiles literal regexes: a
+# failure there (`int('x')`, `uint(-1)`, `'%d'.format(['x'])`, `matches('[')`) rejects the selector.
+
+_CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "duration", "timestamp"})
+_RE2_UNSUPPORTED = ("(?=", "(?!", "(?<=", "(?<!")
+
+
+def literal(node: Expr, types: dict[int, str]) -> str | None:
+    """CEL source text of a literal (or a list of literals), None for anything else."""
+    if node.kind == CONST:
+        value = node.value
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int):
+            return f"{value}u" if types.get(node.id) == "uint" else str(value)
+        if isinstance(value, float):
+            text = repr(value)
+            return text if any(c in text for c in ".e") and "n" not in text else None
+        if isinstance(value, str):
+            return json.dumps(value)
+        if isinstance(value, bytes):
+            return 'b"' + "".join(f"\\x{b:02x}" for b in value) + '"'
+        return None
+    if node.kind == LIST:
+        parts = [literal(e, types) for e in node.elements]
+        if any(p is None for p in parts):
+            return None
+        return "[" + ", ".join(p for p in parts if p is not None) + "]"
+    return None
+
+
+def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
+    """Calls the API server evaluates at compile time, as (node, standalone CEL text)."""
+    out: list[tuple[Expr, str]] = []
+    for node in ast.expr.walk():
+        if node.kind != CALL:
+            continue
+        if node.function in _CONVERSIONS and node.target is None and len(node.args) == 1:
+            arg = literal(node.args[0], ast.types)
+            if arg is not None:
+                out.append((node, f"{node.function}({arg})"))
+        elif node.function == "format" and node.target is not None and len(node.args) == 1:
+            target, arg = literal(node.target, ast.types), literal(node.args[0], ast.types)
+            if target is not None and arg is not None:
+                out.append((node, f"{target}.format({arg})"))
+    return out
+
+
+def regex_error(ast: CheckedAst) -> str | None:
+    """cel-go compiles a literal `matches` pattern with RE2 when it builds the program."""
+    for node in ast.expr.walk():
+        if node.kind != CALL or node.function != "matches" or not node.args:
+            continue
+        pattern = node.args[-1]
+        if pattern.kind != CONST or not isinstance(pattern.value, str):
+            continue
+        try:
+            re.compile(pattern.value)
+        except re.error:
+            return _Typer(ast).message(node, "invalid matches argument")
+        if any(token in pattern.value for token in _RE2_UNSUPPORTED):
+            return _Typer(ast).message(node, "invalid matches argument")
+    return None
+
+
+# ---- estimates Kubernetes cannot bound ----------------------------------------------------------
+# Kubernetes' cost estimator charges string traversals by the size of the strings; for the
+# elements of a list built from literals or split() it has no size, so the estimate is unbounded
+# and the selector is refused as too complex. Type values have no size either.
+
+_LIST_SCANS = frozenset({"indexOf", "lastIndexOf", "isSorted", "sum", "max", "min", "includes"})
+_TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
+                         "google.protobuf.Duration", "google.protobuf.Timestamp"})
+
+
+def _string_list(node: Expr) -> bool:
+    if node.kind == LIST:
+        return bool(node.elements) and all(e.kind == CONST and isinstance(e.value, str) for e in node.elements)
+    return node.kind == CALL and node.function == "split" and node.target is not None
+
+
+def _type_value(node: Expr) -> bool:
+    if node.kind == CALL and node.function == "type" and node.target is None:
+        return True
+    return node.kind == IDENT and node.name in _TYPE_NAMES
+
+
+def unbounded_cost(ast: CheckedAst) -> str | None:
+    """Why Kubernetes' estimate for this selector is unbounded, or None."""
+    for node in ast.expr.walk():
+        if node.kind != CALL:
+            continue
+        if node.function == "join" and node.target is not None and _string_list(node.target):
+            return "join() over a list whose element sizes are unknown"
+        if node.function in _LIST_SCANS and node.target is not None and node.target.kind != CONST \
+                and _string_list(node.target):
+            return f"{node.function}() over a list of strings whose sizes are unknown"
+        if node.function in _EQUALITY and any(_type_value(a) for a in node.args):
+            return "comparing type values, which have no size"
+    return None
