@@ -43,6 +43,8 @@ class ServeOptions:
     template_timeout: float = 2.0
     sync_timeout: float = 60.0
     review_cache: bool = True
+    inject_ca_bundle: str | None = None  # keep this CA bundle in the webhook configurations' caBundle
+    webhook_config: str = "draguard"
 
 
 class TemplateCreator(Protocol):
@@ -415,6 +417,10 @@ class Webhook:
         else:
             await self._start_caches()
         self._tasks.append(asyncio.create_task(self._policy_loop()))
+        if bundle := self.opts.inject_ca_bundle:
+            from webhook.server.cainject import start_injector
+
+            self.injector = start_injector(self.opts.kubeconfig, bundle, self.opts.webhook_config)
         if self.tls is not None:
             self._tasks.append(asyncio.create_task(self.tls.watch(self.opts.poll_interval)))
 
@@ -454,6 +460,8 @@ class Webhook:
                 log.exception("policy reload check failed")
 
     async def stop_background(self) -> None:
+        if getattr(self, "injector", None) is not None:
+            self.injector.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
