@@ -12,6 +12,7 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -160,3 +161,75 @@ def test_webhook_identity_can_change_only_cabundle(api: Api, tmp_path: Path) -> 
     # The policy binds only that account: an admin still changes the configuration as usual.
     rc, err = _patch(api, vwc, widen, "--dry-run=server")
     assert rc == 0, err
+
+
+UNINSTALL = KUSTOMIZE / "uninstall.sh"
+
+
+def _claim(api: Api) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "held", "namespace": "kube-system"},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}]}
+        },
+    }
+    res = api.kubectl("create", "-f", "-", stdin=yaml.safe_dump(claim))
+    assert res.returncode == 0, res.stderr
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}
+                    ]
+                }
+            }
+        }
+    }
+    res = api.kubectl(
+        "-n", "kube-system", "patch", "resourceclaim", "held", "--subresource=status", "--type=merge",
+        "-p", json.dumps(status),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+
+def _uninstall(api: Api, *extra: str) -> Any:
+    import os
+    import subprocess
+
+    return subprocess.run(
+        ["bash", str(UNINSTALL), str(KUSTOMIZE / "overlays" / "eks"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "KUBECONFIG": str(api.kubeconfig)},
+        check=False,
+    )
+
+
+def test_uninstall_removes_webhook_configurations_first_and_waits_for_claims(api: Api) -> None:
+    """Runs last in this module: it removes the bundle."""
+    assert api.apply_kustomization(KUSTOMIZE / "overlays" / "eks").returncode == 0
+    _claim(api)
+    first = _uninstall(api)
+    assert first.returncode == 2, first.stdout + first.stderr
+    assert "kube-system/held" in first.stdout
+    # Admission no longer calls draguard, while the driver (and its published devices) stays.
+    for kind in KINDS:
+        assert api.kubectl("get", kind, "draguard").returncode != 0, kind
+    assert api.kubectl("-n", "draguard-system", "get", "daemonset", "draguard-driver").returncode == 0
+    assert api.kubectl("-n", "draguard-system", "get", "deployment", "draguard-webhook").returncode != 0
+
+    assert api.kubectl("-n", "kube-system", "delete", "resourceclaim", "held").returncode == 0
+    second = _uninstall(api)
+    assert second.returncode == 0, second.stdout + second.stderr
+    steps = [line for line in second.stdout.splitlines() if line.startswith("[uninstall]")]
+    assert [s.split()[1] for s in steps[:4]] == ["1/4", "2/4", "3/4", "4/4"]
+    for kind in ("deviceclass", "clusterrole", "validatingadmissionpolicy"):
+        left = api.kubectl("get", kind, "-l", "app.kubernetes.io/part-of=draguard", "-o", "name")
+        assert left.returncode == 0 and left.stdout.strip() == "", (kind, left.stdout)
+    ns = json.loads(api.kubectl("get", "namespace", "draguard-system", "-o", "json").stdout or "{}")
+    # No namespace controller runs here: the namespace is left terminating, not deleted.
+    assert not ns or ns["metadata"].get("deletionTimestamp"), ns
