@@ -51,7 +51,7 @@ def test_shipped_policy_warns(cluster: LocalCluster, kubectl: Kubectl) -> None:
 def test_enforced_lint_denies_with_suggestion(kubectl: Kubectl, strict_cel: None) -> None:
     proc = kubectl.apply(scenarios.mig_profile_deviceclass())
     assert proc.returncode != 0
-    assert 'admission webhook "dra.validate.draguard.io" denied the request' in proc.stderr
+    assert 'admission webhook "deviceclasses.validate.draguard.io" denied the request' in proc.stderr
     assert "[cel/unknown-attribute]" in proc.stderr
     assert "migProfile" in proc.stderr
     # The suggestion names the attribute the driver really publishes, with the corrected expression.

@@ -27,6 +27,7 @@ COMPONENTS = (
     "fail-open-validation",
     "eks-host-network",
     "gke-webhook-port-443",
+    "network-policy",
 )
 
 Obj = dict[str, Any]

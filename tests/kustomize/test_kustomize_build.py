@@ -28,7 +28,7 @@ VARIANTS = (
     + [
         (o, (c,))
         for o in ("aks", "gke", "eks")
-        for c in ("cert-manager", "monitoring", "fail-open-validation")
+        for c in ("cert-manager", "monitoring", "fail-open-validation", "network-policy")
     ]
     + [
         ("eks", ("eks-host-network",)),

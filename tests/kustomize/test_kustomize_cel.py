@@ -100,7 +100,7 @@ def _request(op: str = "CREATE") -> dict[str, Any]:
 def test_match_conditions_select_exactly_gpu_objects(kind: str, hook: dict[str, Any]) -> None:
     family = hook["name"].split(".")[0]
     conds = hook.get("matchConditions", [])
-    if family == "dra":
+    if family in ("dra", "deviceclasses"):
         assert kind == "ValidatingWebhookConfiguration", "nothing in resource.k8s.io is ever patched"
         assert conds == [], "resource.k8s.io objects always reach the validating webhook"
         return
@@ -188,7 +188,9 @@ def test_device_class_names_cover_the_seed_table() -> None:
     names = set(_classes())
     assert {"gpu.nvidia.com-a100", "gpu.nvidia.com-h100", "gpu.nvidia.com-a100-mig-3g20gb"} <= names
     assert {f"mig-{p.replace('.', '')}.nvidia.com" for p in MIG_PROFILES} <= names
-    assert len(names) == 3 + len(MIG_PROFILES)
+    # 5 whole-GPU classes (a100, a100-40gb, a100-80gb, h100, h200), a class per MIG profile of each
+    # family (A100 11, H100 12, H200 6) and the article's model-independent MIG classes.
+    assert len(names) == 5 + 11 + 12 + 6 + len(MIG_PROFILES)
     dns_subdomain = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     assert all(dns_subdomain.match(n) and len(n) <= 253 for n in names)
 
@@ -214,9 +216,13 @@ def test_device_classes_select_the_right_simulated_devices() -> None:
     # Whole A100s only: the MIG slices of an A100 inherit productName but must not match.
     assert kinds("gpu.nvidia.com-a100") == {("gpu", "NVIDIA A100 80GB PCIe", None)}
     assert len(picked["gpu.nvidia.com-a100"]) == 4 + 2  # a100-4x-nvlink + the two A100s of mixed-nvlink-pairs
-    # H100 80GB HBM3 only; "NVIDIA H100 NVL" is a different product.
-    assert kinds("gpu.nvidia.com-h100") == {("gpu", "NVIDIA H100 80GB HBM3", None)}
-    assert len(picked["gpu.nvidia.com-h100"]) == 8
+    # Every whole H100 board: the SXM 80GB HBM3 and the NVL (AKS NC H100 v5) of the topologies.
+    assert kinds("gpu.nvidia.com-h100") == {
+        ("gpu", "NVIDIA H100 80GB HBM3", None),
+        ("gpu", "NVIDIA H100 NVL", None),
+    }
+    assert len(picked["gpu.nvidia.com-h100"]) == 8 + 2
+    # The simulated a100-4x-mig node carves 3g.20gb (an A100 40GB profile) out of 80 GB PCIe boards.
     assert kinds("gpu.nvidia.com-a100-mig-3g20gb") == {("mig", "NVIDIA A100 80GB PCIe", "3g.20gb")}
     assert len(picked["gpu.nvidia.com-a100-mig-3g20gb"]) == 8
     assert picked["mig-3g20gb.nvidia.com"] == picked["gpu.nvidia.com-a100-mig-3g20gb"]
@@ -268,7 +274,8 @@ def test_selectors_use_only_published_attributes_and_guard_the_driver() -> None:
                 )
                 used += 1
             assert "migProfile" not in expr
-    assert used == 19  # 2 per whole-GPU class, 3 for the A100 MIG class, 2 per MIG-table class
+    # 2 per whole-GPU class (3 for a100-40gb/-80gb), 3 per family MIG class, 2 per MIG-table class.
+    assert used == 2 * 3 + 3 * 2 + 3 * (11 + 12 + 6) + 2 * len(MIG_PROFILES)
 
 
 def test_opaque_configs_pass_the_driver_validator_for_the_devices_they_select() -> None:
@@ -283,7 +290,8 @@ def test_opaque_configs_pass_the_driver_validator_for_the_devices_they_select() 
             assert params["apiVersion"] == "resource.nvidia.com/v1beta1" and params["kind"] == "GpuConfig"
             assert validate_opaque_config(params, {dtype}) == [], name
             configs += 1
-    assert configs == 2  # a100 (Long) and h100 (Short) time slicing, as in the seed; none on MIG classes
+    # Long slices on the A100 classes, Short on H100 and H200 (as in the seed); none on MIG classes.
+    assert configs == 5
 
 
 def test_deviceclass_file_mentions_no_seed_only_names() -> None:

@@ -137,7 +137,7 @@ def test_local_webhooks_call_the_host_process_by_url() -> None:
     for cfg in webhook_configs(objs):
         path = "/mutate" if cfg["kind"].startswith("Mutating") else "/validate"
         # Every webhook of the base, and no half-defined one added by a patch that matched no name.
-        assert len(cfg["webhooks"]) == (3 if path == "/mutate" else 4)
+        assert len(cfg["webhooks"]) == (3 if path == "/mutate" else 5)
         assert all(h.get("rules") for h in cfg["webhooks"])
         for h in cfg["webhooks"]:
             assert h["clientConfig"] == {"url": f"https://127.0.0.1:9443{path}"}, h["name"]

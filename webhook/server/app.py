@@ -58,6 +58,8 @@ class ServeOptions:
     mutate_deadline: float = 1.5
     # Ready again only while no watch has been broken longer than this.
     watch_stale_after: float = 60.0
+    inject_ca_bundle: str | None = None  # keep this CA bundle in the webhook configurations' caBundle
+    webhook_config: str = "draguard"
 
 
 _LABEL_KINDS = frozenset({k for _g, k in admission.POD_KINDS} | admission.DRA_KINDS | {"unknown"})
@@ -539,6 +541,10 @@ class Webhook:
         else:
             await self._start_caches()
         self._tasks.append(asyncio.create_task(self._policy_loop()))
+        if bundle := self.opts.inject_ca_bundle:
+            from webhook.server.cainject import start_injector
+
+            self.injector = start_injector(self.opts.kubeconfig, bundle, self.opts.webhook_config)
         if self.tls is not None:
             self._tasks.append(asyncio.create_task(self.tls.watch(self.opts.poll_interval)))
 
@@ -578,6 +584,8 @@ class Webhook:
                 log.exception("policy reload check failed")
 
     async def stop_background(self) -> None:
+        if getattr(self, "injector", None) is not None:
+            self.injector.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

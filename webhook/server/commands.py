@@ -81,6 +81,12 @@ def register(sub: Any) -> None:
         help="timeout for creating a migration ResourceClaimTemplate (default 2)",
     )
     p.add_argument(
+        "--inject-ca-bundle",
+        metavar="FILE",
+        help="keep this PEM CA bundle (the mounted ca.crt) in the webhook configurations' caBundle",
+    )
+    p.add_argument("--webhook-config", default="draguard", metavar="NAME", help="their name (draguard)")
+    p.add_argument(
         "--no-review-cache",
         action="store_true",
         help="evaluate every request, even byte-identical repeats under unchanged policies and caches",
@@ -189,6 +195,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         template_timeout=args.template_timeout,
         review_cache=not args.no_review_cache,
+        inject_ca_bundle=args.inject_ca_bundle,
+        webhook_config=args.webhook_config,
     )
     try:
         return asyncio.run(serve(opts))

@@ -1,0 +1,121 @@
+"""The bundle's DeviceClasses against the GPUs of EKS, GKE and AKS, checked with draguard's own CEL
+linter and matcher on the ResourceSlices the bundled driver publishes for those GPUs
+(tests/kustomize/cloud_gpus.py), and the shipped tier policy against the same classes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+from typing import Any
+
+import pytest
+import yaml
+from cloud_gpus import CLOUDS, Product, cloud_slices, node_slices
+from kbundle import REPO, build, find
+
+from webhook.cel.lint import lint_selector
+from webhook.cel.match import match_devices
+from webhook.dra.inventory import Inventory
+
+PRODUCTS = {p.name: p for c in CLOUDS.values() for p, _ in c.values()}
+
+
+@functools.cache
+def _classes() -> dict[str, list[str]]:
+    return {
+        c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]]
+        for c in find(build("base"), "DeviceClass")
+    }
+
+
+def _family(product: Product) -> str:
+    return product.name.split()[1].split("-")[0].lower()  # "NVIDIA A100-SXM4-40GB" -> "a100"
+
+
+def expected_full(product: Product) -> set[str]:
+    fam = _family(product)
+    out = {f"gpu.nvidia.com-{fam}"}
+    if fam == "a100":
+        out.add(f"gpu.nvidia.com-a100-{product.memory_gib}gb")
+    return out
+
+
+def expected_mig(product: Product, profile: str) -> set[str]:
+    out = {f"gpu.nvidia.com-{_family(product)}-mig-{profile.replace('.', '')}"}
+    generic = f"mig-{profile.replace('.', '')}.nvidia.com"
+    return out | ({generic} if generic in _classes() else set())
+
+
+def _selecting(devices: list[Any]) -> dict[str, set[str]]:
+    """Device name -> names of the classes that select it (draguard's matcher)."""
+    out: dict[str, set[str]] = {d.name: set() for d in devices}
+    for name, exprs in _classes().items():
+        res = match_devices(exprs, devices)
+        assert not res.errors, (name, res.errors[0].message)
+        for d in res.matched:
+            out[d.name].add(name)
+    return out
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS), ids=str)
+def test_each_board_and_profile_is_selected_by_exactly_its_classes(product: str) -> None:
+    p = PRODUCTS[product]
+    devices = Inventory.from_objects(node_slices(p, 2, None, "whole")).devices
+    assert set(map(frozenset, _selecting(list(devices)).values())) == {frozenset(expected_full(p))}
+    for m in p.mig:
+        devices = Inventory.from_objects(node_slices(p, 1, m, "carved")).devices
+        assert len(devices) == m.count
+        picked = _selecting(list(devices))
+        assert set(map(frozenset, picked.values())) == {frozenset(expected_mig(p, m.profile))}, m.profile
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_linter_finds_every_class_meant_for_the_cloud_on_its_gpus(cloud: str) -> None:
+    devices = list(Inventory.from_objects(cloud_slices(cloud)).devices)
+    meant: set[str] = set()
+    for product, _n in CLOUDS[cloud].values():
+        meant |= expected_full(product)
+        for m in product.mig:
+            meant |= expected_mig(product, m.profile)
+    for name, exprs in _classes().items():
+        issues = [i for e in exprs for i in lint_selector(e, devices=devices, driver="gpu.nvidia.com")]
+        if name in meant:
+            assert issues == [], (cloud, name, [(i.check, i.message) for i in issues])
+        else:
+            # A class for GPUs this cloud does not sell: the linter says so, and says nothing else.
+            assert {i.check for i in issues} == {"cel/no-match"}, (cloud, name, issues)
+
+
+def test_the_articles_class_names_are_kept() -> None:
+    names = set(_classes())
+    article = {"gpu.nvidia.com-a100", "gpu.nvidia.com-h100", "gpu.nvidia.com-a100-mig-3g20gb"}
+    article |= {f"mig-{p}.nvidia.com" for p in ("1g5gb", "1g10gb", "2g10gb", "3g20gb", "4g40gb", "7g80gb")}
+    assert article <= names
+
+
+def _tier() -> dict[str, list[str]]:
+    doc = yaml.safe_load((REPO / "policies" / "tier.yaml").read_text())
+    return {c["name"]: c["deviceClasses"] for c in doc["spec"]["classes"]}
+
+
+def _allowed(patterns: list[str]) -> set[str]:
+    return {n for n in _classes() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+
+
+def test_tier_policy_and_classes_agree() -> None:
+    tiers = _tier()
+    for tier, patterns in tiers.items():
+        for pattern in patterns:
+            assert _allowed([pattern]), f"tier {tier}: {pattern} names no DeviceClass of the bundle"
+    for cloud, instances in CLOUDS.items():
+        for itype, (p, _n) in instances.items():
+            hopper = p.architecture == "Hopper"
+            # LLM workloads may use every Hopper board the cloud sells, and nothing older.
+            llm_ok = bool(_allowed(tiers["llm"]) & expected_full(p))
+            assert llm_ok == hopper, (cloud, itype, "llm")
+            # Training runs on every whole board; notebooks (dev) on MIG slices of every board.
+            assert _allowed(tiers["training"]) & expected_full(p), (cloud, itype, "training")
+            for m in p.mig:
+                assert _allowed(tiers["dev"]) & expected_mig(p, m.profile), (cloud, itype, m.profile)
+            assert not _allowed(tiers["dev"]) & expected_full(p), (cloud, itype, "dev gets no whole GPU")

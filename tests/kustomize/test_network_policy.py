@@ -1,0 +1,60 @@
+"""components/network-policy: every pod in draguard-system is covered, and each allowed port exists."""
+
+from __future__ import annotations
+
+import pytest
+from kbundle import Obj, build, containers, find
+
+
+def _selects(np: Obj, labels: dict[str, str]) -> bool:
+    want = np["spec"]["podSelector"].get("matchLabels", {})
+    return all(labels.get(k) == v for k, v in want.items())
+
+
+def _pods(objs: tuple[Obj, ...]) -> list[Obj]:
+    return [o for o in objs if o["kind"] in {"Deployment", "DaemonSet", "Job", "CronJob"}]
+
+
+def _template_labels(o: Obj) -> dict[str, str]:
+    t = o["spec"]["jobTemplate"]["spec"]["template"] if o["kind"] == "CronJob" else o["spec"]["template"]
+    return dict(t["metadata"].get("labels", {}))
+
+
+@pytest.mark.parametrize("overlay", ["aks", "gke", "eks"])
+def test_policies_cover_every_pod_and_name_real_ports(overlay: str) -> None:
+    objs = build(overlay, ("network-policy",))
+    nps = find(objs, "NetworkPolicy")
+    assert {n["metadata"]["namespace"] for n in nps} == {"draguard-system"}
+    deny = [n for n in nps if n["spec"]["podSelector"] == {}]
+    assert len(deny) == 1 and "ingress" not in deny[0]["spec"], "a default deny for the namespace"
+    for workload in _pods(objs):
+        labels = _template_labels(workload)
+        allowing = [n for n in nps if n["spec"]["podSelector"] and _selects(n, labels)]
+        ports = {p["name"]: p["containerPort"] for c in containers(workload) for p in c.get("ports", [])}
+        for np in allowing:
+            for rule in np["spec"].get("ingress", []):
+                for port in rule["ports"]:
+                    # A named port the pod does not declare opens nothing; only webhook metrics may be one.
+                    assert port["port"] in ports or port["port"] == "metrics", (
+                        workload["metadata"]["name"],
+                        port,
+                    )
+                    if rule.get("from") is None:
+                        # Open to every source: only the admission port the API server calls.
+                        assert workload["metadata"]["name"] == "draguard-webhook" and port["port"] == "https"
+                    else:
+                        assert rule["from"] == [
+                            {
+                                "namespaceSelector": {
+                                    "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+                                }
+                            }
+                        ]
+        if workload["kind"] in {"Job", "CronJob"}:
+            assert not allowing, "the certificate Job takes no connections"
+        else:
+            assert allowing, workload["metadata"]["name"]
+    webhook = next(o for o in objs if o["kind"] == "Deployment")
+    https = [p for c in containers(webhook) for p in c.get("ports", []) if p["name"] == "https"]
+    # GKE's overlay moves the port to 443; the policy follows it by name.
+    assert https and https[0]["containerPort"] == (443 if overlay == "gke" else 8443)
