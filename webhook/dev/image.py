@@ -16,6 +16,8 @@ to the Debian mirror apt uses and to the Python package index.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -26,9 +28,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -239,6 +242,23 @@ def image_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "draguard" / "images"
 
 
+@contextlib.contextmanager
+def _locked(cache: Path, name: str) -> Iterator[None]:
+    """One builder per cache entry: work trees, test runs and CI may share the cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _prune(cache: Path, pattern: str, keep: int) -> None:
+    """Keep the newest `keep` archives of one image (other work trees may still use those)."""
+    old = sorted(cache.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)[keep:]
+    for p in old:
+        p.unlink(missing_ok=True)
+        p.with_name(p.name.removesuffix(".oci.tar") + ".log").unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class BuiltImage:
     """An OCI archive in the cache: `ctr -n k8s.io images import <path>` makes `name` available."""
@@ -313,11 +333,14 @@ def _base_rootfs(
     """debootstrap's minbase system as a tar in the cache (the slow part; shared by source changes)."""
     key = hashlib.sha256(repr(("minbase", spec.suite, ARCH, mirrors[0])).encode()).hexdigest()[:16]
     tar = cache / f"base-{spec.suite}-{key}.tar"
-    if tar.is_file():
-        return tar
-    work = cache / f".base-{key}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    with _locked(cache, f"base-{key}"):
+        if not tar.is_file():
+            _debootstrap(spec, mirrors, tar, progress, log)
+    return tar
+
+
+def _debootstrap(spec: ImageSpec, mirrors: tuple[str, str], tar: Path, progress: Progress, log: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix=".base-", dir=tar.parent))
     try:
         t0 = time.monotonic()
         progress(f"debootstrap --variant=minbase {spec.suite} from {mirrors[0]}")
@@ -351,7 +374,6 @@ def _base_rootfs(
         progress(f"base root filesystem in {time.monotonic() - t0:.0f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return tar
 
 
 def _host_ca_bundle() -> Path | None:
@@ -637,34 +659,32 @@ def ensure_image(progress: Progress = _say, *, force: bool = False, cache: Path 
         progress(f"up to date: {s.name} in {out}")
         return BuiltImage(s.name, out, read_archive_digest(out))
     _check_builder()
-    cache.mkdir(parents=True, exist_ok=True)
-    work = cache / f".draguard-{key}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    log = cache / f"draguard-{s.tag}-{key}.log"
-    log.write_text("")
-    t0 = time.monotonic()
-    progress(f"building {s.name} (log: {log})")
-    try:
-        build_draguard_rootfs(work / "rootfs", recipe, mirrors, cache, progress, log)
-        t1 = time.monotonic()
-        progress("packing the OCI archive")
-        digest = write_oci_archive(work / "rootfs", s, out)
-        progress(f"  packed in {time.monotonic() - t1:.0f} s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with _locked(cache, f"draguard-{key}"):
+        if out.is_file() and not force:
+            return BuiltImage(s.name, out, read_archive_digest(out))
+        log = cache / f"draguard-{s.tag}-{key}.log"
+        log.write_text("")
+        t0 = time.monotonic()
+        progress(f"building {s.name} (log: {log})")
+        work = Path(tempfile.mkdtemp(prefix=f".draguard-{key}-", dir=cache))
+        try:
+            build_draguard_rootfs(work / "rootfs", recipe, mirrors, cache, progress, log)
+            t1 = time.monotonic()
+            progress("packing the OCI archive")
+            digest = write_oci_archive(work / "rootfs", s, out)
+            progress(f"  packed in {time.monotonic() - t1:.0f} s")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        _prune(cache, f"draguard-{s.tag}-*.oci.tar", keep=4)
     size = out.stat().st_size / 1e6
     progress(f"{s.name} ({digest[:19]}, {size:.0f} MB) in {out} after {time.monotonic() - t0:.0f} s")
     return BuiltImage(s.name, out, digest)
 
 
-def _busybox(cache: Path, pkg: str, log: Path) -> Path:
+def _busybox(work: Path, pkg: str, log: Path) -> Path:
     """The static busybox from the Debian package (downloaded with apt, not taken from the host)."""
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise ImageError("the pause image is built from Debian's busybox-static: needs apt-get and dpkg-deb")
-    work = cache / ".pause-deb.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     res = subprocess.run(["apt-get", "download", pkg], cwd=work, capture_output=True, text=True)
     if res.returncode != 0:
         _run(["apt-get", "update", "-q"], "apt-get update", log=log)
@@ -673,7 +693,12 @@ def _busybox(cache: Path, pkg: str, log: Path) -> Path:
             raise ImageError(f"apt-get download {pkg} failed: {res.stderr.strip()}")
     debs = sorted(work.glob("*.deb"))
     _run(["dpkg-deb", "-x", str(debs[0]), str(work / "x")], f"unpacking {debs[0].name}", log=log)
-    return work / "x" / "bin" / "busybox"
+    busybox = work / "x" / "bin" / "busybox"
+    with busybox.open("rb") as f:
+        head = f.read(4096)
+    if b"/lib64/ld-linux" in head or b"/lib/ld-linux" in head:
+        raise ImageError(f"{debs[0].name}: /bin/busybox is not static; the pause image needs busybox-static")
+    return busybox
 
 
 def ensure_pause_image(
@@ -687,27 +712,23 @@ def ensure_pause_image(
     if out.is_file() and not force:
         progress(f"up to date: {spec.name} in {out}")
         return BuiltImage(spec.name, out, read_archive_digest(out))
-    cache.mkdir(parents=True, exist_ok=True)
-    log = cache / f"pause-{spec.tag}-{key}.log"
-    log.write_text("")
-    progress(f"building {spec.name} from Debian's {' '.join(spec.packages)}")
-    work = cache / ".pause.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
-        busybox = _busybox(cache, spec.packages[0], log)
-        with busybox.open("rb") as f:
-            head = f.read(4096)
-        if b"/lib64/ld-linux" in head or b"/lib/ld-linux" in head:
-            raise ImageError(f"{busybox}: not a static binary; the pause image needs busybox-static")
-        rootfs = work / "rootfs"
-        for d in ("bin", *_EMPTY_DIRS, "etc"):
-            (rootfs / d).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(busybox, rootfs / "bin" / "busybox")
-        (rootfs / "bin" / "sh").symlink_to("busybox")
-        digest = write_oci_archive(rootfs, spec, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(cache / ".pause-deb.tmp", ignore_errors=True)
+    with _locked(cache, f"pause-{key}"):
+        if out.is_file() and not force:
+            return BuiltImage(spec.name, out, read_archive_digest(out))
+        log = cache / f"pause-{spec.tag}-{key}.log"
+        log.write_text("")
+        progress(f"building {spec.name} from Debian's {' '.join(spec.packages)}")
+        work = Path(tempfile.mkdtemp(prefix=".pause-", dir=cache))
+        try:
+            busybox = _busybox(work, spec.packages[0], log)
+            rootfs = work / "rootfs"
+            for d in ("bin", *_EMPTY_DIRS, "etc"):
+                (rootfs / d).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(busybox, rootfs / "bin" / "busybox")
+            (rootfs / "bin" / "sh").symlink_to("busybox")
+            digest = write_oci_archive(rootfs, spec, out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     progress(f"{spec.name} ({digest[:19]}) in {out}")
     return BuiltImage(spec.name, out, digest)
 
