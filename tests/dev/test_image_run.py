@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -273,3 +274,27 @@ def test_cri_runs_the_image_in_a_pause_sandbox(containerd: Containerd, tmp_path:
     finally:
         containerd.crictl("stopp", pod_id)
         containerd.crictl("rmp", pod_id)
+
+
+def test_image_holds_exactly_the_recipes_packages_and_the_lock(
+    images: tuple[image.BuiltImage, image.BuiltImage],
+) -> None:
+    """From its SBOM: runtime Debian packages in, build-only ones purged, the venv = the lock + draguard."""
+    spec = image.load_recipe().draguard
+    bom = json.loads(images[0].sbom.read_text())
+    assert bom["metadata"]["component"]["name"] == spec.repository
+    debs = {c["name"] for c in bom["components"] if c.get("purl", "").startswith("pkg:deb/")}
+    assert set(spec.packages) <= debs
+    assert not set(spec.build_packages) & debs, set(spec.build_packages) & debs
+    assert not {"python3-pip-whl", "python3-setuptools-whl", "python3.11-venv"} & debs
+    pypi = {
+        c["purl"].split("/")[1].split("@")[0]: c["version"]
+        for c in bom["components"]
+        if c.get("purl", "").startswith("pkg:pypi/")
+    }
+    locked = {}
+    for m in re.finditer(
+        r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", (image.REPO_ROOT / image.LOCK).read_text(), re.M
+    ):
+        locked[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    assert pypi == {**locked, "draguard": spec.tag}

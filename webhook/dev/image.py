@@ -165,6 +165,11 @@ def _json_list(items: Iterable[str]) -> str:
     return json.dumps(list(items))
 
 
+# Hashed locks (scripts/lock-image.sh): the runtime dependencies and the build backend.
+LOCK = "image/requirements.lock"
+BUILD_LOCK = "image/build.lock"
+# Where the sbom step writes the image's CycloneDX SBOM.
+SBOM_IN_IMAGE = "/usr/share/draguard/sbom.cdx.json"
 # Where both front ends put the source tree while the install steps run.
 SRC_IN_IMAGE = "/tmp/src"
 INSTALL_IN_IMAGE = f"{SRC_IN_IMAGE}/image/install.sh"
@@ -175,8 +180,9 @@ def install_steps(spec: ImageSpec) -> list[tuple[str, ...]]:
     return [
         ("packages", *spec.build_packages, *spec.packages),
         ("wheel", SRC_IN_IMAGE, "/tmp/wheels"),
-        ("venv", "/tmp/wheels", f"{SRC_IN_IMAGE}/constraints.txt"),
+        ("venv", "/tmp/wheels", f"{SRC_IN_IMAGE}/{LOCK}"),
         ("finish", *spec.build_packages),
+        ("sbom", SRC_IN_IMAGE, spec.repository, spec.tag),
     ]
 
 
@@ -190,9 +196,10 @@ def render_containerfile(recipe: Recipe) -> str:
         f"# (`draguard driver run`). Build: podman build -t {s.name} -f Containerfile .",
         "# The same recipe builds it without a daemon: python -m webhook.dev.image build",
         "#",
-        "# Debian packages, then image/install.sh in the image itself: the project wheel and its pinned",
-        "# dependencies in /opt/draguard, then pip and the build-only packages are removed. The source",
-        "# tree is bind-mounted for that one step, so no layer holds it; the image runs as a numeric user.",
+        "# Debian packages, then image/install.sh in the image itself: the project wheel (build backend from",
+        "# image/build.lock) and its dependencies from image/requirements.lock, both with --require-hashes,",
+        "# in /opt/draguard; pip and the build-only packages are removed, a CycloneDX SBOM is written to",
+        f"# {SBOM_IN_IMAGE}. The source tree is bind-mounted for that step, so no layer holds it.",
         f"ARG BASE_IMAGE={s.base}",
         "FROM ${BASE_IMAGE}",
         "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in s.labels.items()),
@@ -256,7 +263,8 @@ def _prune(cache: Path, pattern: str, keep: int) -> None:
     old = sorted(cache.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)[keep:]
     for p in old:
         p.unlink(missing_ok=True)
-        p.with_name(p.name.removesuffix(".oci.tar") + ".log").unlink(missing_ok=True)
+        for suffix in (".log", ".cdx.json"):
+            p.with_name(p.name.removesuffix(".oci.tar") + suffix).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -266,6 +274,11 @@ class BuiltImage:
     name: str
     path: Path
     digest: str  # the manifest's, as `ctr images ls` shows it
+
+    @property
+    def sbom(self) -> Path:
+        """The image's CycloneDX SBOM next to the archive (also in the image at SBOM_IN_IMAGE)."""
+        return self.path.with_name(self.path.name.removesuffix(".oci.tar") + ".cdx.json")
 
 
 def _hash_tree(h: Any, root: Path, rel: str) -> None:
@@ -492,17 +505,6 @@ def build_draguard_rootfs(
             shutil.copy2(root / src, target)
 
 
-def installed_packages(rootfs: Path) -> set[str]:
-    """Debian packages installed in a root filesystem (from dpkg's status file)."""
-    names: set[str] = set()
-    status = (rootfs / "var/lib/dpkg/status").read_text()
-    for block in status.split("\n\n"):
-        m = re.search(r"^Package: (\S+)", block, re.M)
-        if m and re.search(r"^Status: install ok installed", block, re.M):
-            names.add(m.group(1))
-    return names
-
-
 # ---------------------------------------------------------------------------------------------
 # OCI image layout
 
@@ -669,6 +671,10 @@ def ensure_image(progress: Progress = _say, *, force: bool = False, cache: Path 
         work = Path(tempfile.mkdtemp(prefix=f".draguard-{key}-", dir=cache))
         try:
             build_draguard_rootfs(work / "rootfs", recipe, mirrors, cache, progress, log)
+            sbom = work / "rootfs" / SBOM_IN_IMAGE.lstrip("/")
+            if not sbom.is_file():
+                raise ImageError(f"install.sh sbom wrote no {SBOM_IN_IMAGE}")
+            shutil.copy(sbom, BuiltImage(s.name, out, "").sbom)
             t1 = time.monotonic()
             progress("packing the OCI archive")
             digest = write_oci_archive(work / "rootfs", s, out)
