@@ -331,3 +331,19 @@ def test_sbom_lists_installed_debian_and_python_packages(tmp_path: Path) -> None
     ruamel = next(c for c in bom["components"] if c["name"] == "ruamel.yaml")
     assert ruamel["licenses"] == [{"expression": "MIT"}]
     assert len({c["bom-ref"] for c in bom["components"]}) == len(bom["components"])
+
+
+def test_build_without_root_or_debootstrap_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DRAGUARD_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(image.os, "geteuid", lambda: 1000)
+    assert image.main(["build"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("draguard image: building an image needs root") and "Traceback" not in err
+    monkeypatch.setattr(image.os, "geteuid", lambda: 0)
+    real_which = image.shutil.which
+    monkeypatch.setattr(image.shutil, "which", lambda t: None if t == "debootstrap" else real_which(t))
+    assert image.main(["build"]) == 1
+    assert "debootstrap not found: apt-get install -y debootstrap" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").glob("*.oci.tar"))

@@ -777,18 +777,21 @@ def find_cni_bin_dir() -> Path:
     return find_node_bin_dir().parent / "cni"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m webhook.dev.image", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build (or reuse) the draguard image and the pause image")
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """build, containerfile, node-dir under `parser` (`python -m webhook.dev.image`, `draguard dev image`)."""
+    sub = parser.add_subparsers(dest="image_command", required=True, metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="build (or reuse) the draguard image and the pause image (root)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache has the image")
     b.add_argument("--print-path", action="store_true", help="print only the archives' paths on stdout")
     c = sub.add_parser("containerfile", help="print the Containerfile the recipe makes")
     c.add_argument("--check", action="store_true", help="exit 1 if ./Containerfile differs from it")
     sub.add_parser("node-dir", help="print where scripts/build-node.sh puts the node's binaries")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
-        if args.cmd == "containerfile":
+        if args.image_command == "containerfile":
             text = render_containerfile(load_recipe())
             if args.check:
                 if CONTAINERFILE.read_text() != text:
@@ -801,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             sys.stdout.write(text)
             return 0
-        if args.cmd == "node-dir":
+        if args.image_command == "node-dir":
             print(find_node_dir())
             return 0
         images = [ensure_image(force=args.force), ensure_pause_image(force=args.force)]
@@ -811,6 +814,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImageError as exc:
         print(f"draguard image: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webhook.dev.image", description=__doc__.split("\n\n")[0])
+    add_commands(parser)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
