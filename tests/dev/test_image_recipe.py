@@ -246,3 +246,104 @@ def test_node_dir_is_where_build_node_puts_it(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DRAGUARD_NODE_DIR", "/nonexistent/node")
     with pytest.raises(image.ImageError, match=r"missing kubelet, .* build them with scripts/build-node.sh"):
         image.find_node_bin_dir()
+
+
+def _pins(text: str) -> dict[str, str]:
+    return {
+        re.sub(r"[-_.]+", "-", m.group(1)).lower(): m.group(2)
+        for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", text, re.M)
+    }
+
+
+def _locked(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a pip-compile --generate-hashes lock."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for block in re.split(r"\n(?=\S)", path.read_text()):
+        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if m:
+            name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+            out[name] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    return out
+
+
+def test_image_locks_are_hashed_and_agree_with_constraints() -> None:
+    """Every locked distribution has hashes and the pin constraints.txt gives the development venv."""
+    lock = _locked(ROOT / image.LOCK)
+    constraints = _pins((ROOT / "constraints.txt").read_text())
+    assert lock and all(hashes for _v, hashes in lock.values()), "a locked package without --hash"
+    for name, (version, _h) in lock.items():
+        assert constraints.get(name) == version, (
+            f"{name}: lock {version}, constraints.txt {constraints.get(name)}"
+        )
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S)
+    assert deps is not None
+    for dep in re.findall(r'"([A-Za-z0-9._-]+)', deps.group(1)):
+        assert re.sub(r"[-_.]+", "-", dep).lower() in lock, f"{dep} is a runtime dependency but not locked"
+    assert "draguard" not in lock and "pip" not in lock
+
+    backend = re.search(r'^requires = \["(setuptools)==([^"]+)"\]$', pyproject, re.M)
+    assert backend is not None, "pyproject.toml's build backend must be pinned exactly"
+    build = _locked(ROOT / image.BUILD_LOCK)
+    assert build["setuptools"][0] == backend.group(2) and build["setuptools"][1]
+    install = (ROOT / "image/install.sh").read_text()
+    assert install.count("--require-hashes") == 2 and "--constraint" not in install
+
+
+def test_sbom_lists_installed_debian_and_python_packages(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    (root / "etc/debian_version").write_text("12.11\n")
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(
+        "Package: python3\nStatus: install ok installed\nArchitecture: amd64\nVersion: 3.11.2-1+b1\n\n"
+        "Package: ca-certificates\nStatus: deinstall ok config-files\nArchitecture: all\nVersion: 1\n\n"
+        "Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9+deb12u10\n"
+    )
+    site = root / "opt/draguard/lib/python3.11/site-packages"
+    (site / "ruamel.yaml-0.19.1.dist-info").mkdir(parents=True)
+    (site / "ruamel.yaml-0.19.1.dist-info/METADATA").write_text(
+        "Metadata-Version: 2.4\nName: ruamel.yaml\nVersion: 0.19.1\nLicense-Expression: MIT\n\nbody\n"
+    )
+    res = subprocess.run(
+        ["python3", str(ROOT / "image/sbom.py"), str(root), "ghcr.io/x/y", "1.0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    bom = json.loads(res.stdout)
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.5"
+    assert bom["serialNumber"].startswith("urn:uuid:")
+    assert bom["metadata"]["component"] == {
+        "type": "container",
+        "bom-ref": "image",
+        "name": "ghcr.io/x/y",
+        "version": "1.0",
+    }
+    purls = {c.get("purl") for c in bom["components"]}
+    assert "pkg:deb/debian/python3@3.11.2-1%2Bb1?arch=amd64&distro=debian-12" in purls
+    assert "pkg:pypi/ruamel-yaml@0.19.1" in purls
+    assert not any("ca-certificates" in str(p) for p in purls), "a purged package is not in the image"
+    assert {"type": "operating-system", "bom-ref": "os", "name": "debian", "version": "12.11"} in bom[
+        "components"
+    ]
+    ruamel = next(c for c in bom["components"] if c["name"] == "ruamel.yaml")
+    assert ruamel["licenses"] == [{"expression": "MIT"}]
+    assert len({c["bom-ref"] for c in bom["components"]}) == len(bom["components"])
+
+
+def test_build_without_root_or_debootstrap_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DRAGUARD_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(image.os, "geteuid", lambda: 1000)
+    assert image.main(["build"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("draguard image: building an image needs root") and "Traceback" not in err
+    monkeypatch.setattr(image.os, "geteuid", lambda: 0)
+    real_which = image.shutil.which
+    monkeypatch.setattr(image.shutil, "which", lambda t: None if t == "debootstrap" else real_which(t))
+    assert image.main(["build"]) == 1
+    assert "debootstrap not found: apt-get install -y debootstrap" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").glob("*.oci.tar"))

@@ -16,6 +16,8 @@ to the Debian mirror apt uses and to the Python package index.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -26,9 +28,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -162,6 +165,11 @@ def _json_list(items: Iterable[str]) -> str:
     return json.dumps(list(items))
 
 
+# Hashed locks (scripts/lock-image.sh): the runtime dependencies and the build backend.
+LOCK = "image/requirements.lock"
+BUILD_LOCK = "image/build.lock"
+# Where the sbom step writes the image's CycloneDX SBOM.
+SBOM_IN_IMAGE = "/usr/share/draguard/sbom.cdx.json"
 # Where both front ends put the source tree while the install steps run.
 SRC_IN_IMAGE = "/tmp/src"
 INSTALL_IN_IMAGE = f"{SRC_IN_IMAGE}/image/install.sh"
@@ -172,8 +180,9 @@ def install_steps(spec: ImageSpec) -> list[tuple[str, ...]]:
     return [
         ("packages", *spec.build_packages, *spec.packages),
         ("wheel", SRC_IN_IMAGE, "/tmp/wheels"),
-        ("venv", "/tmp/wheels", f"{SRC_IN_IMAGE}/constraints.txt"),
+        ("venv", "/tmp/wheels", f"{SRC_IN_IMAGE}/{LOCK}"),
         ("finish", *spec.build_packages),
+        ("sbom", SRC_IN_IMAGE, spec.repository, spec.tag),
     ]
 
 
@@ -187,9 +196,10 @@ def render_containerfile(recipe: Recipe) -> str:
         f"# (`draguard driver run`). Build: podman build -t {s.name} -f Containerfile .",
         "# The same recipe builds it without a daemon: python -m webhook.dev.image build",
         "#",
-        "# Debian packages, then image/install.sh in the image itself: the project wheel and its pinned",
-        "# dependencies in /opt/draguard, then pip and the build-only packages are removed. The source",
-        "# tree is bind-mounted for that one step, so no layer holds it; the image runs as a numeric user.",
+        "# Debian packages, then image/install.sh in the image itself: the project wheel (build backend from",
+        "# image/build.lock) and its dependencies from image/requirements.lock, both with --require-hashes,",
+        "# in /opt/draguard; pip and the build-only packages are removed, a CycloneDX SBOM is written to",
+        f"# {SBOM_IN_IMAGE}. The source tree is bind-mounted for that step, so no layer holds it.",
         f"ARG BASE_IMAGE={s.base}",
         "FROM ${BASE_IMAGE}",
         "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in s.labels.items()),
@@ -239,6 +249,24 @@ def image_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "draguard" / "images"
 
 
+@contextlib.contextmanager
+def _locked(cache: Path, name: str) -> Iterator[None]:
+    """One builder per cache entry: work trees, test runs and CI may share the cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _prune(cache: Path, pattern: str, keep: int) -> None:
+    """Keep the newest `keep` archives of one image (other work trees may still use those)."""
+    old = sorted(cache.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)[keep:]
+    for p in old:
+        p.unlink(missing_ok=True)
+        for suffix in (".log", ".cdx.json"):
+            p.with_name(p.name.removesuffix(".oci.tar") + suffix).unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class BuiltImage:
     """An OCI archive in the cache: `ctr -n k8s.io images import <path>` makes `name` available."""
@@ -246,6 +274,11 @@ class BuiltImage:
     name: str
     path: Path
     digest: str  # the manifest's, as `ctr images ls` shows it
+
+    @property
+    def sbom(self) -> Path:
+        """The image's CycloneDX SBOM next to the archive (also in the image at SBOM_IN_IMAGE)."""
+        return self.path.with_name(self.path.name.removesuffix(".oci.tar") + ".cdx.json")
 
 
 def _hash_tree(h: Any, root: Path, rel: str) -> None:
@@ -313,11 +346,14 @@ def _base_rootfs(
     """debootstrap's minbase system as a tar in the cache (the slow part; shared by source changes)."""
     key = hashlib.sha256(repr(("minbase", spec.suite, ARCH, mirrors[0])).encode()).hexdigest()[:16]
     tar = cache / f"base-{spec.suite}-{key}.tar"
-    if tar.is_file():
-        return tar
-    work = cache / f".base-{key}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    with _locked(cache, f"base-{key}"):
+        if not tar.is_file():
+            _debootstrap(spec, mirrors, tar, progress, log)
+    return tar
+
+
+def _debootstrap(spec: ImageSpec, mirrors: tuple[str, str], tar: Path, progress: Progress, log: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix=".base-", dir=tar.parent))
     try:
         t0 = time.monotonic()
         progress(f"debootstrap --variant=minbase {spec.suite} from {mirrors[0]}")
@@ -351,7 +387,6 @@ def _base_rootfs(
         progress(f"base root filesystem in {time.monotonic() - t0:.0f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return tar
 
 
 def _host_ca_bundle() -> Path | None:
@@ -468,17 +503,6 @@ def build_draguard_rootfs(
             shutil.copytree(root / src, target, dirs_exist_ok=True)
         else:
             shutil.copy2(root / src, target)
-
-
-def installed_packages(rootfs: Path) -> set[str]:
-    """Debian packages installed in a root filesystem (from dpkg's status file)."""
-    names: set[str] = set()
-    status = (rootfs / "var/lib/dpkg/status").read_text()
-    for block in status.split("\n\n"):
-        m = re.search(r"^Package: (\S+)", block, re.M)
-        if m and re.search(r"^Status: install ok installed", block, re.M):
-            names.add(m.group(1))
-    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,34 +661,36 @@ def ensure_image(progress: Progress = _say, *, force: bool = False, cache: Path 
         progress(f"up to date: {s.name} in {out}")
         return BuiltImage(s.name, out, read_archive_digest(out))
     _check_builder()
-    cache.mkdir(parents=True, exist_ok=True)
-    work = cache / f".draguard-{key}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    log = cache / f"draguard-{s.tag}-{key}.log"
-    log.write_text("")
-    t0 = time.monotonic()
-    progress(f"building {s.name} (log: {log})")
-    try:
-        build_draguard_rootfs(work / "rootfs", recipe, mirrors, cache, progress, log)
-        t1 = time.monotonic()
-        progress("packing the OCI archive")
-        digest = write_oci_archive(work / "rootfs", s, out)
-        progress(f"  packed in {time.monotonic() - t1:.0f} s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with _locked(cache, f"draguard-{key}"):
+        if out.is_file() and not force:
+            return BuiltImage(s.name, out, read_archive_digest(out))
+        log = cache / f"draguard-{s.tag}-{key}.log"
+        log.write_text("")
+        t0 = time.monotonic()
+        progress(f"building {s.name} (log: {log})")
+        work = Path(tempfile.mkdtemp(prefix=f".draguard-{key}-", dir=cache))
+        try:
+            build_draguard_rootfs(work / "rootfs", recipe, mirrors, cache, progress, log)
+            sbom = work / "rootfs" / SBOM_IN_IMAGE.lstrip("/")
+            if not sbom.is_file():
+                raise ImageError(f"install.sh sbom wrote no {SBOM_IN_IMAGE}")
+            shutil.copy(sbom, BuiltImage(s.name, out, "").sbom)
+            t1 = time.monotonic()
+            progress("packing the OCI archive")
+            digest = write_oci_archive(work / "rootfs", s, out)
+            progress(f"  packed in {time.monotonic() - t1:.0f} s")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        _prune(cache, f"draguard-{s.tag}-*.oci.tar", keep=4)
     size = out.stat().st_size / 1e6
     progress(f"{s.name} ({digest[:19]}, {size:.0f} MB) in {out} after {time.monotonic() - t0:.0f} s")
     return BuiltImage(s.name, out, digest)
 
 
-def _busybox(cache: Path, pkg: str, log: Path) -> Path:
+def _busybox(work: Path, pkg: str, log: Path) -> Path:
     """The static busybox from the Debian package (downloaded with apt, not taken from the host)."""
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise ImageError("the pause image is built from Debian's busybox-static: needs apt-get and dpkg-deb")
-    work = cache / ".pause-deb.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     res = subprocess.run(["apt-get", "download", pkg], cwd=work, capture_output=True, text=True)
     if res.returncode != 0:
         _run(["apt-get", "update", "-q"], "apt-get update", log=log)
@@ -673,7 +699,12 @@ def _busybox(cache: Path, pkg: str, log: Path) -> Path:
             raise ImageError(f"apt-get download {pkg} failed: {res.stderr.strip()}")
     debs = sorted(work.glob("*.deb"))
     _run(["dpkg-deb", "-x", str(debs[0]), str(work / "x")], f"unpacking {debs[0].name}", log=log)
-    return work / "x" / "bin" / "busybox"
+    busybox = work / "x" / "bin" / "busybox"
+    with busybox.open("rb") as f:
+        head = f.read(4096)
+    if b"/lib64/ld-linux" in head or b"/lib/ld-linux" in head:
+        raise ImageError(f"{debs[0].name}: /bin/busybox is not static; the pause image needs busybox-static")
+    return busybox
 
 
 def ensure_pause_image(
@@ -687,27 +718,23 @@ def ensure_pause_image(
     if out.is_file() and not force:
         progress(f"up to date: {spec.name} in {out}")
         return BuiltImage(spec.name, out, read_archive_digest(out))
-    cache.mkdir(parents=True, exist_ok=True)
-    log = cache / f"pause-{spec.tag}-{key}.log"
-    log.write_text("")
-    progress(f"building {spec.name} from Debian's {' '.join(spec.packages)}")
-    work = cache / ".pause.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
-        busybox = _busybox(cache, spec.packages[0], log)
-        with busybox.open("rb") as f:
-            head = f.read(4096)
-        if b"/lib64/ld-linux" in head or b"/lib/ld-linux" in head:
-            raise ImageError(f"{busybox}: not a static binary; the pause image needs busybox-static")
-        rootfs = work / "rootfs"
-        for d in ("bin", *_EMPTY_DIRS, "etc"):
-            (rootfs / d).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(busybox, rootfs / "bin" / "busybox")
-        (rootfs / "bin" / "sh").symlink_to("busybox")
-        digest = write_oci_archive(rootfs, spec, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(cache / ".pause-deb.tmp", ignore_errors=True)
+    with _locked(cache, f"pause-{key}"):
+        if out.is_file() and not force:
+            return BuiltImage(spec.name, out, read_archive_digest(out))
+        log = cache / f"pause-{spec.tag}-{key}.log"
+        log.write_text("")
+        progress(f"building {spec.name} from Debian's {' '.join(spec.packages)}")
+        work = Path(tempfile.mkdtemp(prefix=".pause-", dir=cache))
+        try:
+            busybox = _busybox(work, spec.packages[0], log)
+            rootfs = work / "rootfs"
+            for d in ("bin", *_EMPTY_DIRS, "etc"):
+                (rootfs / d).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(busybox, rootfs / "bin" / "busybox")
+            (rootfs / "bin" / "sh").symlink_to("busybox")
+            digest = write_oci_archive(rootfs, spec, out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     progress(f"{spec.name} ({digest[:19]}) in {out}")
     return BuiltImage(spec.name, out, digest)
 
@@ -750,18 +777,21 @@ def find_cni_bin_dir() -> Path:
     return find_node_bin_dir().parent / "cni"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m webhook.dev.image", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build (or reuse) the draguard image and the pause image")
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """build, containerfile, node-dir under `parser` (`python -m webhook.dev.image`, `draguard dev image`)."""
+    sub = parser.add_subparsers(dest="image_command", required=True, metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="build (or reuse) the draguard image and the pause image (root)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache has the image")
     b.add_argument("--print-path", action="store_true", help="print only the archives' paths on stdout")
     c = sub.add_parser("containerfile", help="print the Containerfile the recipe makes")
     c.add_argument("--check", action="store_true", help="exit 1 if ./Containerfile differs from it")
     sub.add_parser("node-dir", help="print where scripts/build-node.sh puts the node's binaries")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
-        if args.cmd == "containerfile":
+        if args.image_command == "containerfile":
             text = render_containerfile(load_recipe())
             if args.check:
                 if CONTAINERFILE.read_text() != text:
@@ -774,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             sys.stdout.write(text)
             return 0
-        if args.cmd == "node-dir":
+        if args.image_command == "node-dir":
             print(find_node_dir())
             return 0
         images = [ensure_image(force=args.force), ensure_pause_image(force=args.force)]
@@ -784,6 +814,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImageError as exc:
         print(f"draguard image: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webhook.dev.image", description=__doc__.split("\n\n")[0])
+    add_commands(parser)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
