@@ -24,6 +24,10 @@ from webhook.dra.device import Device
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """CELSelectorExpressionMaxLength: 10 KiB of UTF-8."""
 
+COST_MARGIN = 1.5
+"""draguard's cost estimate is at most this much above Kubernetes' (measured on the differential
+corpus: 1.1-1.35x on comprehensions); only an estimate above the limit by more is a rejection."""
+
 _CACHE_SIZE = 4096
 _LOCATION = re.compile(r"<input>:(\d+):(\d+):")
 _STANDARD_DOMAINS = frozenset({"gpu.nvidia.com", "resource.kubernetes.io"})
@@ -231,11 +235,18 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
         )
     if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.expr.walk()):
         return unsupported.issue("transformMap/transformMapEntry (two-variable comprehensions)", "1.32")
-    if analysis.cost > MAX_COST:
+    if analysis.cost > MAX_COST * COST_MARGIN:
         return _error(
             "cel/limits",
             f"estimated cost {analysis.cost} exceeds the limit of {MAX_COST}",
             "avoid nested comprehensions (exists/all/map/filter) over large lists",
+        )
+    if analysis.cost > MAX_COST:
+        # Within draguard's over-estimate of the API server's figure: it may well be accepted.
+        return unsupported.issue(
+            f"an estimated cost of {analysis.cost}, near the limit of {MAX_COST} (draguard's estimate runs "
+            f"up to {COST_MARGIN}x above the API server's)", "1.31",
+            "the API server decides; nesting fewer comprehensions keeps it well inside the limit",
         )
     evaluated = native
     rewritten = phantom.rewrite(expression, ast)
