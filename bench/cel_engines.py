@@ -96,7 +96,8 @@ def main() -> int:
     kc_med = statistics.median(k[0] for k in k8s)
     de_med = statistics.median(o[1] for o in ours)
     ke_med = statistics.median(k[1] for k in k8s)
-    print(f"median compile: draguard {dc_med:.0f} us, Kubernetes {kc_med:.0f} us, ratio {dc_med / kc_med:.2f}")
+    print(f"median compile: draguard {dc_med:.0f} us, Kubernetes {kc_med:.0f} us, "
+          f"ratio {dc_med / kc_med:.2f}")
     print(f"median evaluation per device: draguard {de_med:.2f} us, Kubernetes {ke_med:.2f} us, "
           f"ratio {de_med / ke_med:.2f}")
     ok = dc_med <= 1000 and de_med <= 20

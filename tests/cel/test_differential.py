@@ -66,7 +66,8 @@ def test_corpus_covers_every_family_with_at_least_2000_pairs() -> None:
 def test_no_false_rejections(pairs: list[Pair]) -> None:
     # draguard saying "the API server rejects this" about a selector it accepts would block a
     # valid pull request: never.
-    false = [(p.case.selector, p.dg_detail) for p in pairs if p.draguard == "rejected" and p.kubernetes != "rejected"]
+    false = [(p.case.selector, p.dg_detail) for p in pairs
+             if p.draguard == "rejected" and p.kubernetes != "rejected"]
     assert not false, false[:10]
 
 

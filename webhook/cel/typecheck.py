@@ -194,13 +194,16 @@ def regex_error(ast: CheckedAst) -> str | None:
 # and the selector is refused as too complex. Type values have no size either.
 
 _LIST_SCANS = frozenset({"indexOf", "lastIndexOf", "isSorted", "sum", "max", "min", "includes"})
-_TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
-                         "google.protobuf.Duration", "google.protobuf.Timestamp"})
+_TYPE_NAMES = frozenset({
+    "int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
+    "google.protobuf.Duration", "google.protobuf.Timestamp",
+})
 
 
 def _string_list(node: Expr) -> bool:
     if node.kind == LIST:
-        return bool(node.elements) and all(e.kind == CONST and isinstance(e.value, str) for e in node.elements)
+        elements = node.elements
+        return bool(elements) and all(e.kind == CONST and isinstance(e.value, str) for e in elements)
     return node.kind == CALL and node.function == "split" and node.target is not None
 
 
