@@ -233,7 +233,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             f"({unbounded})",
             "compare elements directly (e.g. `x in ['a', 'b']`) instead of building strings or lists",
         )
-    if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.expr.walk()):
+    if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.nodes()):
         return unsupported.issue("transformMap/transformMapEntry (two-variable comprehensions)", "1.32")
     if analysis.cost > MAX_COST * COST_MARGIN:
         return _error(

@@ -70,7 +70,7 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
     """The text to evaluate (`text` itself when nothing needs rewriting), or None when the source
     is not where the positions say."""
     inserts: list[tuple[int, int, str]] = []  # (start, end, replacement); end == start inserts
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         offset = ast.positions.get(node.id)
         if offset is None:
             continue

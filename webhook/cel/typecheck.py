@@ -108,9 +108,9 @@ def type_error(ast: CheckedAst) -> str | None:
     if root_type is not None and root_type != "bool":
         return f"must evaluate to bool or the unknown type, not {root_type}"
     # cel-go exempts the argument list of the strings extension's format() from the rule.
-    exempt = {arg.id for node in ast.expr.walk() if node.kind == CALL and node.function == "format"
+    exempt = {arg.id for node in ast.nodes() if node.kind == CALL and node.function == "format"
               for arg in node.args if arg.kind == LIST}
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.id in exempt:
             continue
         found = typer.check(node)
@@ -157,7 +157,7 @@ def literal(node: Expr, types: dict[int, str]) -> str | None:
 def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
     """Calls the API server evaluates at compile time, as (node, standalone CEL text)."""
     out: list[tuple[Expr, str]] = []
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL:
             continue
         if node.function in _CONVERSIONS and node.target is None and len(node.args) == 1:
@@ -173,7 +173,7 @@ def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
 
 def regex_error(ast: CheckedAst) -> str | None:
     """cel-go compiles a literal `matches` pattern with RE2 when it builds the program."""
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL or node.function != "matches" or not node.args:
             continue
         pattern = node.args[-1]
@@ -215,7 +215,7 @@ def _type_value(node: Expr) -> bool:
 
 def unbounded_cost(ast: CheckedAst) -> str | None:
     """Why Kubernetes' estimate for this selector is unbounded, or None."""
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL:
             continue
         if node.function == "join" and node.target is not None and _string_list(node.target):
