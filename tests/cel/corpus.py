@@ -211,6 +211,11 @@ def _unknown_and_maps() -> Iterator[str]:
     yield "device.attributes[device.driver].exists(k, k == 'productName')"
     yield "size(device.attributes[device.driver]) > 0"
     yield "device.attributes['gpu.nvidia.com' + ''].type == 'gpu'"
+    # Keys spelled to confuse a text rewrite: brackets and quotes inside string literals.
+    yield "device.attributes['x)]'].size() == 0 && '(' + ']' == '(]'"
+    yield "device.attributes[\"it's\"].size() == 0 && device.attributes['''a]b'''].size() == 0"
+    yield "device.attributes[r'a]b'].size() == 0 && device.capacity . other . size() == 0"
+    yield "has(device.attributes.x) && device.attributes [ 'gpu.nvidia.com' ] . type == 'gpu'"
 
 
 def _semver_quantity() -> Iterator[str]:

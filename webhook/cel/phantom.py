@@ -24,9 +24,19 @@ def _is_root(node: Expr | None) -> bool:
     )
 
 
+def _is_raw(text: str, at: int) -> bool:
+    """Whether the literal whose quote is at `at` has a raw prefix (r, R, rb, br, ...)."""
+    start = at
+    while start > 0 and at - start < 2 and text[start - 1] in "rRbB":
+        start -= 1
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        return False  # part of an identifier (`attr'...` cannot occur; `bar'` is not a prefix)
+    return any(c in "rR" for c in text[start:at])
+
+
 def _skip_string(text: str, at: int) -> int:
     """Index just past the string literal starting at `at` (a quote; an r/R prefix makes it raw)."""
-    raw = at > 0 and text[at - 1] in "rR" and (at < 2 or not (text[at - 2].isalnum() or text[at - 2] == "_"))
+    raw = _is_raw(text, at)
     quote = text[at]
     triple = text.startswith(quote * 3, at)
     end_token = quote * 3 if triple else quote
