@@ -46,7 +46,8 @@ def test_oracle_create_verdicts_match_the_api_server(kubectl: Kubectl) -> None:
     invalid = {int(name.split("-")[1]) for name in _INVALID.findall(proc.stderr)}
     created = {int(line.rsplit("-", 1)[1]) for line in proc.stdout.split() if "/oracle-" in line}
     denied = len(selectors) - len(invalid) - len(created)
-    print(f"\n{len(selectors)} selectors: {len(created)} accepted, {len(invalid)} invalid, {denied} denied by a webhook")
+    print(f"\n{len(selectors)} selectors: {len(created)} accepted, {len(invalid)} invalid, "
+          f"{denied} denied by a webhook")
     assert len(created) + len(invalid) >= len(selectors) * 0.9, (denied, proc.stderr[-3000:])
     mismatches = [
         (i, selectors[i][:120], expected[i])
