@@ -142,6 +142,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
         return issue
+    if phantom.RESERVED in expression:
+        return _error("cel/type", f"ERROR: <input>:1:{expression.index(phantom.RESERVED) + 1}: undeclared "
+                                  f"reference to '{phantom.RESERVED}...' (names starting {phantom.RESERVED} "
+                                  "are not part of the Kubernetes environment)")
     depth = max(unsupported.max_depth(expression), unsupported.max_operator_chain(expression))
     if depth > unsupported.PARSER_NESTING:
         return _error(

@@ -269,10 +269,37 @@ _REGEX_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("findAll", ("string", "string", "int"), "list(string)", _find_all, member=True),
 )
 
+def _index_of_offset(text: str, sub: str, offset: int) -> int:
+    """cel-go's strings extension: a negative offset fails; past the end, "" matches at the end and
+    anything else finds nothing (the native runtime fails there instead)."""
+    if offset < 0:
+        raise LibraryError(f"index out of range: {offset}")
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.find(sub, offset)
+
+
+def _last_index_of_offset(text: str, sub: str, offset: int) -> int:
+    if offset < 0:
+        raise LibraryError(f"index out of range: {offset}")
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.rfind(sub, 0, min(offset, len(text) - len(sub)) + len(sub))
+
+
+_OFFSET_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("__draguard_indexOf", ("string", "string", "int"), "int", _index_of_offset, member=True),
+    _spec("__draguard_lastIndexOf", ("string", "string", "int"), "int", _last_index_of_offset, member=True),
+)
+
 EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})
 """Names the runtime's strings extension already declares: these overloads are merged into it."""
 
-FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + tuple(
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + _OFFSET_FUNCTIONS + tuple(
     _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS
 )
 

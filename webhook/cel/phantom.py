@@ -6,6 +6,9 @@ does not publish with an empty map (`device.attributes['other.example.com']` is 
 only the published domains. A plain map cannot behave both ways, so the evaluated text turns each
 domain lookup into an optional one, `device.attributes[?key].orValue({})`, and each
 `has(device.attributes.x)` into `true`; the data carries the published domains only.
+
+The same pass sends `s.indexOf(sub, offset)` / `s.lastIndexOf(sub, offset)` to functions with
+cel-go's offset rules (an offset past the end is -1 there, an error in the native runtime).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from __future__ import annotations
 from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
 
 _ROOTS = frozenset({"attributes", "capacity"})
+RESERVED = "__draguard_"
+"""Prefix of functions only the rewritten text may call; a selector naming one does not compile."""
+OFFSET_FUNCTIONS = {"indexOf": f"{RESERVED}indexOf", "lastIndexOf": f"{RESERVED}lastIndexOf"}
 _OPEN = "([{"
 _CLOSE = ")]}"
 
@@ -93,6 +99,18 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
                 return None
             inserts.append((offset + 1, offset + 1, "?"))
             inserts.append((close + 1, close + 1, ".orValue({})"))
+        elif node.kind == CALL and node.function in OFFSET_FUNCTIONS and node.target is not None \
+                and len(node.args) == 2:
+            # s.indexOf(sub, offset): cel-go's offset rules (see library.py), under a reserved name.
+            if not text.startswith("(", offset):
+                return None
+            end = offset
+            while end > 0 and text[end - 1].isspace():
+                end -= 1
+            start = end - len(node.function)
+            if start < 0 or text[start:end] != node.function:
+                return None
+            inserts.append((start, end, OFFSET_FUNCTIONS[node.function]))
         elif node.kind == SELECT and _is_root(node.operand):
             if node.test_only:
                 # has(device.attributes.x): from `has` to its closing parenthesis.
