@@ -126,8 +126,19 @@ def _too_long(expression: str) -> CelIssue | None:
     return None
 
 
+_MAX_CONSTANT_CALLS = 32
+
+
 def _constant_call_error(ast: CheckedAst) -> str | None:
+    seen: set[str] = set()
     for node, text in typecheck.constant_calls(ast):
+        if text in seen:
+            continue
+        seen.add(text)
+        if len(seen) > _MAX_CONSTANT_CALLS:
+            # Each is a compile; a selector full of them would otherwise cost seconds. Missing a
+            # late one only leaves that rejection to the API server.
+            break
         try:
             ok, value = _native.compile_expression(text).evaluate({"device": {}})
         except (_native.CompileFailure, _native.EvaluationAborted):

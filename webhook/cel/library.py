@@ -12,11 +12,12 @@ declarations.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+import re2  # type: ignore[import-untyped]
 
 from webhook.cel import netlib
 from webhook.dra.device import AttrValue, Device, Version
@@ -238,16 +239,30 @@ _LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("lastIndexOf", ("list(dyn)", "dyn"), "int", _last_index_of, member=True),
 )
 
-def _regex(pattern: str) -> re.Pattern[str]:
+def _regex(pattern: str) -> Any:
+    """RE2, as Go's regexp: linear time whatever the pattern, where a backtracking engine is not."""
     try:
         return _compile_regex(pattern)
-    except re.error as exc:
+    except re2.error as exc:
         raise LibraryError(f"invalid regex {pattern!r}: {exc}") from None
 
 
+_RE2_OPTIONS: Any = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
 @functools.lru_cache(maxsize=256)
-def _compile_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def _compile_regex(pattern: str) -> Any:
+    return re2.compile(pattern, options=_RE2_OPTIONS)
+
+
+def regex_valid(pattern: str) -> bool:
+    """Whether RE2 (the syntax Kubernetes' `matches` and `find` use) accepts the pattern."""
+    try:
+        _compile_regex(pattern)
+    except re2.error:
+        return False
+    return True
 
 
 def _find(text: str, pattern: str) -> str:

@@ -13,9 +13,9 @@ only what the API server's checker must refuse is reported.
 from __future__ import annotations
 
 import json
-import re
 
 from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from webhook.cel.library import regex_valid
 
 _DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
 _LOGIC = frozenset({"_&&_", "_||_", "!_"})
@@ -125,7 +125,6 @@ def type_error(ast: CheckedAst) -> str | None:
 # failure there (`int('x')`, `uint(-1)`, `'%d'.format(['x'])`, `matches('[')`) rejects the selector.
 
 _CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "duration", "timestamp"})
-_RE2_UNSUPPORTED = ("(?=", "(?!", "(?<=", "(?<!")
 
 
 def literal(node: Expr, types: dict[int, str]) -> str | None:
@@ -168,7 +167,8 @@ def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
             target, arg = literal(node.target, ast.types), literal(node.args[0], ast.types)
             if target is not None and arg is not None:
                 out.append((node, f"{target}.format({arg})"))
-    return out
+    # In source order, so that a bounded caller looks at the first ones.
+    return sorted(out, key=lambda item: ast.positions.get(item[0].id, 0))
 
 
 def regex_error(ast: CheckedAst) -> str | None:
@@ -179,11 +179,7 @@ def regex_error(ast: CheckedAst) -> str | None:
         pattern = node.args[-1]
         if pattern.kind != CONST or not isinstance(pattern.value, str):
             continue
-        try:
-            re.compile(pattern.value)
-        except re.error:
-            return _Typer(ast).message(node, "invalid matches argument")
-        if any(token in pattern.value for token in _RE2_UNSUPPORTED):
+        if not regex_valid(pattern.value):
             return _Typer(ast).message(node, "invalid matches argument")
     return None
 
