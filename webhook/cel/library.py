@@ -1,4 +1,5 @@
-"""The Kubernetes CEL library functions DRA selectors use: Quantity and Semver.
+"""The Kubernetes CEL library functions DRA selectors use: Quantity and Semver, the lists and regex
+libraries, cel-go's string offsets (and, from netlib.py, IP, CIDR and URL).
 
 The native runtime cannot declare opaque types, so a Quantity or Semver travels through CEL as a
 one-entry tagged map, `{"@quantity": "<exact value>"}` / `{"@semver": "<version>"}`, and the
