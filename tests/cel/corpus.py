@@ -27,14 +27,16 @@ def _device(name: str, driver: str, attributes: dict[str, dict[str, AttrValue]],
 
 DEVICES: tuple[Device, ...] = (
     _device("h100", NV, {
-        NV: {"type": "gpu", "uuid": "GPU-7a1c", "productName": "NVIDIA H100 80GB HBM3", "architecture": "Hopper",
+        NV: {"type": "gpu", "uuid": "GPU-7a1c", "productName": "NVIDIA H100 80GB HBM3",
+             "architecture": "Hopper",
              "brand": "Nvidia", "index": 3, "minor": 3, "cudaComputeCapability": Version("9.0.0"),
              "driverVersion": Version("570.86.10"), "cudaDriverVersion": Version("12.8.0"),
              "addressingMode": "None", "migEnabled": False},
         K8S: {"pciBusID": "0000:1b:00.0"},
     }, {NV: {"memory": "81559Mi", "multiprocessors": "132"}}),
     _device("a100-mig", NV, {
-        NV: {"type": "mig", "uuid": "MIG-0b2e", "parentUUID": "GPU-5d3f", "productName": "NVIDIA A100 80GB PCIe",
+        NV: {"type": "mig", "uuid": "MIG-0b2e", "parentUUID": "GPU-5d3f",
+             "productName": "NVIDIA A100 80GB PCIe",
              "profile": "3g.40gb", "index": 0, "parentIndex": 1, "driverVersion": Version("550.54.15"),
              "cudaComputeCapability": Version("8.0.0")},
         K8S: {"pciBusID": "0000:3b:00.0"},
@@ -206,9 +208,14 @@ def _unknown_and_maps() -> Iterator[str]:
     yield f"{A}.all(k, k != 'uuid')"
     yield f"size({A}) > 8"
     yield f"{A}.map(k, k).exists(k, k == 'index')"
-    yield f"device.attributes[device.driver].exists(k, k == 'productName')"
-    yield f"size(device.attributes[device.driver]) > 0"
+    yield "device.attributes[device.driver].exists(k, k == 'productName')"
+    yield "size(device.attributes[device.driver]) > 0"
     yield "device.attributes['gpu.nvidia.com' + ''].type == 'gpu'"
+    # Keys spelled to confuse a text rewrite: brackets and quotes inside string literals.
+    yield "device.attributes['x)]'].size() == 0 && '(' + ']' == '(]'"
+    yield "device.attributes[\"it's\"].size() == 0 && device.attributes['''a]b'''].size() == 0"
+    yield "device.attributes[r'a]b'].size() == 0 && device.capacity . other . size() == 0"
+    yield "has(device.attributes.x) && device.attributes [ 'gpu.nvidia.com' ] . type == 'gpu'"
 
 
 def _semver_quantity() -> Iterator[str]:
@@ -244,7 +251,8 @@ def _semver_quantity() -> Iterator[str]:
     yield "semver('1.2.3').compareTo(semver('1.2.4')) == -1"
     yield "semver('1.2.3') == '1.2.3'"
     yield "semver('99999999999999999999.0.0').major() > 0"
-    for q in ("1Pi", "1Ei", "8Ei", "1.5", "100m", "1e3", "1E", "0.1", "-1Gi", "1k", "1Ki", "12345678901234567890"):
+    for q in ("1Pi", "1Ei", "8Ei", "1.5", "100m", "1e3", "1E", "0.1", "-1Gi", "1k", "1Ki",
+              "12345678901234567890"):
         yield f"quantity('{q}').isInteger()"
         yield f"quantity('{q}').asInteger() > 0"
         yield f"quantity('{q}').asApproximateFloat() > 0.0"
@@ -295,6 +303,11 @@ def _strings_regex() -> Iterator[str]:
     yield "'abc'.lastIndexOf('c') == 2"
     yield "'abc'.lastIndexOf('c', 1) == -1"
     yield "'abc'.lastIndexOf('c', 5) == -1"
+    yield "'abc'.indexOf('c', -1) == -1"
+    yield "'abcabc'.lastIndexOf('c', 4) == 2"
+    yield "'abcabc'.indexOf('c', 3) == 5"
+    yield "'héllo'.indexOf('l', 3) == 3 && 'héllo'.lastIndexOf('l', 2) == 2"
+    yield "'abc'.lastIndexOf('', 1) == 1 && 'abc'.indexOf('', 4) == -1"
     yield f"{p}.lastIndexOf('0') > 0"
     yield f"{p}.charAt(0) == 'N'"
     yield f"{p}.charAt(100) == ''"
@@ -345,6 +358,10 @@ def _comprehensions_cost() -> Iterator[str]:
         yield f"{lst}.all(x, {lst}.all(y, x + y >= 0))"
         yield f"{lst}.exists(x, {lst}.exists(y, {lst}.exists(z, x + y + z == -1)))"
         yield f"{lst}.map(x, x * 2).filter(x, x > 10).size() >= 0"
+    for n in (40, 42, 44, 46, 48):
+        # Kubernetes' estimate is about 10.5 n^3: from ~670,000 to ~1,160,000, around the limit.
+        lst = "[" + ", ".join(str(i) for i in range(n)) + "]"
+        yield f"{lst}.exists(x, {lst}.exists(y, {lst}.exists(z, x + y + z == -1)))"
     for depth in range(1, 9):
         inner = "true"
         for i in range(depth):
@@ -369,8 +386,8 @@ def _comprehensions_cost() -> Iterator[str]:
     yield f"{A}.productName.split(' ').all(a, {A}.productName.split(' ').all(b, a.size() + b.size() > 0))"
     yield f"{A}.map(k, {A}.map(j, k + j)).size() > 0"
     yield f"{A}.all(k, {A}.all(j, {A}.all(i, {A}.all(h, k != '')))) "
-    yield f"device.attributes.all(d, device.attributes[d].all(k, k != ''))"
-    yield f"device.capacity.all(d, device.capacity[d].all(k, device.capacity[d][k].sign() >= 0))"
+    yield "device.attributes.all(d, device.attributes[d].all(k, k != ''))"
+    yield "device.capacity.all(d, device.capacity[d].all(k, device.capacity[d][k].sign() >= 0))"
     yield "cel.bind(x, [1, 2, 3], x.all(y, y > 0))"
     yield f"cel.bind(a, {A}, a.productName.startsWith('NVIDIA'))"
     yield f"cel.bind(a, {A}, has(a.profile))"

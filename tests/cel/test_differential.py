@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "cel.md"
 
 AGREEMENT_FLOOR = 0.97
-"""Measured 97.7 % with cel-expr-python 0.1.3 (see docs/cel.md); a drop below this is a regression."""
+"""Measured 97.5 % with cel-expr-python 0.1.3 (see docs/cel.md); a drop below this is a regression."""
 
 
 def _contains(*needles: str) -> Callable[[Pair], bool]:
@@ -35,8 +35,8 @@ def _contains(*needles: str) -> Callable[[Pair], bool]:
 REASONS: dict[str, Callable[[Pair], bool]] = {
     "runtime-nesting": lambda p: p.draguard == "unsupported" and "levels of nesting" in p.dg_detail,
     "iteration-budget": lambda p: p.draguard == "undecided" and "Iteration budget" in p.dg_detail,
+    "cost-margin": lambda p: p.draguard == "unsupported" and "near the limit" in p.dg_detail,
     "map-comprehensions": lambda p: p.draguard == "unsupported" and "transformMap" in p.dg_detail,
-    "string-index-offset": lambda p: p.kubernetes == "selects" and "index out of range" in p.dg_detail,
     "quantity-representation": lambda p: bool(re.search(r"quantity\('1[PE]i'\)\.(isInteger|asInteger)",
                                                         p.case.selector)),
     "duplicate-map-keys": lambda p: "duplicate key" in p.dg_detail,
@@ -65,7 +65,8 @@ def test_corpus_covers_every_family_with_at_least_2000_pairs() -> None:
 def test_no_false_rejections(pairs: list[Pair]) -> None:
     # draguard saying "the API server rejects this" about a selector it accepts would block a
     # valid pull request: never.
-    false = [(p.case.selector, p.dg_detail) for p in pairs if p.draguard == "rejected" and p.kubernetes != "rejected"]
+    false = [(p.case.selector, p.dg_detail) for p in pairs
+             if p.draguard == "rejected" and p.kubernetes != "rejected"]
     assert not false, false[:10]
 
 

@@ -97,6 +97,13 @@ class CheckedAst:
     line_offsets: list[int]
     # Primitive type names by node id where the checker knew them ("bool", "int", "string", "dyn", ...).
     types: dict[int, str]
+    _nodes: list[Expr] | None = _field(default=None, repr=False, compare=False)
+
+    def nodes(self) -> list[Expr]:
+        """Every node, depth first (computed once: several checks walk the same tree)."""
+        if self._nodes is None:
+            self._nodes = list(self.expr.walk())
+        return self._nodes
 
     def location(self, node_id: int) -> tuple[int | None, int | None]:
         """1-based (line, column) of a node, as cel-go prints them."""

@@ -1,4 +1,5 @@
-"""The Kubernetes CEL library functions DRA selectors use: Quantity and Semver.
+"""The Kubernetes CEL library functions DRA selectors use: Quantity and Semver, the lists and regex
+libraries, cel-go's string offsets (and, from netlib.py, IP, CIDR and URL).
 
 The native runtime cannot declare opaque types, so a Quantity or Semver travels through CEL as a
 one-entry tagged map, `{"@quantity": "<exact value>"}` / `{"@semver": "<version>"}`, and the
@@ -12,11 +13,12 @@ declarations.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+import re2  # type: ignore[import-untyped]
 
 from webhook.cel import netlib
 from webhook.dra.device import AttrValue, Device, Version
@@ -238,16 +240,30 @@ _LIST_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("lastIndexOf", ("list(dyn)", "dyn"), "int", _last_index_of, member=True),
 )
 
-def _regex(pattern: str) -> re.Pattern[str]:
+def _regex(pattern: str) -> Any:
+    """RE2, as Go's regexp: linear time whatever the pattern, where a backtracking engine is not."""
     try:
         return _compile_regex(pattern)
-    except re.error as exc:
+    except re2.error as exc:
         raise LibraryError(f"invalid regex {pattern!r}: {exc}") from None
 
 
+_RE2_OPTIONS: Any = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
 @functools.lru_cache(maxsize=256)
-def _compile_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def _compile_regex(pattern: str) -> Any:
+    return re2.compile(pattern, options=_RE2_OPTIONS)
+
+
+def regex_valid(pattern: str) -> bool:
+    """Whether RE2 (the syntax Kubernetes' `matches` and `find` use) accepts the pattern."""
+    try:
+        _compile_regex(pattern)
+    except re2.error:
+        return False
+    return True
 
 
 def _find(text: str, pattern: str) -> str:
@@ -269,10 +285,37 @@ _REGEX_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("findAll", ("string", "string", "int"), "list(string)", _find_all, member=True),
 )
 
+def _index_of_offset(text: str, sub: str, offset: int) -> int:
+    """cel-go's strings extension: a negative offset fails; past the end, "" matches at the end and
+    anything else finds nothing (the native runtime fails there instead)."""
+    if offset < 0:
+        raise LibraryError(f"index out of range: {offset}")
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.find(sub, offset)
+
+
+def _last_index_of_offset(text: str, sub: str, offset: int) -> int:
+    if offset < 0:
+        raise LibraryError(f"index out of range: {offset}")
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.rfind(sub, 0, min(offset, len(text) - len(sub)) + len(sub))
+
+
+_OFFSET_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("__draguard_indexOf", ("string", "string", "int"), "int", _index_of_offset, member=True),
+    _spec("__draguard_lastIndexOf", ("string", "string", "int"), "int", _last_index_of_offset, member=True),
+)
+
 EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})
 """Names the runtime's strings extension already declares: these overloads are merged into it."""
 
-FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + tuple(
+FUNCTIONS = FUNCTIONS + _LIST_FUNCTIONS + _REGEX_FUNCTIONS + _OFFSET_FUNCTIONS + tuple(
     _spec(name, params, result, impl, member=member) for name, params, result, impl, member in netlib.SPECS
 )
 

@@ -109,6 +109,7 @@ def _contains_cidr(prefix: object, other: object) -> bool:
 
 # ---- URLs ----------------------------------------------------------------------------------------
 
+_URL_ERROR = "URL parse error during conversion from string"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -119,7 +120,7 @@ def _check_request_uri(text: str) -> None:
     if any(ord(c) < 0x20 or c == "\x7f" for c in text):
         raise NetError("URL parse error during conversion from string: invalid control character in URL")
     if not (text.startswith("/") or _SCHEME.match(text)):
-        raise NetError(f"URL parse error during conversion from string: parse {text!r}: invalid URI for request")
+        raise NetError(f"{_URL_ERROR}: parse {text!r}: invalid URI for request")
     if _SCHEME.match(text):
         rest = text[text.index(":") + 1:]
         if not rest.startswith("/"):
@@ -128,7 +129,7 @@ def _check_request_uri(text: str) -> None:
         if rest.startswith("//"):
             host = rest[2:].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
             if " " in host:
-                raise NetError(f"URL parse error during conversion from string: invalid character in host {host!r}")
+                raise NetError(f"{_URL_ERROR}: invalid character in host {host!r}")
             port = _split_port(host)[1]
             if port and not port.isdigit():
                 raise NetError(f"URL parse error during conversion from string: invalid port {port!r}")
@@ -176,8 +177,8 @@ SPECS: tuple[tuple[str, tuple[str, ...], str, Callable[..., Any], bool], ...] = 
     ("family", ("tagged",), "int", lambda v: _ip(v, "family").version, True),
     ("isUnspecified", ("tagged",), "bool", lambda v: _ip(v, "isUnspecified").is_unspecified, True),
     ("isLoopback", ("tagged",), "bool", lambda v: _ip(v, "isLoopback").is_loopback, True),
-    ("isLinkLocalMulticast", ("tagged",), "bool", lambda v: _link_local_multicast(_ip(v, "isLinkLocalMulticast")),
-     True),
+    ("isLinkLocalMulticast", ("tagged",), "bool",
+     lambda v: _link_local_multicast(_ip(v, "isLinkLocalMulticast")), True),
     ("isLinkLocalUnicast", ("tagged",), "bool", lambda v: _ip(v, "isLinkLocalUnicast").is_link_local, True),
     ("isGlobalUnicast", ("tagged",), "bool", lambda v: _global_unicast(_ip(v, "isGlobalUnicast")), True),
     ("cidr", ("string",), "tagged", lambda s: _cidr_value(_parse_cidr(s)), False),
@@ -187,8 +188,8 @@ SPECS: tuple[tuple[str, tuple[str, ...], str, Callable[..., Any], bool], ...] = 
     ("containsCIDR", ("tagged", "tagged"), "bool", _contains_cidr, True),
     ("containsCIDR", ("tagged", "string"), "bool", _contains_cidr, True),
     ("ip", ("tagged",), "tagged", lambda v: _ip_value(_cidr(v, "ip").ip), True),
-    ("masked", ("tagged",), "tagged", lambda v: _cidr_value(ipaddress.ip_interface(str(_cidr(v, "masked").network))),
-     True),
+    ("masked", ("tagged",), "tagged",
+     lambda v: _cidr_value(ipaddress.ip_interface(str(_cidr(v, "masked").network))), True),
     ("prefixLength", ("tagged",), "int", lambda v: _cidr(v, "prefixLength").network.prefixlen, True),
     ("url", ("string",), "tagged", _url, False),
     ("isURL", ("string",), "bool", _is_url, False),

@@ -6,6 +6,9 @@ does not publish with an empty map (`device.attributes['other.example.com']` is 
 only the published domains. A plain map cannot behave both ways, so the evaluated text turns each
 domain lookup into an optional one, `device.attributes[?key].orValue({})`, and each
 `has(device.attributes.x)` into `true`; the data carries the published domains only.
+
+The same pass sends `s.indexOf(sub, offset)` / `s.lastIndexOf(sub, offset)` to functions with
+cel-go's offset rules (an offset past the end is -1 there, an error in the native runtime).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from __future__ import annotations
 from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
 
 _ROOTS = frozenset({"attributes", "capacity"})
+RESERVED = "__draguard_"
+"""Prefix of functions only the rewritten text may call; a selector naming one does not compile."""
+OFFSET_FUNCTIONS = {"indexOf": f"{RESERVED}indexOf", "lastIndexOf": f"{RESERVED}lastIndexOf"}
 _OPEN = "([{"
 _CLOSE = ")]}"
 
@@ -24,9 +30,19 @@ def _is_root(node: Expr | None) -> bool:
     )
 
 
+def _is_raw(text: str, at: int) -> bool:
+    """Whether the literal whose quote is at `at` has a raw prefix (r, R, rb, br, ...)."""
+    start = at
+    while start > 0 and at - start < 2 and text[start - 1] in "rRbB":
+        start -= 1
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        return False  # part of an identifier (`attr'...` cannot occur; `bar'` is not a prefix)
+    return any(c in "rR" for c in text[start:at])
+
+
 def _skip_string(text: str, at: int) -> int:
     """Index just past the string literal starting at `at` (a quote; an r/R prefix makes it raw)."""
-    raw = at > 0 and text[at - 1] in "rR" and (at < 2 or not (text[at - 2].isalnum() or text[at - 2] == "_"))
+    raw = _is_raw(text, at)
     quote = text[at]
     triple = text.startswith(quote * 3, at)
     end_token = quote * 3 if triple else quote
@@ -70,7 +86,7 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
     """The text to evaluate (`text` itself when nothing needs rewriting), or None when the source
     is not where the positions say."""
     inserts: list[tuple[int, int, str]] = []  # (start, end, replacement); end == start inserts
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         offset = ast.positions.get(node.id)
         if offset is None:
             continue
@@ -83,6 +99,18 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
                 return None
             inserts.append((offset + 1, offset + 1, "?"))
             inserts.append((close + 1, close + 1, ".orValue({})"))
+        elif node.kind == CALL and node.function in OFFSET_FUNCTIONS and node.target is not None \
+                and len(node.args) == 2:
+            # s.indexOf(sub, offset): cel-go's offset rules (see library.py), under a reserved name.
+            if not text.startswith("(", offset):
+                return None
+            end = offset
+            while end > 0 and text[end - 1].isspace():
+                end -= 1
+            start = end - len(node.function)
+            if start < 0 or text[start:end] != node.function:
+                return None
+            inserts.append((start, end, OFFSET_FUNCTIONS[node.function]))
         elif node.kind == SELECT and _is_root(node.operand):
             if node.test_only:
                 # has(device.attributes.x): from `has` to its closing parenthesis.

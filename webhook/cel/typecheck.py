@@ -13,9 +13,9 @@ only what the API server's checker must refuse is reported.
 from __future__ import annotations
 
 import json
-import re
 
 from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from webhook.cel.library import regex_valid
 
 _DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
 _LOGIC = frozenset({"_&&_", "_||_", "!_"})
@@ -108,9 +108,9 @@ def type_error(ast: CheckedAst) -> str | None:
     if root_type is not None and root_type != "bool":
         return f"must evaluate to bool or the unknown type, not {root_type}"
     # cel-go exempts the argument list of the strings extension's format() from the rule.
-    exempt = {arg.id for node in ast.expr.walk() if node.kind == CALL and node.function == "format"
+    exempt = {arg.id for node in ast.nodes() if node.kind == CALL and node.function == "format"
               for arg in node.args if arg.kind == LIST}
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.id in exempt:
             continue
         found = typer.check(node)
@@ -125,7 +125,6 @@ def type_error(ast: CheckedAst) -> str | None:
 # failure there (`int('x')`, `uint(-1)`, `'%d'.format(['x'])`, `matches('[')`) rejects the selector.
 
 _CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "duration", "timestamp"})
-_RE2_UNSUPPORTED = ("(?=", "(?!", "(?<=", "(?<!")
 
 
 def literal(node: Expr, types: dict[int, str]) -> str | None:
@@ -157,7 +156,7 @@ def literal(node: Expr, types: dict[int, str]) -> str | None:
 def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
     """Calls the API server evaluates at compile time, as (node, standalone CEL text)."""
     out: list[tuple[Expr, str]] = []
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL:
             continue
         if node.function in _CONVERSIONS and node.target is None and len(node.args) == 1:
@@ -168,22 +167,19 @@ def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
             target, arg = literal(node.target, ast.types), literal(node.args[0], ast.types)
             if target is not None and arg is not None:
                 out.append((node, f"{target}.format({arg})"))
-    return out
+    # In source order, so that a bounded caller looks at the first ones.
+    return sorted(out, key=lambda item: ast.positions.get(item[0].id, 0))
 
 
 def regex_error(ast: CheckedAst) -> str | None:
     """cel-go compiles a literal `matches` pattern with RE2 when it builds the program."""
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL or node.function != "matches" or not node.args:
             continue
         pattern = node.args[-1]
         if pattern.kind != CONST or not isinstance(pattern.value, str):
             continue
-        try:
-            re.compile(pattern.value)
-        except re.error:
-            return _Typer(ast).message(node, "invalid matches argument")
-        if any(token in pattern.value for token in _RE2_UNSUPPORTED):
+        if not regex_valid(pattern.value):
             return _Typer(ast).message(node, "invalid matches argument")
     return None
 
@@ -194,13 +190,16 @@ def regex_error(ast: CheckedAst) -> str | None:
 # and the selector is refused as too complex. Type values have no size either.
 
 _LIST_SCANS = frozenset({"indexOf", "lastIndexOf", "isSorted", "sum", "max", "min", "includes"})
-_TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
-                         "google.protobuf.Duration", "google.protobuf.Timestamp"})
+_TYPE_NAMES = frozenset({
+    "int", "uint", "double", "string", "bytes", "bool", "map", "list", "null_type", "type",
+    "google.protobuf.Duration", "google.protobuf.Timestamp",
+})
 
 
 def _string_list(node: Expr) -> bool:
     if node.kind == LIST:
-        return bool(node.elements) and all(e.kind == CONST and isinstance(e.value, str) for e in node.elements)
+        elements = node.elements
+        return bool(elements) and all(e.kind == CONST and isinstance(e.value, str) for e in elements)
     return node.kind == CALL and node.function == "split" and node.target is not None
 
 
@@ -212,7 +211,7 @@ def _type_value(node: Expr) -> bool:
 
 def unbounded_cost(ast: CheckedAst) -> str | None:
     """Why Kubernetes' estimate for this selector is unbounded, or None."""
-    for node in ast.expr.walk():
+    for node in ast.nodes():
         if node.kind != CALL:
             continue
         if node.function == "join" and node.target is not None and _string_list(node.target):
