@@ -518,3 +518,40 @@ def test_pod_naming_a_claim_that_does_not_exist_yet_is_denied_in_admission() -> 
     # An unclassified pod, or offline review, is not held to it.
     assert run(text.replace("vllm/vllm-openai:1", "busybox"), ctx=ctx).findings == []
     assert run(text).findings == []
+
+
+# -- what admission reads from the API server ---------------------------------------------------
+
+
+def test_lookups_needed_for_claims_made_for_a_pod() -> None:
+    from webhook.policy.load import load_policies
+
+    (tiers,) = load_policies("policies").tier
+    claim = objs(owned_claim("gpu.nvidia.com-a100"))[0].obj
+    assert tier.lookups_needed(claim, [tiers], Inventory.empty(), "ml", {}) == [("Pod", "ml", "p")]
+    # When no class of any policy could refuse what the claim asks for, the pod is not needed.
+    open_policy = parse_policy_text(
+        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\nmetadata: {name: o}\n"
+        "spec: {classes: [{name: any, match: {images: ['*']}, deviceClasses: ['*']}]}\n"
+    ).tier
+    assert tier.lookups_needed(claim, open_policy, Inventory.empty(), "ml", {}) == []
+    # Out of the policy's scope: nothing to read.
+    assert tier.lookups_needed(claim, [tiers], Inventory.empty(), "kube-system", {}) == []
+
+
+def test_lookups_needed_for_pods_naming_unknown_templates_and_claims() -> None:
+    from webhook.policy.load import load_policies
+
+    (tiers,) = load_policies("policies").tier
+    text = pod("vllm/vllm-openai:1", claim="a100")
+    obj = objs(text)[0].obj
+    assert tier.lookups_needed(obj, [tiers], Inventory.empty(), "ml", {}) == [
+        ("ResourceClaimTemplate", "ml", "a100")
+    ]
+    known = Inventory.from_objects([o.obj for o in objs(TEMPLATES)])
+    assert tier.lookups_needed(obj, [tiers], known, "ml", {}) == []
+    named = objs(text.replace("resourceClaimTemplateName: a100", "resourceClaimName: shared"))[0].obj
+    assert tier.lookups_needed(named, [tiers], known, "ml", {}) == [("ResourceClaim", "ml", "shared")]
+    # An unclassified workload's verdict does not depend on what it names.
+    plain = objs(pod("busybox", claim="a100"))[0].obj
+    assert tier.lookups_needed(plain, [tiers], Inventory.empty(), "ml", {}) == []

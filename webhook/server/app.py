@@ -117,6 +117,7 @@ class Webhook:
         self.inflight = 0
         self.watcher = PolicyWatcher(opts.policies)
         self.cache: Any = None
+        self.lookup_http: Any = None  # set with the caches; None without a cluster (--no-watch)
         self.rebuilder: Any = None
         self.tls: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -266,14 +267,15 @@ class Webhook:
             if snap.policies is None:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
-            outcome = admission.review(endpoint, request, snap)
+            looked = await self._lookups(endpoint, request, snap)
+            outcome = admission.review(endpoint, request, snap, looked)
             if endpoint == "validate" and self.rebuilder is not None:
                 # An admitted template/claim/class: visible to the next request before the watch has it.
                 view = self.rebuilder.admitted(request, outcome)
                 if view is not None:
                     self.publish_view(view)
             payload: bytes | None = None
-            if cache is not None:
+            if cache is not None and not looked:  # a verdict from a lookup holds only for now
                 uid = str(request["uid"])
                 if key is None or uid != peeked:
                     key = admission.ReviewCache.key(endpoint, body, uid, snap.generation)
@@ -288,6 +290,18 @@ class Webhook:
             return web.Response(body=payload, content_type="application/json")
         finally:
             self.inflight -= 1
+
+    async def _lookups(self, endpoint: str, request: Mapping[str, Any], snap: Snapshot) -> Any:
+        """What the tier rule needs from the API server for this request (webhook/server/lookups.py)."""
+        if endpoint != "validate" or self.lookup_http is None:
+            return None
+        from webhook.server import lookups
+
+        wants = lookups.wanted(request, snap)
+        if not wants:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lookups.fetch, self.lookup_http, wants, snap)
 
     async def _ensure_generated(self, outcome: Outcome) -> Outcome:
         """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch."""
@@ -434,6 +448,7 @@ class Webhook:
             ) from e
         if self.creator is None:
             self.creator = KubeTemplateCreator(http)
+        self.lookup_http = http
 
         def publish(view: Any) -> None:
             # Admissions recorded on the loop since the view was built are laid over it again there.

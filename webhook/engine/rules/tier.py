@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.findings import Finding
 from webhook.core.source import SourceObject
+from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of
 from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
 from webhook.engine.resolve import (
@@ -301,3 +302,52 @@ def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
 
 
 RULES = (FunctionRule("tier/", check),)
+
+
+# -- what admission must read when its caches lack it ---------------------------------------------
+
+MAX_LOOKUPS = 8
+
+
+def _could_deny(policies: list[GpuTierPolicy], device_classes: list[str]) -> bool:
+    return any(not c.allows(dc) for p in policies for c in p.classes for dc in device_classes)
+
+
+def lookups_needed(
+    obj: Mapping[str, Any],
+    policies: Sequence[GpuTierPolicy],
+    inventory: Inventory,
+    namespace: str,
+    labels: Mapping[str, str] | None,
+) -> list[tuple[str, str, str]]:
+    """(kind, namespace, name) of objects the tier verdict on `obj` depends on that `inventory` lacks.
+
+    A claim made for a pod needs the pod (unless every class of every policy allows what it asks
+    for); a classified workload needs the templates and claims it names. Admission reads these from
+    the API server so every replica judges from the same facts, whatever its watch has seen yet.
+    """
+    scoped = [p for p in policies if p.scope.applies(namespace, labels)]
+    if not scoped:
+        return []
+    if obj.get("kind") == "ResourceClaim":
+        owner = owner_pod(obj)
+        read = claim_spec_of(obj)
+        if owner is None or read is None:
+            return []
+        if not _could_deny(scoped, [dc for dc, _p, _r in requested_classes(read[0])]):
+            return []
+        return [("Pod", namespace, owner.name)]
+    found = pod_spec_of(obj)
+    facts = workload_facts(obj)
+    if found is None or facts is None or not any(p.classifications(facts) for p in scoped):
+        return []
+    out: list[tuple[str, str, str]] = []
+    for raw in as_list(found[1].get("resourceClaims")):
+        entry = as_map(raw)
+        tmpl = as_str(entry.get("resourceClaimTemplateName"))
+        claim = as_str(entry.get("resourceClaimName"))
+        if tmpl and (namespace, tmpl) not in inventory.templates:
+            out.append(("ResourceClaimTemplate", namespace, tmpl))
+        elif claim and not tmpl and (namespace, claim) not in inventory.claims:
+            out.append(("ResourceClaim", namespace, claim))
+    return list(dict.fromkeys(out))[:MAX_LOOKUPS]
