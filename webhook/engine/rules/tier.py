@@ -240,10 +240,19 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         return
     spec, ptr = read
     made_for = as_str(as_map(as_map(obj.get("metadata")).get("annotations")).get(POD_CLAIM_NAME_ANNOTATION))
-    label = f"claim {made_for!r} of pod {owner.name}" if made_for else f"the claim made for pod {owner.name}"
-    where = "of the claim's template" if made_for else "of the workload's extended resources"
+    if made_for:
+        label, where, key = f"claim {made_for!r} of pod {owner.name}", "of the claim's template", "owned:"
+    else:
+        # The scheduler's claim for the pod's extended resources: the fix is in the pod's limits.
+        label, where, key = f"the claim made for pod {owner.name}", "", "ext:"
     uses = [
-        GpuUse(dc, label, f"in request {req!r} {where}", req_ptr or ptr, f"owned:{req}")
+        GpuUse(
+            dc,
+            label,
+            f"in request {req!r} {where}" if where else "in the pod's container resources",
+            req_ptr or ptr,
+            f"{key}{req}",
+        )
         for dc, req_ptr, req in requested_classes(spec)
     ]
     for policy in policies:
