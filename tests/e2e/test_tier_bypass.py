@@ -77,6 +77,27 @@ spec:
 """
 
 
+def a100_class(name: str, resource: str) -> dict[str, Any]:
+    """A DeviceClass of whole A100s that also serves the extended resource `resource`."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "extendedResourceName": resource,
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'gpu' && "
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100 80GB PCIe'"
+                    }
+                }
+            ],
+        },
+    }
+
+
 def denied_by_tier(proc: Any, hook: str = "pods.validate.draguard.io") -> None:
     assert proc.returncode != 0, proc.stdout
     assert f'admission webhook "{hook}" denied the request' in proc.stderr, proc.stderr
@@ -121,24 +142,7 @@ def test_vllm_on_a100_through_a_declared_extended_resource_name_is_denied(
     ns = namespace("ext-name")
     name = f"e2e-a100-{uuid.uuid4().hex[:6]}"
     resource = f"example.com/{name}"
-    cls = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {
-            "extendedResourceName": resource,
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": "device.driver == 'gpu.nvidia.com' && "
-                        "device.attributes['gpu.nvidia.com'].type == 'gpu' && "
-                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100 80GB PCIe'"
-                    }
-                }
-            ],
-        },
-    }
-    made = kubectl.apply(json.dumps(cls))
+    made = kubectl.apply(json.dumps(a100_class(name, resource)))
     assert made.returncode == 0, made.stderr
     try:
         pod = ext_pod(ns, "vllm-named", resource)
@@ -151,6 +155,34 @@ def test_vllm_on_a100_through_a_declared_extended_resource_name_is_denied(
         denied = kubectl.apply(pod)
         denied_by_tier(denied)
         assert f"served by DeviceClass {name}" in denied.stderr
+    finally:
+        kubectl.run("delete", "deviceclass", name, "--wait=false")
+
+
+def test_a_class_declared_after_the_pod_still_cannot_serve_it_a100s(
+    kubectl: Kubectl, namespace: Callable[..., str]
+) -> None:
+    """The pod came first, when no class served its resource: the scheduler's claim is judged."""
+    ns = namespace("ext-late")
+    name = f"e2e-late-{uuid.uuid4().hex[:6]}"
+    resource = f"example.com/{name}"
+    made = kubectl.apply(ext_pod(ns, "vllm-late", resource))
+    assert made.returncode == 0, made.stderr  # nothing serves example.com/... yet: not draguard's to judge
+    made = kubectl.apply(json.dumps(a100_class(name, resource)))
+    assert made.returncode == 0, made.stderr
+    try:
+
+        def refused() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in _events(kubectl, ns, "vllm-late")
+                if e.get("reason") == "FailedScheduling" and "tier/gpu-tiers" in e.get("message", "")
+            ]
+
+        [event, *_] = wait_for(refused, "the scheduler's claim for the pod to be refused", timeout=90)
+        assert f"requests {name}" in event["message"], event["message"]
+        assert not kubectl.get("pod", "vllm-late", ns)["spec"].get("nodeName")
+        assert [c["metadata"]["name"] for c in kubectl.items("resourceclaims", ns)] == []
     finally:
         kubectl.run("delete", "deviceclass", name, "--wait=false")
 
