@@ -73,10 +73,18 @@ class NamespaceScope:
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
 
 
-@functools.lru_cache(maxsize=4096)
+def _split_words(text: str) -> tuple[str, ...]:
+    return tuple(w for w in _WORD_SPLIT.split(text.lower()) if w)
+
+
+_cached_words = functools.lru_cache(maxsize=4096)(_split_words)
+
+
 def words_of(text: str) -> tuple[str, ...]:
     """Lower-case alphanumeric runs: `allminilm-embedder` -> (allminilm, embedder)."""
-    return tuple(w for w in _WORD_SPLIT.split(text.lower()) if w)
+    # Image names and label values repeat across requests; tenant-written text longer than any real
+    # one is split each time rather than kept.
+    return _cached_words(text) if len(text) <= 256 else _split_words(text)
 
 
 def has_phrase(phrase: str, text: str) -> bool:
