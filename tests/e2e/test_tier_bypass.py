@@ -274,6 +274,14 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: e2e-name
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant}
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: platform}
+---
+# How docs/tiers.md says to grant the right: the bundle's ClusterRole, bound to a group.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: e2e-namespace-label-admins}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: draguard-namespace-labels}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: e2e:platform}
 """
     for doc in (policy, editor):
         made = kubectl.apply(doc)
@@ -323,9 +331,9 @@ def test_only_namespace_label_admins_change_draguard_labels(
     out = kubectl.run("create", "-f", "-", "--dry-run=server", "--as=tenant", input=doc)
     assert out.returncode != 0 and "draguard.io/team" in out.stderr, out.stderr
 
-    # A member of draguard:namespace-admins (and a cluster admin) may.
+    # A member of a group bound to ClusterRole draguard-namespace-labels (and a cluster admin) may.
     ok = _as(kubectl, "platform", "label", "ns", ns, "--overwrite", "draguard.io/team=research",
-             groups=("draguard:namespace-admins",))  # fmt: skip
+             groups=("e2e:platform",))  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert kubectl.run("label", "ns", ns, "--overwrite", "draguard.io/team=ml").returncode == 0
     assert kubectl.get("namespace", ns)["metadata"]["labels"]["draguard.io/team"] == "ml"

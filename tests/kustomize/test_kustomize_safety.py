@@ -126,8 +126,10 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     assert _verbs(one(objs, "ClusterRole", "draguard-webhook")) == {
         ("resource.k8s.io", "resourceslices"): {"list", "watch"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
-        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        # get: tier verdicts read a claim's owner pod or a claim the caches lack (webhook/server/lookups.py).
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch", "get"},
         ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create", "get"},
+        ("", "pods"): {"get"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
