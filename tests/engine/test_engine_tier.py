@@ -555,3 +555,14 @@ def test_lookups_needed_for_pods_naming_unknown_templates_and_claims() -> None:
     # An unclassified workload's verdict does not depend on what it names.
     plain = objs(pod("busybox", claim="a100"))[0].obj
     assert tier.lookups_needed(plain, [tiers], Inventory.empty(), "ml", {}) == []
+
+
+def test_the_fix_says_what_can_move_a_detected_workload() -> None:
+    # Detected by its image, no relabelTo: only an exception helps, not a label.
+    (f,) = run(TEMPLATES + pod("vllm/vllm-openai:1")).findings
+    assert "ask for a PolicyException" in f.fix and "label its pods" not in f.fix
+    # The policy lets llm workloads declare themselves embeddings: the fix says so.
+    (g,) = run(TEMPLATES + pod("vllm/vllm-openai:1", claim="a100"), policies=RELABEL_POLICY.replace(
+        "deviceClasses: [gpu.nvidia.com-a100]", "deviceClasses: [gpu.nvidia.com-l4]"
+    )).findings  # fmt: skip
+    assert "label its pods draguard.io/workload-class=<embeddings>" in g.fix

@@ -163,10 +163,21 @@ def _fix(
             f"add {declared.tier.name!r} to relabelTo of class {tier.name!r} in GpuTierPolicy {policy}, "
             "or ask for a PolicyException"
         )
-    else:
+    elif declared is not None:
         fix += (
             f"; if the workload is not {tier.name!r}, label its pods "
             f"{WORKLOAD_CLASS_LABEL}=<class> (classified by {cls.reason})"
+        )
+    elif tier.relabel_to:
+        fix += (
+            f"; if the workload is not {tier.name!r} (classified by {cls.reason}), label its pods "
+            f"{WORKLOAD_CLASS_LABEL}=<{'|'.join(tier.relabel_to)}>"
+        )
+    else:
+        fix += (
+            f"; if the workload is not {tier.name!r} (classified by {cls.reason}), ask for a "
+            f"PolicyException: a label cannot widen what class {tier.name!r} allows unless its relabelTo "
+            "names the class"
         )
     return fix
 
