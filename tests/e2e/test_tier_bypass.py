@@ -337,3 +337,32 @@ def test_only_namespace_label_admins_change_draguard_labels(
     assert ok.returncode == 0, ok.stderr
     assert kubectl.run("label", "ns", ns, "--overwrite", "draguard.io/team=ml").returncode == 0
     assert kubectl.get("namespace", ns)["metadata"]["labels"]["draguard.io/team"] == "ml"
+
+
+def test_a_claim_swapped_under_a_waiting_pod_keeps_to_its_class(
+    kubectl: Kubectl, namespace: Callable[..., str]
+) -> None:
+    ns = namespace("swap")
+    claim = f"""\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: shared, namespace: {ns}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: {scenarios.H100}, count: 1}}
+"""
+    assert kubectl.apply(claim).returncode == 0
+    # The pod is admitted against the H100 claim; no node fits it (nodeSelector), so it waits.
+    pod = claim_pod(ns, "waiting", "shared").replace(
+        "resourceClaimTemplateName: shared", "resourceClaimName: shared"
+    )
+    pod = pod.replace("spec:\n", "spec:\n  nodeSelector: {e2e/none: none}\n", 1)  # Pod's only spec
+    made = kubectl.apply(pod)
+    assert made.returncode == 0, made.stderr
+    assert kubectl.ok("delete", "resourceclaim", "shared", "-n", ns)
+    swapped = kubectl.apply(claim.replace(scenarios.H100, scenarios.A100))
+    denied_by_tier(swapped, hook="dra.validate.draguard.io")
+    assert "pod waiting waits for" in swapped.stderr
+    assert kubectl.apply(claim).returncode == 0  # the same devices again are fine

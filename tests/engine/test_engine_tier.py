@@ -566,3 +566,51 @@ def test_the_fix_says_what_can_move_a_detected_workload() -> None:
         "deviceClasses: [gpu.nvidia.com-a100]", "deviceClasses: [gpu.nvidia.com-l4]"
     )).findings  # fmt: skip
     assert "label its pods draguard.io/workload-class=<embeddings>" in g.fix
+
+
+# -- a user's claim keeps to the pods already waiting for it ------------------------------------
+
+
+def user_claim(device_class: str, name: str = "shared") -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: ml}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: {device_class}}}
+"""
+
+
+def waiting(image: str, claim: str = "shared") -> dict[str, object]:
+    text = pod(image).replace("resourceClaimTemplateName: a100", f"resourceClaimName: {claim}")
+    return dict(objs(text)[0].obj)
+
+
+def test_a_claim_re_created_under_a_waiting_pod_keeps_to_its_class() -> None:
+    # The pod was admitted against an H100 `shared`; the claim was deleted and re-created on A100s.
+    ctx = Context(admission=True, related=(waiting("vllm/vllm-openai:1"),))
+    (f,) = run(user_claim("gpu.nvidia.com-a100"), ctx=ctx).findings
+    assert f.mode is Mode.ENFORCE and f.object is not None and f.object.kind == "ResourceClaim"
+    assert "pod p's workload class 'llm'" in f.message and "pod p waits for" in f.message
+    assert run(user_claim("gpu.nvidia.com-h100"), ctx=ctx).findings == []
+    # Pods naming another claim, or unclassified ones, do not bind it.
+    others = Context(admission=True, related=(waiting("vllm/vllm-openai:1", "other"), waiting("busybox")))
+    assert run(user_claim("gpu.nvidia.com-a100"), ctx=others).findings == []
+
+
+def test_pending_pods_that_could_not_all_be_read_give_a_warning() -> None:
+    ctx = Context(admission=True, looked_up={("PendingPods", "ml", "shared"): "unreadable"})
+    (f,) = run(user_claim("gpu.nvidia.com-a100"), ctx=ctx).findings
+    assert f.mode is Mode.WARN and "could not check every pending pod" in f.message
+
+
+def test_lookups_needed_for_a_users_claim() -> None:
+    from webhook.policy.load import load_policies
+
+    (tiers,) = load_policies("policies").tier
+    claim = objs(user_claim("gpu.nvidia.com-a100"))[0].obj
+    wants = tier.lookups_needed(claim, [tiers], Inventory.empty(), "ml", {})
+    assert wants == [("PendingPods", "ml", "shared")]

@@ -352,3 +352,19 @@ def find_pod(
             continue
         return obj
     return None
+
+
+def pods_naming_claim(
+    objects: Iterable[Mapping[str, Any]], namespace: str, claim: str, default_namespace: str = "default"
+) -> list[Mapping[str, Any]]:
+    """Pods among `objects` in `namespace` whose `spec.resourceClaims` name ResourceClaim `claim`."""
+    out: list[Mapping[str, Any]] = []
+    for obj in objects:
+        if obj.get("kind") != "Pod" or obj.get("apiVersion") != "v1":
+            continue
+        if namespace_of(obj, default_namespace) != namespace:
+            continue
+        entries = as_list(as_map(obj.get("spec")).get("resourceClaims"))
+        if any(as_str(as_map(e).get("resourceClaimName")) == claim for e in entries):
+            out.append(obj)
+    return out

@@ -1,8 +1,9 @@
 """Reads admission makes from the API server when its caches lack what a tier verdict needs.
 
 The documented exception to "the request path reads caches": a ResourceClaim the control plane
-makes for a pod is judged by that pod's workload class, and a pod that names a template or claim
-this replica's watch has not seen yet is judged by what the API server holds. Both are plain GETs in
+makes for a pod is judged by that pod's workload class, a user's ResourceClaim by the unscheduled
+pods that already name it, and a pod that names a template or claim this replica's watch has not
+seen yet is judged by what the API server holds. Both are plain GETs in
 the request's own namespace, at most `MAX_LOOKUPS` per request, within `LOOKUP_BUDGET` seconds in
 all; a lookup that fails or runs out of time is reported as unreadable and the rule fails closed.
 """
@@ -17,6 +18,7 @@ from typing import Any, Literal, Protocol
 
 from webhook.server.admission import Snapshot
 
+MAX_PENDING_PODS = 500
 LOOKUP_BUDGET = 1.0  # seconds per request, well inside the validating webhooks' 3 s timeout
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _PLURAL = {
@@ -96,6 +98,12 @@ def fetch(
         if left <= 0.05:
             looked[(kind, ns, name)] = "unreadable"
             continue
+        if kind == "PendingPods":
+            found, complete = _pending_pods(http, ns, name, left)
+            related.extend(found)
+            if not complete:
+                looked[(kind, ns, name)] = "unreadable"
+            continue
         try:
             obj = http.get_json(_path(kind, ns, name, snap.served_versions), timeout=left)
         except Exception as e:  # ApiError, timeouts, connection errors: all mean "not known"
@@ -106,3 +114,29 @@ def fetch(
         else:
             looked[(kind, ns, name)] = "unreadable"
     return Lookups(tuple(related), looked)
+
+
+def _pending_pods(
+    http: Getter, namespace: str, claim: str, timeout: float
+) -> tuple[list[Mapping[str, Any]], bool]:
+    """Unscheduled pods of `namespace` that name ResourceClaim `claim`, and whether that is all of them.
+
+    One page of `MAX_PENDING_PODS`, filtered by the API server to pods without a node (a scheduled
+    pod's claim is allocated and cannot be replaced under it).
+    """
+    query: list[tuple[str, Any]] = [("fieldSelector", "spec.nodeName="), ("limit", MAX_PENDING_PODS)]
+    try:
+        doc = http.get_json(f"/api/v1/namespaces/{namespace}/pods", query, timeout=timeout)
+    except Exception:
+        return [], False
+    if not isinstance(doc, Mapping):
+        return [], False
+    out: list[Mapping[str, Any]] = []
+    for item in doc.get("items") or []:
+        if not isinstance(item, Mapping):
+            continue
+        claims = ((item.get("spec") or {}).get("resourceClaims")) or []
+        if any(isinstance(c, Mapping) and c.get("resourceClaimName") == claim for c in claims):
+            out.append({**item, "apiVersion": "v1", "kind": "Pod"})
+    # More pods than one page: what was found still counts; the rest is unknown.
+    return out, not (doc.get("metadata") or {}).get("continue")

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import Finding
+from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of
@@ -18,6 +18,7 @@ from webhook.engine.resolve import (
     extended_requests,
     find_pod,
     owner_pod,
+    pods_naming_claim,
     requested_classes,
 )
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
@@ -220,11 +221,55 @@ def _policies_for(rc: RuleContext, ns: str) -> list[GpuTierPolicy]:
     return [p for p in rc.policies.tier if p.scope.applies(ns, labels)]
 
 
+def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    """A user's claim keeps to the class of every pod already waiting for it by name.
+
+    Such a pod was judged against whatever held the name when it was admitted; a claim deleted and
+    re-created under that name before the pod is scheduled must not bring other devices.
+    """
+    if not rc.ctx.admission:
+        return  # in review the pods in the input are judged against the claim themselves
+    obj = item.obj
+    name = as_str(as_map(obj.get("metadata")).get("name"))
+    read = claim_spec_of(obj)
+    if not name or read is None:
+        return
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    policies = _policies_for(rc, ns)
+    if not policies:
+        return
+    known = (*(i.obj for i in rc.objects), *rc.ctx.related)
+    spec, ptr = read
+    for pod in pods_naming_claim(known, ns, name, rc.ctx.default_namespace):
+        facts = workload_facts(pod)
+        if facts is None:
+            continue
+        pod_name = as_str(as_map(pod.get("metadata")).get("name")) or "<unnamed>"
+        uses = [
+            GpuUse(dc, f"this claim, which pod {pod_name} waits for,", f"in request {req!r}", req_ptr or ptr,
+                   f"named:{pod_name}:{req}")
+            for dc, req_ptr, req in requested_classes(spec)
+        ]  # fmt: skip
+        for policy in policies:
+            yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {pod_name}'s workload")
+    if rc.ctx.looked_up.get(("PendingPods", ns, name)) == "unreadable":
+        for policy in policies:
+            yield rc.finding(
+                item,
+                f"tier/{policy.name}",
+                Severity.WARNING,
+                Mode.WARN,
+                f"could not check every pending pod in namespace {ns} that may wait for claim {name!r}",
+                fix="create claims before the pods that name them",
+            )
+
+
 def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     """A claim the control plane made for a pod keeps to that pod's class, whatever came first."""
     obj = item.obj
     owner = owner_pod(obj)
     if owner is None:
+        yield from _check_named_claim(item, rc)
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
     policies = _policies_for(rc, ns)
@@ -342,8 +387,9 @@ def lookups_needed(
 ) -> list[tuple[str, str, str]]:
     """(kind, namespace, name) of objects the tier verdict on `obj` depends on that `inventory` lacks.
 
-    A claim made for a pod needs the pod (unless every class of every policy allows what it asks
-    for); a classified workload needs the templates and claims it names. Admission reads these from
+    A claim made for a pod needs the pod, a user's claim the unscheduled pods that name it (neither
+    when every class of every policy allows what it asks for); a classified workload needs the
+    templates and claims it names. Admission reads these from
     the API server so every replica judges from the same facts, whatever its watch has seen yet.
     """
     scoped = [p for p in policies if p.scope.applies(namespace, labels)]
@@ -352,11 +398,13 @@ def lookups_needed(
     if obj.get("kind") == "ResourceClaim":
         owner = owner_pod(obj)
         read = claim_spec_of(obj)
-        if owner is None or read is None:
+        name = as_str(as_map(obj.get("metadata")).get("name"))
+        if read is None or not _could_deny(scoped, [dc for dc, _p, _r in requested_classes(read[0])]):
             return []
-        if not _could_deny(scoped, [dc for dc, _p, _r in requested_classes(read[0])]):
-            return []
-        return [("Pod", namespace, owner.name)]
+        if owner is not None:
+            return [("Pod", namespace, owner.name)]
+        # A user's claim: the unscheduled pods of the namespace that name it.
+        return [("PendingPods", namespace, name)] if name else []
     found = pod_spec_of(obj)
     facts = workload_facts(obj)
     if found is None or facts is None or not any(p.classifications(facts) for p in scoped):
