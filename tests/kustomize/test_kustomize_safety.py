@@ -126,10 +126,11 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     assert _verbs(one(objs, "ClusterRole", "draguard-webhook")) == {
         ("resource.k8s.io", "resourceslices"): {"list", "watch"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
-        # get: tier verdicts read a claim's owner pod or a claim the caches lack (webhook/server/lookups.py).
+        # get/list: tier verdicts read what the caches lack: a claim's owner pod, a claim a pod names,
+        # the pending pods that name a user's claim (webhook/server/lookups.py).
         ("resource.k8s.io", "resourceclaims"): {"list", "watch", "get"},
         ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create", "get"},
-        ("", "pods"): {"get"},
+        ("", "pods"): {"get", "list"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
