@@ -124,6 +124,8 @@ def _pending_pods(
     One page of `MAX_PENDING_PODS`, filtered by the API server to pods without a node (a scheduled
     pod's claim is allocated and cannot be replaced under it).
     """
+    # No resourceVersion: a consistent list. A pod admitted a millisecond before this claim must be
+    # in it, and "any version" from the watch cache could lag behind exactly that.
     query: list[tuple[str, Any]] = [("fieldSelector", "spec.nodeName="), ("limit", MAX_PENDING_PODS)]
     try:
         doc = http.get_json(f"/api/v1/namespaces/{namespace}/pods", query, timeout=timeout)
