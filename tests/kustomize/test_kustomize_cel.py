@@ -56,11 +56,29 @@ CLAIMS_ONLY = {
     ),
     "container claims only": _pod([{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}]),
 }
+# Extended resources the API server may serve through a DeviceClass (KEP-5004): the validating webhook
+# must see them to judge tier and quota; only nvidia.com/* is ever rewritten, so mutate does not.
+EXTENDED = {
+    "implicit DeviceClass resource": _pod(
+        [
+            {
+                "name": "a",
+                "resources": {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com-a100": "1"}},
+            }
+        ]
+    ),
+    "other vendor (a DeviceClass may declare it)": _pod(
+        [{"name": "a", "resources": {"limits": {"amd.com/gpu": "1"}}}]
+    ),
+    "request only, init container": _pod(
+        [{"name": "a"}], initContainers=[{"name": "i", "resources": {"requests": {"example.com/a100": "1"}}}]
+    ),
+}
+
 NEGATIVE = {
     "cpu only": _pod([{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]),
     "no resources": _pod(),
     "empty resources": _pod([{"name": "a", "resources": {}}]),
-    "other vendor": _pod([{"name": "a", "resources": {"limits": {"amd.com/gpu": "1"}}}]),
     "empty claims": _pod([{"name": "a", "resources": {"claims": []}}], resourceClaims=[]),
 }
 
@@ -108,8 +126,8 @@ def test_match_conditions_select_exactly_gpu_objects(kind: str, hook: dict[str, 
     expr = ENV.compile(conds[0]["expression"])
     assert expr.return_type().name() == "BOOL"
     mutating = kind == "MutatingWebhookConfiguration"
-    positive = POSITIVE if mutating else {**POSITIVE, **CLAIMS_ONLY}
-    negative = {**NEGATIVE, **CLAIMS_ONLY} if mutating else NEGATIVE
+    positive = POSITIVE if mutating else {**POSITIVE, **CLAIMS_ONLY, **EXTENDED}
+    negative = {**NEGATIVE, **CLAIMS_ONLY, **EXTENDED} if mutating else NEGATIVE
     for k in KINDS_OF[family]:
         for label, spec in positive.items():
             obj = _wrap(k, copy.deepcopy(spec))
@@ -326,7 +344,7 @@ def test_every_object_mutate_would_patch_passes_the_mutating_condition() -> None
         ],
         resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "t"}],
     )
-    shapes = {**POSITIVE, **NEGATIVE, **CLAIMS_ONLY, "claims plus a legacy limit": mixed}
+    shapes = {**POSITIVE, **NEGATIVE, **CLAIMS_ONLY, **EXTENDED, "claims plus a legacy limit": mixed}
     patched = 0
     for family, hook in hooks.items():
         expr = ENV.compile(hook["matchConditions"][0]["expression"])

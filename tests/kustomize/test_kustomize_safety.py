@@ -140,8 +140,11 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     assert _verbs(one(objs, "ClusterRole", "draguard-webhook")) == {
         ("resource.k8s.io", "resourceslices"): {"list", "watch"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
-        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        # get/list: tier verdicts read what the caches lack: a claim's owner pod, a claim a pod names,
+        # the pending pods that name a user's claim (webhook/server/lookups.py).
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch", "get"},
         ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create", "get"},
+        ("", "pods"): {"get", "list"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
         # caBundle injection only, by name (the ValidatingAdmissionPolicy limits it to caBundle).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 ALL_RESOURCE_VERSIONS: frozenset[str] = frozenset({"v1", "v1beta2", "v1beta1"})
 
@@ -35,3 +35,9 @@ class Context:
     operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"] | None = None
     # True in admission: the object is one request, not a whole input set.
     admission: bool = False
+    # Objects admission read from the API server for this request because its caches lacked them
+    # (a claim's owner pod, a template or claim a pod names): consulted, never evaluated.
+    related: tuple[Mapping[str, Any], ...] = ()
+    # (kind, namespace, name) admission looked up for this request: "absent" (the API server has no
+    # such object) or "unreadable" (the lookup failed or timed out).
+    looked_up: Mapping[tuple[str, str, str], Literal["absent", "unreadable"]] = field(default_factory=dict)

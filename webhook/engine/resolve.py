@@ -19,6 +19,7 @@ from webhook.dra.objects import (
     read_claim_spec,
     read_device_class,
 )
+from webhook.dra.quantity import Quantity
 from webhook.dra.workloads import pod_spec_of
 
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
@@ -195,3 +196,175 @@ def per_node_capacity(matched: Sequence[Device], group_by: Sequence[str] = ()) -
         return len(shared), None
     key_best = max(groups, key=lambda k: groups[k])
     return groups[key_best] + len(shared), str(key_best[0])
+
+
+# -- KEP-5004: extended resources served by DeviceClasses -----------------------------------------
+
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+# Kubernetes' own resources, never served by a DeviceClass.
+_NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+
+
+def extended_resource_classes(resource: str, classes: Mapping[str, DeviceClassSpec]) -> list[str]:
+    """DeviceClasses that serve an extended resource through DRA (KEP-5004), sorted by name.
+
+    `deviceclass.resource.kubernetes.io/<class>` names its class whether or not the cluster has it
+    (it is allocated once the class exists); any other name is served by the classes whose
+    `spec.extendedResourceName` is that name. Several classes declaring one name are all returned:
+    which one the scheduler picks is not the user's to choose, so callers check each.
+    """
+    if resource.startswith(IMPLICIT_CLASS_PREFIX):
+        name = resource[len(IMPLICIT_CLASS_PREFIX) :]
+        return [name] if name else []
+    if resource in _NATIVE_RESOURCES or resource.startswith(("hugepages-", "requests.", "limits.")):
+        return []
+    return sorted(c.name for c in classes.values() if c.extended_resource_name == resource)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedRequest:
+    """One container's request for an extended resource that a DeviceClass serves."""
+
+    resource: str
+    device_class: str
+    count: int
+    container: str
+    init: bool
+    sidecar: bool  # an init container with restartPolicy Always: runs alongside the app containers
+    pointer: str  # JSON pointer to the request (or, without one, the limit) in the object
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return Quantity.parse(value).as_integer()
+    except (ValueError, OverflowError):
+        return None
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def extended_requests(
+    obj: Mapping[str, Any], classes: Mapping[str, DeviceClassSpec]
+) -> list[ExtendedRequest]:
+    """Every container's extended-resource requests that a DeviceClass serves (empty for non-workloads).
+
+    Requests win over limits; a limit alone is the request (the API server defaults it so).
+    Unparseable or non-positive counts are left to the API server, which rejects them.
+    """
+    found = pod_spec_of(obj)
+    if found is None:
+        return []
+    pp, spec = found
+    out: list[ExtendedRequest] = []
+    for key, init in (("initContainers", True), ("containers", False)):
+        for ci, raw in enumerate(as_list(spec.get(key))):
+            c = as_map(raw)
+            res = as_map(c.get("resources"))
+            requests = as_map(res.get("requests"))
+            limits = as_map(res.get("limits"))
+            sidecar = init and as_str(c.get("restartPolicy")) == "Always"
+            for name in dict.fromkeys([*requests.keys(), *limits.keys()]):
+                if not isinstance(name, str) or "/" not in name:
+                    continue
+                served = extended_resource_classes(name, classes)
+                if not served:
+                    continue
+                where = "requests" if name in requests else "limits"
+                n = _count(requests[name] if name in requests else limits[name])
+                if n is None or n <= 0:
+                    continue
+                ptr = f"{pp}/{key}/{ci}/resources/{where}/{_escape(name)}"
+                cname = as_str(c.get("name")) or f"#{ci}"
+                out.extend(ExtendedRequest(name, dc, n, cname, init, sidecar, ptr) for dc in served)
+    return out
+
+
+def extended_claims(obj: Mapping[str, Any], classes: Mapping[str, DeviceClassSpec]) -> dict[str, int]:
+    """Devices one pod of the workload holds per DeviceClass through extended resources.
+
+    As Kubernetes computes effective requests: app containers and sidecars add up, and each plain
+    init container (which runs alone, before them) counts only if it asks for more.
+    """
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    sidecars: dict[str, int] = {}
+    for r in extended_requests(obj, classes):
+        if r.init and not r.sidecar:
+            # Sidecars started before this init container run alongside it.
+            peak[r.device_class] = max(peak.get(r.device_class, 0), r.count + sidecars.get(r.device_class, 0))
+        else:
+            running[r.device_class] = running.get(r.device_class, 0) + r.count
+            if r.sidecar:
+                sidecars[r.device_class] = sidecars.get(r.device_class, 0) + r.count
+    return {dc: max(running.get(dc, 0), peak.get(dc, 0)) for dc in sorted({*running, *peak})}
+
+
+# -- claims the control plane creates for a pod -----------------------------------------------------
+
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerPod:
+    name: str
+    uid: str | None
+
+
+def owner_pod(claim: Mapping[str, Any]) -> OwnerPod | None:
+    """The Pod a ResourceClaim belongs to: its controller ownerReference of kind Pod (core v1).
+
+    The resourceclaim controller sets it on claims made from a pod's templates (with the
+    `resource.kubernetes.io/pod-claim-name` annotation), the scheduler on the claim it makes for a
+    pod's extended resources. Anyone may write an ownerReference, so this only says which pod's
+    rules a claim must keep to, never that it may skip them.
+    """
+    for raw in as_list(as_map(claim.get("metadata")).get("ownerReferences")):
+        ref = as_map(raw)
+        if ref.get("controller") is not True or ref.get("kind") != "Pod" or ref.get("apiVersion") != "v1":
+            continue
+        name = as_str(ref.get("name"))
+        if name:
+            return OwnerPod(name, as_str(ref.get("uid")) or None)
+    return None
+
+
+def find_pod(
+    objects: Iterable[Mapping[str, Any]], namespace: str, owner: OwnerPod, default_namespace: str = "default"
+) -> Mapping[str, Any] | None:
+    """The Pod `owner` names among `objects` (same namespace; same uid when both carry one)."""
+    for obj in objects:
+        if obj.get("kind") != "Pod" or obj.get("apiVersion") != "v1":
+            continue
+        meta = as_map(obj.get("metadata"))
+        if as_str(meta.get("name")) != owner.name or namespace_of(obj, default_namespace) != namespace:
+            continue
+        uid = as_str(meta.get("uid"))
+        if owner.uid and uid and uid != owner.uid:
+            continue
+        return obj
+    return None
+
+
+def pods_naming_claim(
+    objects: Iterable[Mapping[str, Any]], namespace: str, claim: str, default_namespace: str = "default"
+) -> list[Mapping[str, Any]]:
+    """Pods among `objects` in `namespace` whose `spec.resourceClaims` name ResourceClaim `claim`."""
+    out: list[Mapping[str, Any]] = []
+    for obj in objects:
+        if obj.get("kind") != "Pod" or obj.get("apiVersion") != "v1":
+            continue
+        if namespace_of(obj, default_namespace) != namespace:
+            continue
+        entries = as_list(as_map(obj.get("spec")).get("resourceClaims"))
+        if any(as_str(as_map(e).get("resourceClaimName")) == claim for e in entries):
+            out.append(obj)
+    return out

@@ -259,8 +259,12 @@ def _build(
                     annotations=dict(c["match"].get("annotations", {})),
                     images=tuple(c["match"].get("images", ())),
                     commands=tuple(c["match"].get("commands", ())),
+                    label_words={k: tuple(v) for k, v in c["match"].get("labelWords", {}).items()},
+                    image_words=tuple(c["match"].get("imageWords", ())),
+                    modules=tuple(c["match"].get("modules", ())),
                 ),
                 device_classes=tuple(c["deviceClasses"]),
+                relabel_to=tuple(c.get("relabelTo", ())),
             )
             for c in spec["classes"]
         )
@@ -275,6 +279,16 @@ def _build(
                     "give every class a distinct name",
                 )
             seen.add(c.name)
+        for i, c in enumerate(classes):
+            for j, target in enumerate(c.relabel_to):
+                if target not in seen:
+                    raise PolicyError(
+                        file,
+                        _line_for(lines, line, ["spec", "classes", i, "relabelTo", j]),
+                        f"spec.classes[{i}].relabelTo[{j}]",
+                        f"unknown class {target!r}",
+                        "name a class of this policy: " + ", ".join(sorted(seen)),
+                    )
         return GpuTierPolicy(name, classes, _mode(spec.get("mode"), Mode.ENFORCE), _scope(spec), file, line)
     if kind == "GpuQuotaPolicy":
         budgets = tuple(

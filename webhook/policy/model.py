@@ -70,19 +70,68 @@ class NamespaceScope:
 # -- GpuTierPolicy -----------------------------------------------------------------------------
 
 
+_WORD_SPLIT = re.compile(r"[^a-z0-9]+")
+
+
+def _split_words(text: str) -> tuple[str, ...]:
+    return tuple(w for w in _WORD_SPLIT.split(text.lower()) if w)
+
+
+_cached_words = functools.lru_cache(maxsize=4096)(_split_words)
+
+
+def words_of(text: str) -> tuple[str, ...]:
+    """Lower-case alphanumeric runs: `allminilm-embedder` -> (allminilm, embedder)."""
+    # Image names and label values repeat across requests; tenant-written text longer than any real
+    # one is split each time rather than kept.
+    return _cached_words(text) if len(text) <= 256 else _split_words(text)
+
+
+def has_phrase(phrase: str, text: str) -> bool:
+    """True when the words of `phrase` occur consecutively, as whole words, in `text`.
+
+    `llm` matches `chat-llm` and `llm-inference` but not `allminilm-embedder`; `llama.cpp` matches
+    `ghcr.io/ggml-org/llama.cpp:server` but not `llama-cpp-python`'s `llamacpp`.
+    """
+    want = words_of(phrase)
+    if not want:
+        return False
+    have = words_of(text)
+    n = len(want)
+    return any(have[i : i + n] == want for i in range(len(have) - n + 1))
+
+
+def module_matches(pattern: str, module: str) -> bool:
+    """A Python module pattern: `vllm` matches `vllm` and `vllm.entrypoints.openai.api_server`."""
+    if any(ch in pattern for ch in "*?["):
+        return glob_match(pattern, module)
+    return module == pattern or module.startswith(pattern + ".")
+
+
+def _image_name(image: str) -> str:
+    # A digest is hex: it carries no words worth matching, and could only produce false hits.
+    return image.split("@", 1)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadMatch:
-    """How a workload is recognised. Label/annotation values and images/commands are globs.
+    """How a workload is recognised.
 
-    `labels` / `annotations`: any listed pair present (value glob) matches. `images`: any container image
-    matches any pattern. `commands`: any command/args token (or its basename) matches any pattern.
-    A class matches when any of its non-empty matchers matches.
+    Metadata (what the workload says about itself): `labels` / `annotations` (any listed pair present,
+    value glob) and `labelWords` (label key -> phrases that must occur as whole words in its value).
+    Evidence (what it runs): `images` (globs) and `imageWords` (whole-word phrases) over every
+    container image; `commands` (globs over each command/args word or its basename); `modules`
+    (Python modules run with `python -m`, matched by dotted prefix). A class matches when any of its
+    non-empty matchers matches.
     """
 
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     images: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
+    label_words: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    image_words: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +139,9 @@ class TierClass:
     name: str
     match: WorkloadMatch
     device_classes: tuple[str, ...]  # allowed DeviceClass names (globs)
+    # Classes a workload whose images/commands say it is this class may declare itself (by label or
+    # annotation) instead. Empty: metadata can narrow what the evidence allows, never widen it.
+    relabel_to: tuple[str, ...] = ()
 
     def allows(self, device_class: str) -> bool:
         return any_glob(self.device_classes, device_class)
@@ -107,6 +159,7 @@ class WorkloadFacts:
     annotations: Mapping[str, str]
     images: tuple[str, ...]
     command_tokens: tuple[str, ...]
+    modules: tuple[str, ...] = ()  # Python modules run with `python -m`
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,27 +171,59 @@ class GpuTierPolicy:
     source: str | None = None
     line: int | None = None
 
-    def classify(self, facts: WorkloadFacts) -> Classification | None:
-        """The workload's class. Explicit declarations (labels, annotations) win over images,
-        images over commands; within one kind of evidence, the first class listed wins."""
+    def declared(self, facts: WorkloadFacts) -> Classification | None:
+        """The class the workload's metadata claims: labels first, then annotations."""
         for c in self.classes:
             for k, v in c.match.labels.items():
                 if k in facts.labels and glob_match(v, facts.labels[k]):
                     return Classification(c, f"label {k}={facts.labels[k]}")
+            for k, phrases in c.match.label_words.items():
+                value = facts.labels.get(k)
+                if value is not None and any(has_phrase(ph, value) for ph in phrases):
+                    return Classification(c, f"label {k}={value}")
         for c in self.classes:
             for k, v in c.match.annotations.items():
                 if k in facts.annotations and glob_match(v, facts.annotations[k]):
                     return Classification(c, f"annotation {k}={facts.annotations[k]}")
+        return None
+
+    def detected(self, facts: WorkloadFacts) -> Classification | None:
+        """The class what the workload runs says: images first, then commands and `python -m` modules."""
         for c in self.classes:
             for img in facts.images:
-                if any_glob(c.match.images, img):
+                name = _image_name(img)
+                if any_glob(c.match.images, img) or any(has_phrase(ph, name) for ph in c.match.image_words):
                     return Classification(c, f'image "{img}"')
         for c in self.classes:
             for tok in facts.command_tokens:
                 base = tok.rsplit("/", 1)[-1]
                 if any_glob(c.match.commands, tok) or any_glob(c.match.commands, base):
                     return Classification(c, f'command "{tok}"')
+            for mod in facts.modules:
+                if any(module_matches(p, mod) for p in c.match.modules):
+                    return Classification(c, f'command "python -m {mod}"')
         return None
+
+    def classifications(self, facts: WorkloadFacts) -> tuple[Classification, ...]:
+        """Every class whose DeviceClasses the workload must keep to, the one it is known by first.
+
+        Metadata decides when the evidence is silent, agrees, or names the declared class in its
+        `relabelTo`. Otherwise both apply: a label can make a workload stricter, not looser.
+        """
+        declared = self.declared(facts)
+        detected = self.detected(facts)
+        if detected is None:
+            return (declared,) if declared is not None else ()
+        if declared is None or declared.tier.name == detected.tier.name:
+            return (declared or detected,)
+        if declared.tier.name in detected.tier.relabel_to:
+            return (declared,)
+        return (declared, detected)
+
+    def classify(self, facts: WorkloadFacts) -> Classification | None:
+        """The class the workload is known by (see `classifications` for all that apply)."""
+        found = self.classifications(facts)
+        return found[0] if found else None
 
 
 # -- GpuQuotaPolicy ----------------------------------------------------------------------------

@@ -250,7 +250,9 @@ def _today() -> dt.date:
     return today
 
 
-def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str) -> list[Finding]:
+def _evaluate(
+    obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str, lookups: Any = None
+) -> list[Finding]:
     from webhook.engine.evaluate import evaluate
 
     ctx = Context(
@@ -261,6 +263,9 @@ def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: st
         today=_today(),
         operation=operation,  # type: ignore[arg-type]
         admission=True,
+        # What webhook.server.lookups read from the API server for this request, if anything.
+        related=tuple(lookups.related) if lookups else (),
+        looked_up=dict(lookups.looked_up) if lookups else {},
     )
     # Selector text is the caller's: one request compiles a bounded amount of it.
     with compile_budget():
@@ -268,7 +273,7 @@ def _evaluate(obj: dict[str, Any], snap: Snapshot, operation: str, namespace: st
     return list(report.findings)
 
 
-def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot) -> Outcome:
+def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot, lookups: Any = None) -> Outcome:
     """Evaluate one AdmissionReview request for `endpoint` ("validate" or "mutate")."""
     uid = str(req["uid"])
     group, version, kind = _kind_of(req)
@@ -301,7 +306,7 @@ def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot) -> Outcom
     ref = _ref(obj, kind, namespace, name)
 
     try:
-        findings = _evaluate(obj, snap, operation, namespace)
+        findings = _evaluate(obj, snap, operation, namespace, lookups)
     except Exception as e:  # the engine promises not to raise; never turn a bug into a 500
         findings = [
             Finding(

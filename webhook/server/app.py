@@ -161,6 +161,7 @@ class Webhook:
         self.inflight = 0
         self.watcher = PolicyWatcher(opts.policies)
         self.cache: Any = None
+        self.lookup_http: Any = None  # set with the caches; None without a cluster (--no-watch)
         self.rebuilder: Any = None
         self.tls: Any = None
         self.site: Any = None
@@ -375,13 +376,14 @@ class Webhook:
                     outcome, hit_body = hit.render(uid)
                     self._safe_account(endpoint, outcome, t0, cached=True)
                     return web.Response(body=hit_body, content_type="application/json")
-            outcome = admission.review(endpoint, request, snap)
+            looked = await self._lookups(endpoint, request, snap)
+            outcome = admission.review(endpoint, request, snap, looked)
             if endpoint == "validate" and self.rebuilder is not None:
                 # An admitted template/claim/class: visible to this caller's next request before
                 # the watch has it.
                 self.rebuilder.admitted(request, outcome)
             payload: bytes | None = None
-            if cache is not None and key is not None:
+            if cache is not None and key is not None and not looked:  # a lookup's verdict holds only for now
                 entry = cache.put(key, outcome)
                 if entry is not None and not outcome.generated:
                     payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
@@ -393,6 +395,18 @@ class Webhook:
             return web.Response(body=payload, content_type="application/json")
         finally:
             self.inflight -= 1
+
+    async def _lookups(self, endpoint: str, request: Mapping[str, Any], snap: Snapshot) -> Any:
+        """What the tier rule needs from the API server for this request (webhook/server/lookups.py)."""
+        if endpoint != "validate" or self.lookup_http is None:
+            return None
+        from webhook.server import lookups
+
+        wants = lookups.wanted(request, snap)
+        if not wants:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lookups.fetch, self.lookup_http, wants, snap)
 
     def _template_limit(self) -> int:
         per_node: dict[str | None, int] = {}
@@ -564,6 +578,7 @@ class Webhook:
             ) from e
         if self.creator is None:
             self.creator = KubeTemplateCreator(http)
+        self.lookup_http = http
 
         def publish(view: Any) -> None:
             # Admissions recorded on the loop since the view was built are laid over it again there.

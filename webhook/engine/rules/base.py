@@ -50,8 +50,9 @@ class RuleContext:
     def build(
         objects: Sequence[SourceObject], policies: PolicySet, inventory: Inventory, ctx: Context
     ) -> RuleContext:
+        known = [*objects, *(SourceObject(o) for o in ctx.related)] if ctx.related else objects
         return RuleContext(
-            policies, inventory, ctx, Index.build(objects, inventory, ctx.default_namespace), objects
+            policies, inventory, ctx, Index.build(known, inventory, ctx.default_namespace), objects
         )
 
     # -- facts about objects -------------------------------------------------------------------

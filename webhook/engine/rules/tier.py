@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import Finding
+from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
-from webhook.dra.objects import as_list, as_str
+from webhook.dra.inventory import Inventory
+from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of
 from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
-from webhook.engine.resolve import PodClaim, requested_classes
+from webhook.engine.resolve import (
+    IMPLICIT_CLASS_PREFIX,
+    POD_CLAIM_NAME_ANNOTATION,
+    PodClaim,
+    extended_requests,
+    find_pod,
+    owner_pod,
+    pods_naming_claim,
+    requested_classes,
+)
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
-from webhook.policy.model import GpuTierPolicy, WorkloadFacts
+from webhook.policy.model import (
+    WORKLOAD_CLASS_LABEL,
+    Classification,
+    GpuTierPolicy,
+    TierClass,
+    WorkloadFacts,
+)
 
 
 def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
@@ -22,6 +39,7 @@ def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     _pp, spec = found
     images: list[str] = []
     tokens: list[str] = []
+    modules: list[str] = []
     # initContainers then containers, as containers_of() orders them (without building pointers).
     for key in ("initContainers", "containers"):
         for c in as_list(spec.get(key)):
@@ -30,10 +48,45 @@ def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
             img = as_str(c.get("image"))
             if img:
                 images.append(img)
-            for arg in command_line(c):
-                # "python -m vllm.entrypoints..." and "bash -c 'torchrun ...'" both carry the tool as a word.
-                tokens.extend(arg.split())
-    return WorkloadFacts(pod_labels(obj), pod_annotations(obj), tuple(images), tuple(tokens))
+            # "bash -c 'torchrun ...'" carries the tool as a word of one argument.
+            words = [w for arg in command_line(c) for w in arg.split()]
+            tokens.extend(words)
+            modules.extend(python_modules(words))
+    return WorkloadFacts(pod_labels(obj), pod_annotations(obj), tuple(images), tuple(tokens), tuple(modules))
+
+
+def _is_python(word: str) -> bool:
+    base = word.rsplit("/", 1)[-1]
+    return base.startswith(("python", "pypy"))
+
+
+def python_modules(words: list[str]) -> list[str]:
+    """Modules run by `python -m MOD` / `python3 -u -mMOD` anywhere in a container's command words.
+
+    Only after a Python interpreter: `-m` means something else to other tools (`llama-server -m
+    model.gguf`).
+    """
+    out: list[str] = []
+    python = False
+    it = iter(words)
+    for w in it:
+        if _is_python(w):
+            python = True
+            continue
+        if not python:
+            continue
+        if w == "-m":
+            mod = next(it, None)
+            if mod:
+                out.append(mod.strip("'\"").rstrip(";"))
+            python = False
+        elif w.startswith("-m") and len(w) > 2 and w[2] != "-":
+            out.append(w[2:].strip("'\"").rstrip(";"))
+            python = False
+        elif w in ("-c", "&&", ";", "|") or w.endswith((".py", ";")):
+            # A script or code string: no module for this interpreter.
+            python = False
+    return out
 
 
 def _claim_label(pc: PodClaim) -> str:
@@ -44,69 +97,325 @@ def _claim_label(pc: PodClaim) -> str:
     return "its inline claim"
 
 
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    """One way a workload gets devices of a DeviceClass, worded for the finding."""
+
+    device_class: str
+    what: str  # "claim 'gpu' (ResourceClaimTemplate a100 (f.yaml:16))"
+    fix_where: str  # "in request 'gpu' of ResourceClaimTemplate a100"
+    pointer: str
+    key: str  # one finding per (key, device class)
+
+
+def claim_uses(claims: list[PodClaim]) -> list[GpuUse]:
+    out: list[GpuUse] = []
+    for pc in claims:
+        if pc.spec is None:
+            continue
+        for dc, req_ptr, req in requested_classes(pc.spec):
+            where = _claim_label(pc)
+            if pc.source is not None and pc.source.file and pc.source.line_of(req_ptr) is not None:
+                where += f" ({pc.source.file}:{pc.source.line_of(req_ptr)})"
+            fix_where = f"in request {req!r} of {_claim_label(pc)}" if req else f"in {_claim_label(pc)}"
+            out.append(GpuUse(dc, f"claim {pc.name!r} ({where})", fix_where, pc.pointer, f"claim:{pc.name}"))
+    return out
+
+
+def extended_uses(obj: Mapping[str, Any], rc: RuleContext) -> list[GpuUse]:
+    out: list[GpuUse] = []
+    for r in extended_requests(obj, rc.index.classes):
+        what = f"extended resource {r.resource} of container {r.container!r}"
+        if not r.resource.startswith(IMPLICIT_CLASS_PREFIX):
+            what += f" (served by DeviceClass {r.device_class})"
+        out.append(
+            GpuUse(
+                r.device_class,
+                what,
+                f"for container {r.container!r}",
+                r.pointer,
+                f"ext:{r.container}:{r.resource}",
+            )
+        )
+    return out
+
+
+def _fix(
+    tier: TierClass, use: GpuUse, cls: Classification, declared: Classification | None, policy: str
+) -> str:
+    allowed = ", ".join(tier.device_classes)
+    suggestion = next((c for c in tier.device_classes if "*" not in c and "?" not in c), None)
+    if use.key.startswith("ext:"):
+        fix = (
+            f"request {IMPLICIT_CLASS_PREFIX}{suggestion} instead"
+            if suggestion
+            else f"request an extended resource of a DeviceClass matching {allowed}"
+        )
+    else:
+        fix = (
+            f"request deviceClassName: {suggestion}"
+            if suggestion
+            else f"request a DeviceClass matching {allowed}"
+        )
+    fix += f" {use.fix_where}"
+    if declared is not None and declared.tier.name != tier.name:
+        fix += (
+            f"; its {declared.reason} does not widen what its {cls.reason} allows: "
+            f"add {declared.tier.name!r} to relabelTo of class {tier.name!r} in GpuTierPolicy {policy}, "
+            "or ask for a PolicyException"
+        )
+    elif declared is not None:
+        fix += (
+            f"; if the workload is not {tier.name!r}, label its pods "
+            f"{WORKLOAD_CLASS_LABEL}=<class> (classified by {cls.reason})"
+        )
+    elif tier.relabel_to:
+        fix += (
+            f"; if the workload is not {tier.name!r} (classified by {cls.reason}), label its pods "
+            f"{WORKLOAD_CLASS_LABEL}=<{'|'.join(tier.relabel_to)}>"
+        )
+    else:
+        fix += (
+            f"; if the workload is not {tier.name!r} (classified by {cls.reason}), ask for a "
+            f"PolicyException: a label cannot widen what class {tier.name!r} allows unless its relabelTo "
+            "names the class"
+        )
+    return fix
+
+
 def check_policy(
     item: SourceObject,
     rc: RuleContext,
     policy: GpuTierPolicy,
-    claims: list[PodClaim],
+    uses: list[GpuUse],
     facts: WorkloadFacts,
+    subject: str = "workload",
 ) -> Iterator[Finding]:
-    cls = policy.classify(facts)
-    if cls is None:
+    found = policy.classifications(facts)
+    if not found:
         return
-    tier = cls.tier
-    allowed = ", ".join(tier.device_classes)
+    declared = policy.declared(facts)
     rule = f"tier/{policy.name}"
-    for pc in claims:
-        if pc.spec is None:
-            continue
-        seen: set[str] = set()
-        for dc, req_ptr, req in requested_classes(pc.spec):
-            if dc in seen or tier.allows(dc):
+    seen: set[tuple[str, str]] = set()
+    for cls in found:
+        tier = cls.tier
+        allowed = ", ".join(tier.device_classes)
+        for use in uses:
+            if (use.key, use.device_class) in seen or tier.allows(use.device_class):
                 continue
-            seen.add(dc)
-            where = _claim_label(pc)
-            if pc.source is not None and pc.source.file and pc.source.line_of(req_ptr) is not None:
-                where += f" ({pc.source.file}:{pc.source.line_of(req_ptr)})"
-            suggestion = next((c for c in tier.device_classes if "*" not in c and "?" not in c), None)
-            fix = (
-                f"request deviceClassName: {suggestion}"
-                if suggestion
-                else f"request a DeviceClass matching {allowed}"
-            )
-            fix += f" in request {req!r} of {_claim_label(pc)}" if req else f" in {_claim_label(pc)}"
-            fix += (
-                f"; if the workload is not {tier.name!r}, label its pods "
-                f"draguard.io/workload-class=<class> (classified by {cls.reason})"
-            )
+            seen.add((use.key, use.device_class))
             yield rc.finding(
                 item,
                 rule,
                 severity_for(policy.mode),
                 policy.mode,
-                f"workload class {tier.name!r} (by {cls.reason}) may use only DeviceClasses [{allowed}], "
-                f"but claim {pc.name!r} ({where}) requests {dc}",
-                fix=fix,
-                pointer=pc.pointer,
+                f"{subject} class {tier.name!r} (by {cls.reason}) may use only DeviceClasses [{allowed}], "
+                f"but {use.what} requests {use.device_class}",
+                fix=_fix(tier, use, cls, declared, policy.name),
+                pointer=use.pointer,
             )
+
+
+def _policies_for(rc: RuleContext, ns: str) -> list[GpuTierPolicy]:
+    labels = rc.namespace_labels(ns)
+    return [p for p in rc.policies.tier if p.scope.applies(ns, labels)]
+
+
+def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    """A user's claim keeps to the class of every pod already waiting for it by name.
+
+    Such a pod was judged against whatever held the name when it was admitted; a claim deleted and
+    re-created under that name before the pod is scheduled must not bring other devices.
+    """
+    if not rc.ctx.admission:
+        return  # in review the pods in the input are judged against the claim themselves
+    obj = item.obj
+    name = as_str(as_map(obj.get("metadata")).get("name"))
+    read = claim_spec_of(obj)
+    if not name or read is None:
+        return
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    policies = _policies_for(rc, ns)
+    if not policies:
+        return
+    known = (*(i.obj for i in rc.objects), *rc.ctx.related)
+    spec, ptr = read
+    for pod in pods_naming_claim(known, ns, name, rc.ctx.default_namespace):
+        facts = workload_facts(pod)
+        if facts is None:
+            continue
+        pod_name = as_str(as_map(pod.get("metadata")).get("name")) or "<unnamed>"
+        uses = [
+            GpuUse(dc, f"this claim, which pod {pod_name} waits for,", f"in request {req!r}", req_ptr or ptr,
+                   f"named:{pod_name}:{req}")
+            for dc, req_ptr, req in requested_classes(spec)
+        ]  # fmt: skip
+        for policy in policies:
+            yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {pod_name}'s workload")
+    if rc.ctx.looked_up.get(("PendingPods", ns, name)) == "unreadable":
+        for policy in policies:
+            yield rc.finding(
+                item,
+                f"tier/{policy.name}",
+                Severity.WARNING,
+                Mode.WARN,
+                f"could not check every pending pod in namespace {ns} that may wait for claim {name!r}",
+                fix="create claims before the pods that name them",
+            )
+
+
+def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    """A claim the control plane made for a pod keeps to that pod's class, whatever came first."""
+    obj = item.obj
+    owner = owner_pod(obj)
+    if owner is None:
+        yield from _check_named_claim(item, rc)
+        return
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    policies = _policies_for(rc, ns)
+    if not policies:
+        return
+    pod = find_pod((*(i.obj for i in rc.objects), *rc.ctx.related), ns, owner, rc.ctx.default_namespace)
+    if pod is None:
+        if rc.ctx.looked_up.get(("Pod", ns, owner.name)) == "unreadable":
+            for policy in policies:
+                yield rc.finding(
+                    item,
+                    f"tier/{policy.name}",
+                    severity_for(policy.mode),
+                    policy.mode,
+                    f"the pod {owner.name!r} this claim belongs to could not be read, so its workload class "
+                    "is unknown",
+                    fix="retry: the controller that creates this claim retries on its own",
+                    pointer="/metadata/ownerReferences",
+                )
+        return
+    facts = workload_facts(pod)
+    read = claim_spec_of(obj)
+    if facts is None or read is None:
+        return
+    spec, ptr = read
+    made_for = as_str(as_map(as_map(obj.get("metadata")).get("annotations")).get(POD_CLAIM_NAME_ANNOTATION))
+    if made_for:
+        label, where, key = f"claim {made_for!r} of pod {owner.name}", "of the claim's template", "owned:"
+    else:
+        # The scheduler's claim for the pod's extended resources: the fix is in the pod's limits.
+        label, where, key = f"the claim made for pod {owner.name}", "", "ext:"
+    uses = [
+        GpuUse(
+            dc,
+            label,
+            f"in request {req!r} {where}" if where else "in the pod's container resources",
+            req_ptr or ptr,
+            f"{key}{req}",
+        )
+        for dc, req_ptr, req in requested_classes(spec)
+    ]
+    for policy in policies:
+        yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {owner.name}'s workload")
+
+
+def _missing_claims(item: SourceObject, rc: RuleContext, claims: list[PodClaim]) -> list[str]:
+    """ResourceClaims a Pod names that the API server says do not exist (admission only)."""
+    if not rc.ctx.admission or item.obj.get("kind") != "Pod":
+        return []
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    return [
+        pc.target
+        for pc in claims
+        if pc.kind == "claim" and pc.spec is None and pc.target
+        and rc.ctx.looked_up.get(("ResourceClaim", ns, pc.target)) in ("absent", "unreadable")
+    ]  # fmt: skip
 
 
 def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     if not rc.policies.tier:
         return
+    obj = item.obj
+    if obj.get("kind") == "ResourceClaim":
+        yield from _check_owned_claim(item, rc)
+        return
     # What the object is (its claims, its workload facts) is worked out once, not once per policy:
     # with hundreds of tier policies this loop is the request path's linear part.
-    claims = [pc for pc in rc.pod_claims(item) if pc.spec is not None]
-    if not claims:
+    all_claims = rc.pod_claims(item)
+    claims = [pc for pc in all_claims if pc.spec is not None]
+    uses = claim_uses(claims)
+    if pod_spec_of(obj) is not None:
+        uses += extended_uses(obj, rc)
+    missing = _missing_claims(item, rc, all_claims)
+    if not uses and not missing:
         return
-    facts = workload_facts(item.obj)
+    facts = workload_facts(obj)
     if facts is None:
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    labels = rc.namespace_labels(ns)
-    for policy in rc.policies.tier:
-        if policy.scope.applies(ns, labels):
-            yield from check_policy(item, rc, policy, claims, facts)
+    for policy in _policies_for(rc, ns):
+        yield from check_policy(item, rc, policy, uses, facts)
+        if missing and policy.classifications(facts):
+            cls = policy.classifications(facts)[0]
+            for name in missing:
+                yield rc.finding(
+                    item,
+                    f"tier/{policy.name}",
+                    severity_for(policy.mode),
+                    policy.mode,
+                    f"workload class {cls.tier.name!r} (by {cls.reason}): "
+                    f"ResourceClaim {name!r} does not exist yet, so its devices cannot be checked",
+                    fix=f"create ResourceClaim {name} first, then the pod",
+                    pointer="/spec/resourceClaims",
+                )
 
 
 RULES = (FunctionRule("tier/", check),)
+
+
+# -- what admission must read when its caches lack it ---------------------------------------------
+
+MAX_LOOKUPS = 8
+
+
+def _could_deny(policies: list[GpuTierPolicy], device_classes: list[str]) -> bool:
+    return any(not c.allows(dc) for p in policies for c in p.classes for dc in device_classes)
+
+
+def lookups_needed(
+    obj: Mapping[str, Any],
+    policies: Sequence[GpuTierPolicy],
+    inventory: Inventory,
+    namespace: str,
+    labels: Mapping[str, str] | None,
+) -> list[tuple[str, str, str]]:
+    """(kind, namespace, name) of objects the tier verdict on `obj` depends on that `inventory` lacks.
+
+    A claim made for a pod needs the pod, a user's claim the unscheduled pods that name it (neither
+    when every class of every policy allows what it asks for); a classified workload needs the
+    templates and claims it names. Admission reads these from
+    the API server so every replica judges from the same facts, whatever its watch has seen yet.
+    """
+    scoped = [p for p in policies if p.scope.applies(namespace, labels)]
+    if not scoped:
+        return []
+    if obj.get("kind") == "ResourceClaim":
+        owner = owner_pod(obj)
+        read = claim_spec_of(obj)
+        name = as_str(as_map(obj.get("metadata")).get("name"))
+        if read is None or not _could_deny(scoped, [dc for dc, _p, _r in requested_classes(read[0])]):
+            return []
+        if owner is not None:
+            return [("Pod", namespace, owner.name)]
+        # A user's claim: the unscheduled pods of the namespace that name it.
+        return [("PendingPods", namespace, name)] if name else []
+    found = pod_spec_of(obj)
+    facts = workload_facts(obj)
+    if found is None or facts is None or not any(p.classifications(facts) for p in scoped):
+        return []
+    out: list[tuple[str, str, str]] = []
+    for raw in as_list(found[1].get("resourceClaims")):
+        entry = as_map(raw)
+        tmpl = as_str(entry.get("resourceClaimTemplateName"))
+        claim = as_str(entry.get("resourceClaimName"))
+        if tmpl and (namespace, tmpl) not in inventory.templates:
+            out.append(("ResourceClaimTemplate", namespace, tmpl))
+        elif claim and not tmpl and (namespace, claim) not in inventory.claims:
+            out.append(("ResourceClaim", namespace, claim))
+    return list(dict.fromkeys(out))[:MAX_LOOKUPS]
