@@ -22,6 +22,7 @@ from webhook.engine.context import ALL_RESOURCE_VERSIONS
 from webhook.server import admission, logs
 from webhook.server.admission import Outcome, ReviewError, Snapshot
 from webhook.server.metrics import DraStats, Metrics
+from webhook.server.overlay import scope_of
 
 log = logging.getLogger("draguard.server")
 MAX_BODY = 3 * 1024 * 1024
@@ -168,6 +169,7 @@ class Webhook:
         self.review_cache: admission.ReviewCache | None = (
             admission.ReviewCache() if opts.review_cache else None
         )
+        self.cel_rate = admission.CelRate()
         self.metrics.bind(lambda: self._dra_stats, self._cache_states)
 
     # --- state -----------------------------------------------------------------------------------
@@ -356,12 +358,11 @@ class Webhook:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
             cache = self.review_cache
+            scope = scope_of(request)
             if self.rebuilder is not None:
                 # What this caller had admitted a moment ago and the watch has not reported yet
                 # (see overlay.py): laid over its own requests only.
-                from webhook.server.overlay import scope_of
-
-                view = self.rebuilder.view_for(scope_of(request))
+                view = self.rebuilder.view_for(scope)
                 if view is not None:
                     snap = replace(snap, inventory=view.inventory, usage=view.usage)
                     cache = None  # short-lived and per caller: not worth caching
@@ -373,7 +374,9 @@ class Webhook:
                     outcome, hit_body = hit.render(uid)
                     self._safe_account(endpoint, outcome, t0, cached=True)
                     return web.Response(body=hit_body, content_type="application/json")
-            outcome = admission.review(endpoint, request, snap)
+            outcome = admission.review(endpoint, request, snap, self.cel_rate.allowance(scope))
+            if outcome.cel_bytes:
+                self.cel_rate.charge(scope, outcome.cel_bytes)
             if endpoint == "validate" and self.rebuilder is not None:
                 # An admitted template/claim/class: visible to this caller's next request before
                 # the watch has it.

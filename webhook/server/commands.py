@@ -48,6 +48,21 @@ def register(sub: Any) -> None:
         "certificate; default 0: everything on the serving port)",
     )
     p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close a connection that sends no complete request headers for this long, before its "
+        "first request or between requests (default 30)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="answer 408 when a request body has not arrived this long after its headers (default 10)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -182,6 +197,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_names=tuple(args.client_name),
         probe_port=args.probe_port,
         max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        body_timeout=args.body_timeout,
         kubeconfig=args.kubeconfig,
         inventory=args.inventory,
         no_watch=args.no_watch,
