@@ -407,10 +407,16 @@ class Webhook:
         return web.Response(body=payload, content_type="application/json")
 
     def _template_limit(self) -> int:
-        per_node: dict[str | None, int] = {}
-        for d in self.snapshot.inventory.devices:
-            per_node[d.node] = per_node.get(d.node, 0) + 1
-        return max(per_node.values()) if per_node else MAX_TEMPLATE_DEVICES_UNKNOWN
+        """The most devices one node of the inventory has (a pod cannot use more)."""
+        inventory = self.snapshot.inventory
+
+        def most() -> int:
+            per_node: dict[str | None, int] = {}
+            for d in inventory.devices:
+                per_node[d.node] = per_node.get(d.node, 0) + 1
+            return max(per_node.values()) if per_node else MAX_TEMPLATE_DEVICES_UNKNOWN
+
+        return inventory.cached(("draguard.server", "devices-per-node"), most)
 
     async def _ensure_generated(self, outcome: Outcome, deadline: float) -> Outcome:
         """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch.
