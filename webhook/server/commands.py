@@ -63,6 +63,13 @@ def register(sub: Any) -> None:
         help="answer 408 when a request body has not arrived this long after its headers (default 10)",
     )
     p.add_argument(
+        "--watch-stale-after",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="report not ready while a watch has been failing for longer than this (default 60)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -199,6 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
         body_timeout=args.body_timeout,
+        watch_stale_after=args.watch_stale_after,
         kubeconfig=args.kubeconfig,
         inventory=args.inventory,
         no_watch=args.no_watch,
