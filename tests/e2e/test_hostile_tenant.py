@@ -192,3 +192,32 @@ def test_forged_reviews_change_no_one_elses_verdict(
     status, doc = _as(cluster, None, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
                       _claim(ns, "real-h100", []))  # fmt: skip
     assert status == 201, doc
+
+
+def test_forged_admissions_cannot_grow_the_overlay(
+    cluster: LocalCluster, namespace: Callable[..., str]
+) -> None:
+    pid = _webhook_pid(cluster)
+    ns = namespace("overlay")
+    before = _rss_mib(pid)
+    for i in range(120):
+        tmpl = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": f"t{i}", "namespace": ns, "annotations": {"pad": "a" * 2_800_000}},
+            "spec": {
+                "spec": {
+                    "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": scenarios.H100}}]}
+                },
+                "pad": "s" * 100_000,
+            },
+        }
+        # A new identity each time: every one gets its own share, the total stays bounded.
+        resp = _forge(
+            cluster, "validate", _review(tmpl, "resource.k8s.io", "ResourceClaimTemplate", ns, f"m{i}")
+        )
+        assert resp["allowed"] is True
+    after = _rss_mib(pid)
+    print(f"\nwebhook RSS {before:.0f} -> {after:.0f} MiB after 120 forged 2.9 MiB templates")
+    assert after <= RSS_BOUND_MIB
+    assert after - before < 64, (before, after)
