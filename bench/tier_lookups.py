@@ -109,7 +109,7 @@ def main() -> int:
                 req = request(obj, i)
                 wants = lookups.wanted(req, snap)
                 got = lookups.fetch(http, wants, snap) if wants else None
-                out = admission.review("validate", req, snap, got)
+                out = admission.review("validate", req, snap, lookups=got)
                 assert out.verdict == expect, (out.verdict, [f.message for f in out.findings])
 
             return one

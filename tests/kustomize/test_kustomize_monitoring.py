@@ -77,14 +77,16 @@ def test_alerts_read_series_the_exporters_publish() -> None:
 def test_scrape_targets_match_the_workloads() -> None:
     objs = build("eks", ("monitoring",))
     monitors = {m["metadata"]["name"]: m for m in find(objs, "ServiceMonitor")}
-    webhook_svc = one(objs, "Service", "draguard-webhook")
+    webhook_svc = one(objs, "Service", "draguard-webhook-metrics")
     driver_svc = one(objs, "Service", "draguard-driver-metrics")
     hook = monitors["draguard-webhook"]
     assert hook["spec"]["selector"]["matchLabels"].items() <= webhook_svc["metadata"]["labels"].items()
     (ep,) = hook["spec"]["endpoints"]
-    assert ep["port"] in {p["name"] for p in webhook_svc["spec"]["ports"]} and ep["scheme"] == "https"
-    assert ep["tlsConfig"]["ca"]["secret"] == {"name": "draguard-webhook-tls", "key": "ca.crt"}
-    assert ep["tlsConfig"]["serverName"] == "draguard-webhook.draguard-system.svc"
+    assert ep["port"] in {p["name"] for p in webhook_svc["spec"]["ports"]} and ep["scheme"] == "http"
+    hook_ctr = one(objs, "Deployment", "draguard-webhook")["spec"]["template"]["spec"]["containers"][0]
+    dep_ports = {p["name"]: p["containerPort"] for p in hook_ctr["ports"]}
+    (svc_port,) = webhook_svc["spec"]["ports"]
+    assert svc_port["targetPort"] == "probes" and svc_port["port"] == dep_ports["probes"]
     drv = monitors["draguard-driver"]
     assert drv["spec"]["selector"]["matchLabels"].items() <= driver_svc["metadata"]["labels"].items()
     ds = one(objs, "DaemonSet", "draguard-driver")

@@ -228,8 +228,11 @@ def test_webhook_deployment_is_highly_available(overlay: str) -> None:
     assert spread["kubernetes.io/hostname"]["maxSkew"] == 1
     c = spec["containers"][0]
     port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    # Probes on their own port: the admission port may require the API server's client certificate.
+    probe = next(p for p in c["ports"] if p["name"] == "probes")["containerPort"]
+    assert c["args"][c["args"].index("--probe-port") + 1] == str(probe) and probe != port
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes", "scheme": "HTTP"}
     assert c["lifecycle"]["preStop"]["sleep"]["seconds"] >= 5
     assert spec["terminationGracePeriodSeconds"] > c["lifecycle"]["preStop"]["sleep"]["seconds"] + 3
     assert c["args"][c["args"].index("--port") + 1] == str(port)

@@ -74,3 +74,18 @@ def test_one_request_runs_a_bounded_number_of_device_evaluations() -> None:
         bounded = match_compiled([sel], devices)
     assert len(bounded.matched) == 5
     assert bounded.errors and all(e.limit for e in bounded.errors)
+
+
+def test_new_cel_text_is_rate_limited_per_identity_and_for_all() -> None:
+    from webhook.server.admission import CelRate
+
+    now = [100.0]
+    rate = CelRate(per_identity=1000, burst=4000, total=3000, total_burst=6000, clock=lambda: now[0])
+    assert rate.allowance("a") == 4000
+    rate.charge("a", 4000)
+    assert rate.allowance("a") == 0  # a's burst is spent ...
+    assert rate.allowance("b") == 2000  # ... and so is most of everyone's
+    rate.charge("b", 2000)
+    assert rate.allowance("c") == 0  # a third identity gets nothing until the shared bucket refills
+    now[0] += 1.0
+    assert rate.allowance("a") == 1000 and rate.allowance("c") == 3000

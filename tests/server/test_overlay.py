@@ -474,3 +474,28 @@ def test_entries_keep_only_what_verdicts_read_and_are_bounded_by_bytes() -> None
     assert sum(e.size for e in ov.live("s2")["resourceclaimtemplates"].values()) <= 200_000
     assert ("team-a", "fat") in ov.live("s1")["resourceclaimtemplates"]
     assert ov.evicted > 0
+
+
+async def test_a_forged_namespace_cannot_make_mutate_create_templates(tmp_path: Path) -> None:
+    from tests.server.conftest import RecordingCreator
+
+    clock = Clock()
+    h = _harness(tmp_path, clock)
+    creator = RecordingCreator()
+    h.wh.creator = creator
+
+    async def body() -> None:
+        ns = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "team-a", "labels": {"draguard.io/migration-mode": "migrate"}},
+        }
+        assert (await h.validate(ns, "", "v1", "Namespace", namespace=""))["allowed"] is True
+        assert h.client is not None
+        pod = workload("Pod", legacy_pod_spec())
+        r = await h.client.post("/mutate", json=review(pod, uid=str(uuid.uuid4())))
+        resp = (await r.json())["response"]
+        # team-a is in warn mode as far as the watch knows: no patch, nothing created.
+        assert "patch" not in resp and creator.made == []
+
+    await _with_client(h, body)

@@ -100,6 +100,7 @@ class CompiledSelector:
         budget = _budget.get()
         if budget is not None:
             if budget.evaluations <= 0:
+                budget.refused += 1
                 raise CelEvalError(
                     "draguard's CEL runtime stopped: the request used its budget of "
                     f"{REQUEST_EVALUATIONS} device evaluations",
@@ -309,27 +310,31 @@ _cache_bytes = 0
 _cache_lock = threading.Lock()
 
 
-class _Budget:
-    __slots__ = ("evaluations", "left")
+class Budget:
+    """What is left of one request's CEL budget (`compile_budget`)."""
+
+    __slots__ = ("evaluations", "left", "refused")
 
     def __init__(self, left: int, evaluations: int) -> None:
         self.left = left
         self.evaluations = evaluations
+        self.refused = 0  # compiles and evaluations refused for lack of budget
 
 
-_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
+_budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
 
 
 @contextlib.contextmanager
 def compile_budget(
     limit: int = REQUEST_COMPILE_BYTES, evaluations: int = REQUEST_EVALUATIONS
-) -> Iterator[None]:
+) -> Iterator[Budget]:
     """Bound the never-seen selector text compiled and the device evaluations run inside the
     block (one admission request). An evaluation over the budget fails as draguard's runtime
     limit (`CelEvalError.limit`: verdict unknown, reported as cel/unsupported, never denied)."""
-    token = _budget.set(_Budget(limit, evaluations))
+    budget = Budget(limit, evaluations)
+    token = _budget.set(budget)
     try:
-        yield
+        yield budget
     finally:
         _budget.reset(token)
 
@@ -352,10 +357,10 @@ def _over_budget(expression: str) -> CelIssue:
     return CelIssue(
         unsupported.CHECK,
         Severity.WARNING,
-        "draguard did not check this selector: the request's selectors exceed draguard's compile "
-        f"budget ({REQUEST_COMPILE_BYTES // 1024} KiB of new CEL text per request); the API server "
-        "still checks it",
-        "split very large selectors over several objects, or reuse selector text draguard has seen",
+        "over draguard's per-request CEL budget (new selector text per request and per second): "
+        "not checked by draguard; the API server still checks it",
+        "apply again later, split very large selectors over several objects, or reuse selector text "
+        "draguard has seen",
     )
 
 
@@ -371,6 +376,7 @@ def compile_or_issue(expression: str) -> CompiledSelector | CelIssue:
     size = len(expression.encode("utf-8", errors="surrogatepass"))
     if budget is not None and size <= MAX_EXPRESSION_LENGTH:  # longer: refused without compiling
         if size > budget.left:
+            budget.refused += 1
             return _over_budget(expression)
         budget.left -= size
     result = _compile_uncached(expression)

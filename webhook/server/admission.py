@@ -20,7 +20,7 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.cel.env import compile_budget
+from webhook.cel.env import REQUEST_COMPILE_BYTES, compile_budget
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
@@ -92,6 +92,8 @@ class Outcome:
     dry_run: bool = False
     namespace: str = ""
     name: str = ""
+    cel_bytes: int = 0  # never-seen selector text compiled for this review
+    cel_limited: bool = False  # the CEL budget left some selector unchecked
 
     @property
     def uid(self) -> str:
@@ -251,8 +253,11 @@ def _today() -> dt.date:
 
 
 def _evaluate(
-    obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str, lookups: Any = None
-) -> list[Finding]:
+    obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str, cel_bytes: int | None = None,
+    lookups: Any = None,
+) -> tuple[list[Finding], int, bool]:
+    """Findings, the bytes of never-seen selector text compiled on the way, and whether the CEL
+    budget refused something (the findings are then incomplete)."""
     from webhook.engine.evaluate import evaluate
 
     ctx = Context(
@@ -268,13 +273,22 @@ def _evaluate(
         looked_up=dict(lookups.looked_up) if lookups else {},
     )
     # Selector text is the caller's: one request compiles a bounded amount of it.
-    with compile_budget():
+    limit = REQUEST_COMPILE_BYTES if cel_bytes is None else min(cel_bytes, REQUEST_COMPILE_BYTES)
+    with compile_budget(limit) as budget:
         report = evaluate([SourceObject(obj)], snap.policies, snap.inventory, ctx)
-    return list(report.findings)
+    return list(report.findings), limit - budget.left, budget.refused > 0
 
 
-def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot, lookups: Any = None) -> Outcome:
-    """Evaluate one AdmissionReview request for `endpoint` ("validate" or "mutate")."""
+def review(
+    endpoint: Endpoint,
+    req: Mapping[str, Any],
+    snap: Snapshot,
+    cel_bytes: int | None = None,
+    lookups: Any = None,
+) -> Outcome:
+    """Evaluate one AdmissionReview request for `endpoint` ("validate" or "mutate"); at most
+    `cel_bytes` of never-seen CEL text are compiled (None: the per-request budget);
+    `lookups` is what webhook.server.lookups read from the API server for it."""
     uid = str(req["uid"])
     group, version, kind = _kind_of(req)
     operation = str(req.get("operation") or "")
@@ -283,8 +297,12 @@ def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot, lookups: 
     name = str(req.get("name") or "")
     allowed: dict[str, Any] = {"uid": uid, "allowed": True}
 
+    cel_used, cel_limited = 0, False
+
     def out(verdict: str, **kw: Any) -> Outcome:
         return Outcome(
+            cel_bytes=cel_used,
+            cel_limited=cel_limited,
             response=kw.pop("response", allowed),
             kind=kind or "unknown",
             operation=operation or "unknown",
@@ -306,7 +324,7 @@ def review(endpoint: Endpoint, req: Mapping[str, Any], snap: Snapshot, lookups: 
     ref = _ref(obj, kind, namespace, name)
 
     try:
-        findings = _evaluate(obj, snap, operation, namespace, lookups)
+        findings, cel_used, cel_limited = _evaluate(obj, snap, operation, namespace, cel_bytes, lookups)
     except Exception as e:  # the engine promises not to raise; never turn a bug into a 500
         findings = [
             Finding(
@@ -461,8 +479,9 @@ class ReviewCache:
     def put(self, key: ReviewKey, outcome: Outcome) -> Cached | None:
         """Store the outcome; returns the entry (None when not cached), whose `render_bytes(uid)`
         is the serialised response for that uid."""
-        if outcome.verdict == "error":
-            return None  # an internal error may be transient; evaluate again next time
+        if outcome.verdict == "error" or outcome.cel_limited:
+            # An internal error may be transient, and a budget refills: evaluate again next time.
+            return None
         tmpl = serialise(replace(outcome, response={**outcome.response, "uid": _UID_SENTINEL}))
         prefix, _, suffix = tmpl.partition(json.dumps(_UID_SENTINEL).encode())
         entry = Cached(outcome, prefix, suffix)
@@ -480,3 +499,52 @@ class ReviewCache:
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class CelRate:
+    """How much never-seen CEL text the server compiles: token buckets per identity and for all.
+
+    Compiling and first matching a selector is the one request cost a caller controls (about 10 ms
+    per KiB, and a pass over every device); cached text is free. Each identity refills at
+    `per_identity` bytes/s up to `burst`, everyone together at `total` up to `total_burst`. A
+    request gets what both buckets hold (at most the per-request budget); what it compiled is
+    charged after. Text over the allowance is reported as cel/unsupported (left to the API
+    server), so a flood of unique selectors costs the server little and other callers nothing.
+    """
+
+    def __init__(
+        self,
+        per_identity: float = 16 * 1024,
+        burst: float = 32 * 1024,
+        total: float = 48 * 1024,
+        total_burst: float = 96 * 1024,
+        max_identities: int = 4096,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.per_identity, self.burst = per_identity, burst
+        self.total, self.total_burst = total, total_burst
+        self.max_identities = max_identities
+        self.clock = clock
+        self._all = (total_burst, clock())
+        self._ident: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    @staticmethod
+    def _refill(state: tuple[float, float], rate: float, cap: float, now: float) -> float:
+        tokens, at = state
+        return min(cap, tokens + max(now - at, 0.0) * rate)
+
+    def allowance(self, scope: str) -> int:
+        now = self.clock()
+        mine = self._ident.get(scope)
+        own = self.burst if mine is None else self._refill(mine, self.per_identity, self.burst, now)
+        shared = self._refill(self._all, self.total, self.total_burst, now)
+        return int(max(0.0, min(own, shared, REQUEST_COMPILE_BYTES)))
+
+    def charge(self, scope: str, used: int) -> None:
+        now = self.clock()
+        mine = self._ident.pop(scope, None)
+        own = self.burst if mine is None else self._refill(mine, self.per_identity, self.burst, now)
+        self._ident[scope] = (own - used, now)
+        while len(self._ident) > self.max_identities:
+            self._ident.popitem(last=False)
+        self._all = (self._refill(self._all, self.total, self.total_burst, now) - used, now)

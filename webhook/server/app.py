@@ -22,9 +22,12 @@ from webhook.engine.context import ALL_RESOURCE_VERSIONS
 from webhook.server import admission, logs
 from webhook.server.admission import Outcome, ReviewError, Snapshot
 from webhook.server.metrics import DraStats, Metrics
+from webhook.server.overlay import scope_of
 
 log = logging.getLogger("draguard.server")
 MAX_BODY = 3 * 1024 * 1024
+BIG_BODY = 256 * 1024  # bodies over this are read and reviewed BIG_BODIES at a time
+BIG_BODIES = 2
 # A pod cannot use more devices than one node has; templates for larger counts are never made.
 MAX_TEMPLATE_DEVICES_UNKNOWN = 64
 
@@ -171,6 +174,8 @@ class Webhook:
         self.review_cache: admission.ReviewCache | None = (
             admission.ReviewCache() if opts.review_cache else None
         )
+        self.cel_rate = admission.CelRate()
+        self._big_bodies = asyncio.Semaphore(BIG_BODIES)
         self.metrics.bind(lambda: self._dra_stats, self._cache_states)
 
     # --- state -----------------------------------------------------------------------------------
@@ -341,60 +346,69 @@ class Webhook:
                 return self._bad(
                     413, "too-large", f"request body of {req.content_length} bytes exceeds 3 MiB"
                 )
-            try:
-                async with asyncio.timeout(self.opts.body_timeout):
-                    body = await req.read()
-            except web.HTTPRequestEntityTooLarge:
-                return self._bad(413, "too-large", "request body exceeds 3 MiB")
-            except TimeoutError:
-                return self._bad(
-                    408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
-                )
-            try:
-                request = admission.parse_review(body)
-            except ReviewError as e:
-                return self._bad(e.status, e.reason, e.message)
-            snap = self.snapshot
-            if snap.policies is None:
-                # Not ready; the API server's failurePolicy decides. Never guess a verdict.
-                return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
-            cache = self.review_cache
-            if self.rebuilder is not None:
-                # What this caller had admitted a moment ago and the watch has not reported yet
-                # (see overlay.py): laid over its own requests only.
-                from webhook.server.overlay import scope_of
-
-                view = self.rebuilder.view_for(scope_of(request))
-                if view is not None:
-                    snap = replace(snap, inventory=view.inventory, usage=view.usage)
-                    cache = None  # short-lived and per caller: not worth caching
-            key = admission.ReviewCache.key(endpoint, request, snap.generation) if cache is not None else None
-            uid = str(request["uid"])
-            if cache is not None and key is not None:
-                hit = cache.get(key)
-                if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
-                    outcome, hit_body = hit.render(uid)
-                    self._safe_account(endpoint, outcome, t0, cached=True)
-                    return web.Response(body=hit_body, content_type="application/json")
-            looked = await self._lookups(endpoint, request, snap)
-            outcome = admission.review(endpoint, request, snap, looked)
-            if endpoint == "validate" and self.rebuilder is not None:
-                # An admitted template/claim/class: visible to this caller's next request before
-                # the watch has it.
-                self.rebuilder.admitted(request, outcome)
-            payload: bytes | None = None
-            if cache is not None and key is not None and not looked:  # a lookup's verdict holds only for now
-                entry = cache.put(key, outcome)
-                if entry is not None and not outcome.generated:
-                    payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
-            if outcome.generated and endpoint == "mutate":
-                outcome = await self._ensure_generated(outcome, t0 + self.opts.mutate_deadline)
-            self._safe_account(endpoint, outcome, t0, cached=False)
-            if payload is None:
-                payload = admission.serialise(outcome)
-            return web.Response(body=payload, content_type="application/json")
+            if req.content_length is None or req.content_length > BIG_BODY:
+                # A large body costs several times its size while it is parsed and reviewed: only
+                # a few at once, so concurrency cannot multiply that.
+                async with self._big_bodies:
+                    return await self._review_body(endpoint, req, t0)
+            return await self._review_body(endpoint, req, t0)
         finally:
             self.inflight -= 1
+
+    async def _review_body(self, endpoint: str, req: web.Request, t0: float) -> web.Response:
+        try:
+            async with asyncio.timeout(self.opts.body_timeout):
+                body = await req.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._bad(413, "too-large", "request body exceeds 3 MiB")
+        except TimeoutError:
+            return self._bad(
+                408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
+            )
+        try:
+            request = admission.parse_review(body)
+        except ReviewError as e:
+            return self._bad(e.status, e.reason, e.message)
+        snap = self.snapshot
+        if snap.policies is None:
+            # Not ready; the API server's failurePolicy decides. Never guess a verdict.
+            return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
+        cache = self.review_cache
+        scope = scope_of(request)
+        if self.rebuilder is not None:
+            # What this caller had admitted a moment ago and the watch has not reported yet
+            # (see overlay.py): laid over its own requests only.
+            view = self.rebuilder.view_for(scope)
+            if view is not None:
+                snap = replace(snap, inventory=view.inventory, usage=view.usage)
+                cache = None  # short-lived and per caller: not worth caching
+        key = admission.ReviewCache.key(endpoint, request, snap.generation) if cache is not None else None
+        uid = str(request["uid"])
+        if cache is not None and key is not None:
+            hit = cache.get(key)
+            if hit is not None and not (hit.outcome.generated and endpoint == "mutate"):
+                outcome, hit_body = hit.render(uid)
+                self._safe_account(endpoint, outcome, t0, cached=True)
+                return web.Response(body=hit_body, content_type="application/json")
+        looked = await self._lookups(endpoint, request, snap)
+        outcome = admission.review(endpoint, request, snap, self.cel_rate.allowance(scope), looked)
+        if outcome.cel_bytes:
+            self.cel_rate.charge(scope, outcome.cel_bytes)
+        if endpoint == "validate" and self.rebuilder is not None:
+            # An admitted template/claim/class: visible to this caller's next request before
+            # the watch has it.
+            self.rebuilder.admitted(request, outcome)
+        payload: bytes | None = None
+        if cache is not None and key is not None and not looked:  # a lookup's verdict holds only for now
+            entry = cache.put(key, outcome)
+            if entry is not None and not outcome.generated:
+                payload = entry.render_bytes(uid)  # serialised once, for the cache and the reply
+        if outcome.generated and endpoint == "mutate":
+            outcome = await self._ensure_generated(outcome, t0 + self.opts.mutate_deadline)
+        self._safe_account(endpoint, outcome, t0, cached=False)
+        if payload is None:
+            payload = admission.serialise(outcome)
+        return web.Response(body=payload, content_type="application/json")
 
     async def _lookups(self, endpoint: str, request: Mapping[str, Any], snap: Snapshot) -> Any:
         """What the tier rule needs from the API server for this request (webhook/server/lookups.py)."""
@@ -409,10 +423,16 @@ class Webhook:
         return await loop.run_in_executor(self._pool, lookups.fetch, self.lookup_http, wants, snap)
 
     def _template_limit(self) -> int:
-        per_node: dict[str | None, int] = {}
-        for d in self.snapshot.inventory.devices:
-            per_node[d.node] = per_node.get(d.node, 0) + 1
-        return max(per_node.values()) if per_node else MAX_TEMPLATE_DEVICES_UNKNOWN
+        """The most devices one node of the inventory has (a pod cannot use more)."""
+        inventory = self.snapshot.inventory
+
+        def most() -> int:
+            per_node: dict[str | None, int] = {}
+            for d in inventory.devices:
+                per_node[d.node] = per_node.get(d.node, 0) + 1
+            return max(per_node.values()) if per_node else MAX_TEMPLATE_DEVICES_UNKNOWN
+
+        return inventory.cached(("draguard.server", "devices-per-node"), most)
 
     async def _ensure_generated(self, outcome: Outcome, deadline: float) -> Outcome:
         """Create (or find) the ResourceClaimTemplates the patch refers to; else withdraw the patch.

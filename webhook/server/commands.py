@@ -48,6 +48,28 @@ def register(sub: Any) -> None:
         "certificate; default 0: everything on the serving port)",
     )
     p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="close a connection that sends no complete request headers for this long, before its "
+        "first request or between requests (default 30)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="answer 408 when a request body has not arrived this long after its headers (default 10)",
+    )
+    p.add_argument(
+        "--watch-stale-after",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="report not ready while a watch has been failing for longer than this (default 60)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -188,6 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_names=tuple(args.client_name),
         probe_port=args.probe_port,
         max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        body_timeout=args.body_timeout,
+        watch_stale_after=args.watch_stale_after,
         kubeconfig=args.kubeconfig,
         inventory=args.inventory,
         no_watch=args.no_watch,

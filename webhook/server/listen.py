@@ -3,7 +3,7 @@
 aiohttp's own server has no connection limit and waits for request headers as long as its
 keep-alive timeout. Here, on top of it:
 
-- a TLS handshake must finish within `handshake_timeout`;
+- a TLS handshake must finish within `handshake_timeout`, and a TLS shutdown within 2 s;
 - a connection that has not sent a complete request line and headers within `idle_timeout`
   (from its start or from its last answer) is closed (aiohttp's keep-alive timer, which also
   runs before the first request);
@@ -70,7 +70,12 @@ class GuardedSite(web.TCPSite):
             if idle is None:
                 self._dropped("limit")
                 return _Refused()
+            transport = idle.transport
             idle.force_close()
+            if transport is not None:
+                # No TLS close_notify exchange: a client that does not read would keep the
+                # connection's buffers for the whole shutdown timeout.
+                transport.abort()
             self._dropped("evicted")
         return server()
 
@@ -84,6 +89,8 @@ class GuardedSite(web.TCPSite):
         kwargs: dict[str, Any] = {}
         if self._ssl_context is not None:
             kwargs["ssl_handshake_timeout"] = self.handshake_timeout
+            # Closing a TLS connection waits for the peer's close_notify; not for long.
+            kwargs["ssl_shutdown_timeout"] = 2.0
         self._server = await loop.create_server(
             self._factory,
             self._host,

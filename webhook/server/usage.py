@@ -433,7 +433,7 @@ class Rebuilder:
         with self._base_lock:
             if self.base_view is base:
                 self._scoped[scope] = (version, base, view)
-                while len(self._scoped) > 64:
+                while len(self._scoped) > 16:  # each holds copies of the claim maps
                     self._scoped.pop(next(iter(self._scoped)))
         return view
 
