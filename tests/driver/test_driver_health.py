@@ -264,3 +264,20 @@ def test_node_without_gpus_starts_and_publishes_nothing(apiserver: ApiServer, tm
         _out, err = proc.communicate(timeout=30)
         shutil.rmtree(base, ignore_errors=True)
     assert "no NVIDIA driver on this node" in err and "serving no devices" in err
+
+
+def test_daemonset_probes_ask_the_port_and_paths_the_driver_serves() -> None:
+    ds = yaml.safe_load((ROOT / "kustomize/base/driver/daemonset.yaml").read_text())
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    port = c["args"][c["args"].index("--health-port") + 1]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["health"] == int(port)
+    probes = {k: c[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert {k: (v["path"], v["port"]) for k, v in probes.items()} == {
+        "startupProbe": ("/startupz", "health"),
+        "readinessProbe": ("/readyz", "health"),
+        "livenessProbe": ("/livez", "health"),
+    }
+    # The local overlay replaces the arguments: it must keep the probe port too.
+    local = yaml.safe_load((ROOT / "kustomize/overlays/local/driver-sim.yaml").read_text())
+    args = local["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--health-port") + 1] == port
