@@ -295,6 +295,25 @@ def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple
     return nvml, node, devices, layout
 
 
+async def _refused(api: Any, args: argparse.Namespace, version: str, stop: asyncio.Event) -> bool:
+    """True (after a stop signal) when another GPU driver serves this node; see driver/coexist.py."""
+    from driver.coexist import find_conflicts, report
+    from driver.health import Probes, serve_probes
+
+    try:
+        conflicts = await asyncio.to_thread(find_conflicts, api, args.node_name, args.driver_name, version)
+    except Exception as exc:  # the API being unreachable shows up again, clearly, when publishing
+        log.warning("could not check for other GPU drivers on this node: %s", exc)
+        return False
+    if not conflicts:
+        return False
+    await asyncio.to_thread(report, api, args.node_name, conflicts)
+    if args.health_port:  # never started: the probes say so, the pod is restarted and checks again
+        serve_probes(Probes(), args.health_port)
+    await stop.wait()
+    return True
+
+
 async def run_driver(args: argparse.Namespace) -> int:
     from driver.cdi import CdiWriter
     from driver.checkpoint import Checkpoint
@@ -325,6 +344,12 @@ async def run_driver(args: argparse.Namespace) -> int:
 
     tracker = HealthTracker(on_change=wake)
     version = await asyncio.to_thread(publisher.choose_version)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if await _refused(publisher.api, args, version, stop):
+        return 0
     state = DeviceState(
         driver_name=args.driver_name, node_name=args.node_name, devices=devices,
         checkpoint=Checkpoint(plugin_dir), cdi=CdiWriter(args.cdi_root, layout),
@@ -353,6 +378,7 @@ async def run_driver(args: argparse.Namespace) -> int:
 
     async def publish_loop() -> None:
         current, gpus = devices, list(node.gpus) if node is not None else []
+        failures = 0
         while True:
             probes.heartbeat = time.monotonic()
             republish.clear()
@@ -362,12 +388,18 @@ async def run_driver(args: argparse.Namespace) -> int:
                 metrics.slice_publishes.labels(result="success").inc()
                 metrics.set_devices(dict(Counter(d.type for d in current)))
                 probes.started = True
+                failures = 0
             except (SlicePublishError, SliceValidationError) as exc:
                 metrics.slice_publishes.labels(result="error").inc()
                 metrics.errors.labels(operation="publish").inc()
                 log.error("publishing ResourceSlices failed: %s", exc)
+                failures += 1
+            # After a failed publish, try again soon (5 s, doubling), not a whole resync later.
+            wait = min(args.resync_seconds, 5.0 * 2 ** (failures - 1)) if failures else args.resync_seconds
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(republish.wait(), args.resync_seconds)
+                await asyncio.wait_for(republish.wait(), wait)
+            if failures:
+                continue
             if republish.is_set() or nvml is None:
                 continue  # a health change: publish the taints now, read NVML at the next turn
             try:
@@ -388,10 +420,6 @@ async def run_driver(args: argparse.Namespace) -> int:
             if layout.driver is not None:
                 await asyncio.to_thread(layout.refresh)
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(publish_loop())
     await stop.wait()
     log.info("stopping (slices stay published for the next plugin pod)")

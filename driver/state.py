@@ -207,7 +207,12 @@ class DeviceState:
         self.fault("before-prepare-checkpoint")
         prepared = [
             PreparedDevice(
-                list(reqs), self.node_name, dev.name, [], share, sharing=_strategy(cfg),
+                list(reqs),
+                self.node_name,
+                dev.name,
+                [],
+                share,
+                sharing=_strategy(cfg),
                 admin_access=dev.name in admin,
             )
             for dev, reqs, share, cfg in plan

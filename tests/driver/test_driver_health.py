@@ -253,8 +253,10 @@ def test_node_without_gpus_starts_and_publishes_nothing(apiserver: ApiServer, tm
          "--health-port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    started = False
     try:
         _until("startup probe", lambda: _port_open(port) and _probe(port, "startupz")[0] == 200)
+        started = True
         items = apiserver.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
         assert [s for s in items if s["spec"]["pool"]["name"] == "node-nogpu"] == []
         assert (base / "registry" / "gpu.nvidia.com-reg.sock").exists()
@@ -263,6 +265,7 @@ def test_node_without_gpus_starts_and_publishes_nothing(apiserver: ApiServer, tm
         proc.terminate()
         _out, err = proc.communicate(timeout=30)
         shutil.rmtree(base, ignore_errors=True)
+        assert started, err
     assert "no NVIDIA driver on this node" in err and "serving no devices" in err
 
 
@@ -281,3 +284,73 @@ def test_daemonset_probes_ask_the_port_and_paths_the_driver_serves() -> None:
     local = yaml.safe_load((ROOT / "kustomize/overlays/local/driver-sim.yaml").read_text())
     args = local["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--health-port") + 1] == port
+
+
+@pytest.mark.e2e
+def test_driver_refuses_a_node_another_gpu_driver_serves(apiserver: ApiServer) -> None:
+    node = "node-nvidia"
+    apiserver.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    )
+    theirs = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "nvidia-owned"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0"}]},
+    }  # fmt: skip
+    apiserver.request("POST", "/apis/resource.k8s.io/v1/resourceslices", theirs)
+    base = Path(tempfile.mkdtemp(prefix="dg-x-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k not in ("DRAGUARD_NVML_SIM", "DRIVER_ROOT")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "driver.cli", "driver", "run", "--sim", "h100-8x-nvlink", "--node-name", node,
+         "--kubeconfig", str(apiserver.kubeconfig), "--plugin-dir", str(base / "plugins"),
+         "--registry-dir", str(base / "registry"), "--cdi-root", str(base / "cdi"), "--metrics-port", "0"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def events() -> list[dict[str, Any]]:
+        items = apiserver.request("GET", "/apis/events.k8s.io/v1/namespaces/default/events")["items"]
+        return [e for e in items if e["regarding"].get("name") == node]
+
+    try:
+        (ev,) = _until("a Node event", events)
+        assert (ev["type"], ev["reason"], ev["regarding"]["kind"]) == (
+            "Warning",
+            "ConflictingGPUDriver",
+            "Node",
+        )
+        assert "nvidia-owned" in ev["note"] and "uninstall NVIDIA's DRA driver" in ev["note"]
+        slices = apiserver.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+        assert [s["metadata"]["name"] for s in slices if s["spec"]["nodeName"] == node] == ["nvidia-owned"]
+        assert not (base / "registry").exists() or not any((base / "registry").iterdir())  # never registered
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
+    assert "refusing to serve GPUs on node node-nvidia" in err and "Traceback" not in err
+
+
+@pytest.mark.e2e
+def test_device_plugin_capacity_counts_as_a_conflict(apiserver: ApiServer) -> None:
+    from driver.coexist import find_conflicts
+    from driver.slices import SlicePublisher
+
+    node = "node-devplugin"
+    apiserver.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    )
+    pub = SlicePublisher.from_kubeconfig(str(apiserver.kubeconfig), node, "gpu.nvidia.com")
+    assert find_conflicts(pub.api, node, "gpu.nvidia.com", "v1") == []
+    obj = apiserver.request("GET", f"/api/v1/nodes/{node}")
+    obj.setdefault("status", {})["capacity"] = {"nvidia.com/gpu": "8"}  # what the device plugin reports
+    apiserver.request("PUT", f"/api/v1/nodes/{node}/status", obj)
+    (why,) = find_conflicts(pub.api, node, "gpu.nvidia.com", "v1")
+    assert "capacity nvidia.com/gpu=8" in why and "device plugin" in why
+    # Its own slices (labelled by draguard) are no conflict.
+    devices = build_devices(open_sim("mixed-nvlink-pairs").enumerate())
+    other = SlicePublisher.from_kubeconfig(str(apiserver.kubeconfig), "node-nvidia-free", "gpu.nvidia.com")
+    apiserver.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                                "metadata": {"name": "node-nvidia-free"}})  # fmt: skip
+    other.publish(devices)
+    assert find_conflicts(other.api, "node-nvidia-free", "gpu.nvidia.com", "v1") == []
