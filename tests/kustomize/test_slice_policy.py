@@ -299,3 +299,17 @@ def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
     mine_gone = _kubectl_as(api, bound, "delete", "resourceslice", "mine")
     assert mine_gone.returncode == 0, mine_gone.stderr
     assert api.kubectl("get", "resourceslice", "by-admin").returncode == 0
+
+    # Events: only about its own node (how the driver reports another GPU driver there).
+    def event(node: str, name: str) -> dict[str, Any]:
+        return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": "default"},
+                "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "draguard.io/driver",
+                "reportingInstance": "draguard-driver-x", "action": "Refuse",
+                "reason": "ConflictingGPUDriver", "type": "Warning",
+                "regarding": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+
+    own_ev = _kubectl_as(api, bound, "create", "-f", "-", stdin=_yaml(event("node-a", "ev-own")))
+    assert own_ev.returncode == 0, own_ev.stderr
+    other_ev = _kubectl_as(api, bound, "create", "-f", "-", stdin=_yaml(event("node-b", "ev-other")))
+    assert other_ev.returncode != 0 and "may change only ResourceSlices, not events" in other_ev.stderr
