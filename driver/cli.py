@@ -101,6 +101,14 @@ def register(subparsers: Any) -> None:
     spec.add_argument("--driver-name", default=DRIVER_NAME)
     spec.set_defaults(func=cmd_cdi_spec)
 
+    check = sub.add_parser("self-check", help="inventory, CDI spec and one prepare/unprepare over the socket")
+    _add_source(check)
+    _add_host(check)
+    check.add_argument("--device", default=None, help="the device to prepare (default: the first)")
+    check.add_argument("--cdicheck", default=None, help="tools/cdicheck binary: validate the spec with it")
+    check.add_argument("--driver-name", default=DRIVER_NAME)
+    check.set_defaults(func=cmd_self_check)
+
     simroot = sub.add_parser("sim-root", help="lay out a simulated driver root (files, device nodes)")
     simroot.add_argument("directory")
     simroot.add_argument("--sim", required=True, metavar="TOPOLOGY.yaml", help="the simulated topology")
@@ -200,6 +208,22 @@ def cmd_cdi_spec(args: argparse.Namespace) -> int:
         return _err(str(exc))
     sys.stdout.write(data.decode() + "\n")
     return 0
+
+
+def cmd_self_check(args: argparse.Namespace) -> int:
+    from driver.cdi import CdiError
+    from driver.driverroot import DriverRootError
+    from driver.nvml import NvmlCallError, NvmlUnavailable
+    from driver.selfcheck import run
+    from driver.sim import TopologyError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.sim and not args.driver_root:
+        return _err("--driver-root is required with --sim (make one: draguard driver sim-root DIR --sim ...)")
+    try:
+        return run(args)
+    except (NvmlUnavailable, NvmlCallError, TopologyError, DriverRootError, CdiError, ValueError) as exc:
+        return _err(str(exc))
 
 
 def cmd_sim_root(args: argparse.Namespace) -> int:
