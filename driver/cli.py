@@ -281,8 +281,8 @@ def check_writable(*dirs: str) -> None:
 
 def _no_driver_here(args: argparse.Namespace) -> bool:
     """True when this node has no NVIDIA kernel driver at all (a node without GPUs)."""
-    proc = Path(args.proc_root or "/")
-    return not (proc / "proc/driver/nvidia/version").exists() and not Path("/dev/nvidiactl").exists()
+    proc, dev = Path(args.proc_root or "/"), Path(args.dev_root or "/")
+    return not (proc / "proc/driver/nvidia/version").exists() and not (dev / "dev/nvidiactl").exists()
 
 
 def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple[Any, Any, list[Any], Any]:
@@ -345,7 +345,7 @@ async def run_driver(args: argparse.Namespace) -> int:
     from driver.health import HealthTracker, Probes, XidWatcher, carry_lost, serve_probes
     from driver.metrics import DriverMetrics
     from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.plugin import PluginServer
+    from driver.plugin import HealthFeed, PluginServer
     from driver.slices import SlicePublisher, SlicePublishError, SliceValidationError
     from driver.state import DeviceState, KubeClaimReader
 
@@ -382,8 +382,9 @@ async def run_driver(args: argparse.Namespace) -> int:
     report = await asyncio.to_thread(state.recover)
     log.info("recovered checkpoint: kept %d claim(s), rolled back %d, dropped %d", len(report.kept),
              len(report.rolled_back), len(report.dropped))  # fmt: skip
+    feed = HealthFeed(args.node_name, lambda: list(state.devices.values()), tracker.reason)
     server = PluginServer(state, driver_name=args.driver_name, plugin_dir=plugin_dir,
-                          registry_dir=args.registry_dir, pod_uid=args.pod_uid)  # fmt: skip
+                          registry_dir=args.registry_dir, pod_uid=args.pod_uid, health=feed)  # fmt: skip
     await server.start()
     if args.metrics_port:
         metrics.serve(args.metrics_port)

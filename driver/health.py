@@ -89,6 +89,11 @@ class HealthTracker:
             out.append(replace(d, taints=(t.to_api(),) if t is not None else ()))
         return out
 
+    def reason(self, dev: DriverDevice) -> str | None:
+        """Why the device is unhealthy (the taint's value), None when it is healthy."""
+        t = self.taint_of(dev)
+        return None if t is None else f"{t.value} ({t.effect})"
+
     def refused(self, dev: DriverDevice) -> str | None:
         """Why prepare must refuse the device (its GPU is lost), or None."""
         t = self.taint_of(dev)

@@ -240,17 +240,22 @@ def _port_open(port: int) -> bool:
 
 @pytest.mark.e2e
 def test_node_without_gpus_starts_and_publishes_nothing(apiserver: ApiServer, tmp_path: Path) -> None:
-    """Real NVML on this machine, which has no NVIDIA driver: nvmlInit fails, the driver still serves."""
+    """Real NVML, no NVIDIA driver: nvmlInit fails, the driver still serves.
+
+    The node's /dev and /proc are given as an empty host root, so the test does not depend on what
+    this machine's own /dev holds.
+    """
     if Path("/proc/driver/nvidia/version").exists():
         pytest.skip("this machine has an NVIDIA driver")
     base = Path(tempfile.mkdtemp(prefix="dg-n-", dir="/tmp"))
+    (base / "host").mkdir()
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DRAGUARD_NVML_SIM", "DRIVER_ROOT")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "driver.cli", "driver", "run", "--real", "--node-name", "node-nogpu",
          "--kubeconfig", str(apiserver.kubeconfig), "--plugin-dir", str(base / "plugins"),
          "--registry-dir", str(base / "registry"), "--cdi-root", str(base / "cdi"), "--metrics-port", "0",
-         "--health-port", str(port)],
+         "--health-port", str(port), "--dev-root", str(base / "host"), "--proc-root", str(base / "host")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     started = False
@@ -354,3 +359,62 @@ def test_device_plugin_capacity_counts_as_a_conflict(apiserver: ApiServer) -> No
                                                 "metadata": {"name": "node-nvidia-free"}})  # fmt: skip
     other.publish(devices)
     assert find_conflicts(other.api, "node-nvidia-free", "gpu.nvidia.com", "v1") == []
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+async def test_kubelet_health_stream_reports_an_xid_on_the_dra_socket(short_dir: Path, version: str) -> None:
+    """The kubelet's DRA health service (KEP-4680), as kubelet 1.37 calls it (v1, or v1alpha1)."""
+    import grpc
+
+    from driver.plugin import HEALTH_SERVICES, HealthFeed, PluginServer
+    from driver.proto import dra_health_v1_pb2, dra_health_v1alpha1_pb2
+
+    pb = dra_health_v1_pb2 if version == "v1" else dra_health_v1alpha1_pb2
+    state = make_state(short_dir, InMemoryClaims(), topology="a100-4x-mig")
+    tracker = HealthTracker()
+    feed = HealthFeed(NODE, lambda: list(state.devices.values()), tracker.reason, poll=0.05)
+    server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "plugins",
+                          registry_dir=short_dir / "registry", health=feed)  # fmt: skip
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.paths.dra}") as ch:
+            watch = ch.unary_stream(
+                f"/{HEALTH_SERVICES[version]}/NodeWatchResources",
+                request_serializer=pb.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=pb.NodeWatchResourcesResponse.FromString,
+            )
+            stream = watch(pb.NodeWatchResourcesRequest(), timeout=30)
+            first = await stream.read()
+            assert len(first.devices) == 8 and {d.health for d in first.devices} == {pb.HEALTHY}
+            assert {d.device.pool_name for d in first.devices} == {NODE}
+            assert state.nvml is not None
+            tracker.xid(state.nvml.lib.gpus[1].uuid, 79)
+            update = await stream.read()
+            bad = {d.device.device_name: d.message for d in update.devices if d.health == pb.UNHEALTHY}
+            assert bad == {
+                "gpu-1-mig-3g20gb-9-0": "xid-79 (NoExecute)",
+                "gpu-1-mig-3g20gb-9-4": "xid-79 (NoExecute)",
+            }
+            assert len(update.devices) == 8 and all(d.last_updated_time > 0 for d in update.devices)
+            stream.cancel()
+    finally:
+        await server.stop(0)
+
+
+def test_a_node_with_a_driver_but_no_usable_nvml_fails_at_start(tmp_path: Path) -> None:
+    """/dev/nvidiactl present but no libnvidia-ml under the driver root: a misconfiguration, not 'no GPUs'."""
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    (tmp_path / "host/dev").mkdir(parents=True)
+    (tmp_path / "host/dev/nvidiactl").write_text("")
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DRAGUARD_NVML_SIM", "DRIVER_ROOT")}
+    p = subprocess.run(
+        [sys.executable, "-m", "driver.cli", "driver", "run", "--real", "--node-name", NODE,
+         "--kubeconfig", str(tmp_path / "kubeconfig"), "--plugin-dir", str(tmp_path / "plugins"),
+         "--registry-dir", str(tmp_path / "registry"), "--cdi-root", str(tmp_path / "cdi"),
+         "--dev-root", str(tmp_path / "host"), "--proc-root", str(tmp_path / "host")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 1 and "NVML is not usable on this machine" in p.stderr
+    assert "Traceback" not in p.stderr
