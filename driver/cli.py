@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +101,14 @@ def register(subparsers: Any) -> None:
     spec.add_argument("--driver-name", default=DRIVER_NAME)
     spec.set_defaults(func=cmd_cdi_spec)
 
+    check = sub.add_parser("self-check", help="inventory, CDI spec and one prepare/unprepare over the socket")
+    _add_source(check)
+    _add_host(check)
+    check.add_argument("--device", default=None, help="the device to prepare (default: the first)")
+    check.add_argument("--cdicheck", default=None, help="tools/cdicheck binary: validate the spec with it")
+    check.add_argument("--driver-name", default=DRIVER_NAME)
+    check.set_defaults(func=cmd_self_check)
+
     simroot = sub.add_parser("sim-root", help="lay out a simulated driver root (files, device nodes)")
     simroot.add_argument("directory")
     simroot.add_argument("--sim", required=True, metavar="TOPOLOGY.yaml", help="the simulated topology")
@@ -117,6 +126,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                      help="kubeconfig file; in-cluster config when omitted")  # fmt: skip
     run.add_argument("--metrics-port", type=int, default=9400, help="0 disables the metrics endpoint")
+    run.add_argument("--health-port", type=int, default=0,
+                     help="port for the /livez, /readyz, /startupz probes (0: off)")  # fmt: skip
     run.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
                      help="this pod's UID (env POD_UID): per-pod sockets for rolling updates")  # fmt: skip
     run.add_argument("--api-version", choices=("v1", "v1beta2", "v1beta1"), default=None,
@@ -199,6 +210,22 @@ def cmd_cdi_spec(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_self_check(args: argparse.Namespace) -> int:
+    from driver.cdi import CdiError
+    from driver.driverroot import DriverRootError
+    from driver.nvml import NvmlCallError, NvmlUnavailable
+    from driver.selfcheck import run
+    from driver.sim import TopologyError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.sim and not args.driver_root:
+        return _err("--driver-root is required with --sim (make one: draguard driver sim-root DIR --sim ...)")
+    try:
+        return run(args)
+    except (NvmlUnavailable, NvmlCallError, TopologyError, DriverRootError, CdiError, ValueError) as exc:
+        return _err(str(exc))
+
+
 def cmd_sim_root(args: argparse.Namespace) -> int:
     from driver.sim import TopologyError, load_topology
     from driver.sim.driverroot import make_driver_root
@@ -252,91 +279,180 @@ def check_writable(*dirs: str) -> None:
             )
 
 
+def _no_driver_here(args: argparse.Namespace) -> bool:
+    """True when this node has no NVIDIA kernel driver at all (a node without GPUs)."""
+    proc, dev = Path(args.proc_root or "/"), Path(args.dev_root or "/")
+    return not (proc / "proc/driver/nvidia/version").exists() and not (dev / "dev/nvidiactl").exists()
+
+
+def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple[Any, Any, list[Any], Any]:
+    """(nvml or None, NodeGpus or None, devices, host layout); DriverStartError when unusable."""
+    from driver.cdi import HostLayout
+    from driver.devices import build_devices
+    from driver.driverroot import Root
+    from driver.nvml import NvmlCallError, NvmlUnavailable
+    from driver.sim import TopologyError, load_topology
+    from driver.sim.driverroot import make_driver_root
+
+    try:
+        nvml = _open(args, metrics.nvml_error)
+        node = nvml.enumerate()
+    except (NvmlUnavailable, NvmlCallError) as exc:
+        simulated = bool(args.sim or (os.environ.get("DRAGUARD_NVML_SIM") and not args.real))
+        if simulated or not _no_driver_here(args):
+            raise DriverStartError(str(exc)) from None
+        log.warning("no NVIDIA driver on this node (%s): serving no devices", exc)
+        return None, None, [], HostLayout()
+    except TopologyError as exc:
+        raise DriverStartError(str(exc)) from None
+    try:
+        devices = build_devices(node, args.driver_name)
+        root = None
+        if node.simulated and not args.driver_root:
+            # The plugin directory has the same path on the host and in the pod.
+            root = Root.of(os.path.join(plugin_dir, "sim-driver-root"))
+            make_driver_root(root.mount, load_topology(node.source))
+            log.warning("SIMULATED driver root laid out in %s", root.host)
+        layout = host_layout(args, node.driver_version, root)
+    except (ValueError, OSError) as exc:
+        raise DriverStartError(str(exc)) from None
+    return nvml, node, devices, layout
+
+
+async def _refused(api: Any, args: argparse.Namespace, version: str, stop: asyncio.Event) -> bool:
+    """True (after a stop signal) when another GPU driver serves this node; see driver/coexist.py."""
+    from driver.coexist import find_conflicts, report
+    from driver.health import Probes, serve_probes
+
+    try:
+        conflicts = await asyncio.to_thread(find_conflicts, api, args.node_name, args.driver_name, version)
+    except Exception as exc:  # the API being unreachable shows up again, clearly, when publishing
+        log.warning("could not check for other GPU drivers on this node: %s", exc)
+        return False
+    if not conflicts:
+        return False
+    await asyncio.to_thread(report, api, args.node_name, conflicts)
+    if args.health_port:  # never started: the probes say so, the pod is restarted and checks again
+        serve_probes(Probes(), args.health_port)
+    await stop.wait()
+    return True
+
+
 async def run_driver(args: argparse.Namespace) -> int:
     from driver.cdi import CdiWriter
     from driver.checkpoint import Checkpoint
     from driver.devices import build_devices
+    from driver.health import HealthTracker, Probes, XidWatcher, carry_lost, serve_probes
     from driver.metrics import DriverMetrics
     from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.plugin import PluginServer
-    from driver.sim import TopologyError
+    from driver.plugin import HealthFeed, PluginServer
     from driver.slices import SlicePublisher, SlicePublishError, SliceValidationError
     from driver.state import DeviceState, KubeClaimReader
 
     metrics = DriverMetrics()
     plugin_dir = args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}"
     check_writable(plugin_dir, args.registry_dir, args.cdi_root)
+    nvml, node, devices, layout = _inventory(args, metrics, plugin_dir)
     try:
-        nvml = _open(args, metrics.nvml_error)
-        node = nvml.enumerate()
-        devices = build_devices(node, args.driver_name)
-        root = None
-        if node.simulated and not args.driver_root:
-            from driver.driverroot import Root
-            from driver.sim import load_topology
-            from driver.sim.driverroot import make_driver_root
-
-            # The plugin directory has the same path on the host and in the pod.
-            root = Root.of(os.path.join(plugin_dir, "sim-driver-root"))
-            make_driver_root(root.mount, load_topology(node.source))
-            log.warning("SIMULATED driver root laid out in %s", root.host)
-        layout = host_layout(args, node.driver_version, root)
         publisher = SlicePublisher.from_kubeconfig(
             args.kubeconfig, args.node_name, args.driver_name, version=args.api_version,
-            simulated_source=node.source if node.simulated else None,
+            simulated_source=node.source if node is not None and node.simulated else None,
         )  # fmt: skip
-    except (NvmlUnavailable, NvmlCallError, TopologyError, ValueError, OSError) as exc:
-        raise DriverStartError(str(exc)) from None
     except Exception as exc:  # kubeconfig problems come as assorted exception types
         raise DriverStartError(f"cannot load Kubernetes configuration: {exc}") from None
+    loop = asyncio.get_running_loop()
+    republish = asyncio.Event()
+
+    def wake() -> None:  # called from the XID thread
+        loop.call_soon_threadsafe(republish.set)
+
+    tracker = HealthTracker(on_change=wake)
     version = await asyncio.to_thread(publisher.choose_version)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if await _refused(publisher.api, args, version, stop):
+        return 0
     state = DeviceState(
         driver_name=args.driver_name, node_name=args.node_name, devices=devices,
         checkpoint=Checkpoint(plugin_dir), cdi=CdiWriter(args.cdi_root, layout),
-        claims=KubeClaimReader(publisher.api, version), nvml=nvml, metrics=metrics,
+        claims=KubeClaimReader(publisher.api, version), nvml=nvml, metrics=metrics, health=tracker,
     )  # fmt: skip
     report = await asyncio.to_thread(state.recover)
     log.info("recovered checkpoint: kept %d claim(s), rolled back %d, dropped %d", len(report.kept),
              len(report.rolled_back), len(report.dropped))  # fmt: skip
+    feed = HealthFeed(args.node_name, lambda: list(state.devices.values()), tracker.reason)
     server = PluginServer(state, driver_name=args.driver_name, plugin_dir=plugin_dir,
-                          registry_dir=args.registry_dir, pod_uid=args.pod_uid)  # fmt: skip
+                          registry_dir=args.registry_dir, pod_uid=args.pod_uid, health=feed)  # fmt: skip
     await server.start()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    watcher = None
+    if nvml is not None and node is not None and node.gpus:
+        watcher = XidWatcher(nvml, tracker, [g.uuid for g in node.gpus])
+        watcher.start()
+    probes = Probes(registered=server.registration.registered.is_set, watcher=watcher,
+                    stale_after=2 * args.resync_seconds + 60)  # fmt: skip
+    if args.health_port:
+        serve_probes(probes, args.health_port)
+    if node is not None:
+        for f in node.failed:
+            if f.uuid:
+                tracker.lost(f.uuid)
 
     async def publish_loop() -> None:
-        current = devices
+        current, gpus = devices, list(node.gpus) if node is not None else []
+        failures = 0
         while True:
+            probes.heartbeat = time.monotonic()
+            republish.clear()
+            published = tracker.apply(current)
             try:
-                await asyncio.to_thread(publisher.publish, current)
+                await asyncio.to_thread(publisher.publish, published)
                 metrics.slice_publishes.labels(result="success").inc()
                 metrics.set_devices(dict(Counter(d.type for d in current)))
+                probes.started = True
+                failures = 0
             except (SlicePublishError, SliceValidationError) as exc:
                 metrics.slice_publishes.labels(result="error").inc()
                 metrics.errors.labels(operation="publish").inc()
                 log.error("publishing ResourceSlices failed: %s", exc)
-            await asyncio.sleep(args.resync_seconds)
+                failures += 1
+            # After a failed publish, try again soon (5 s, doubling), not a whole resync later.
+            wait = min(args.resync_seconds, 5.0 * 2 ** (failures - 1)) if failures else args.resync_seconds
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(republish.wait(), wait)
+            if failures:
+                continue
+            if republish.is_set() or nvml is None:
+                continue  # a health change: publish the taints now, read NVML at the next turn
             try:
-                fresh = build_devices(await asyncio.to_thread(nvml.enumerate), args.driver_name)
-            except (NvmlCallError, ValueError) as exc:
+                fresh_node = await asyncio.to_thread(nvml.enumerate)
+                fresh = build_devices(fresh_node, args.driver_name)
+                probes.nvml_ok = True
+            except (NvmlCallError, NvmlUnavailable, ValueError) as exc:
+                probes.nvml_ok = False
                 log.error("re-reading NVML failed, keeping the last inventory: %s", exc)
                 continue
+            fresh = carry_lost(current, gpus, fresh_node.failed, fresh, tracker)
+            failed_at = {f.index for f in fresh_node.failed}
+            gpus = list(fresh_node.gpus) + [g for g in gpus if g.index in failed_at]
             if fresh != current:
                 log.info("device inventory changed (%d -> %d devices)", len(current), len(fresh))
                 state.devices = {d.name: d for d in fresh}
                 current = fresh
+            if layout.driver is not None:
+                await asyncio.to_thread(layout.refresh)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(publish_loop())
     await stop.wait()
     log.info("stopping (slices stay published for the next plugin pod)")
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    if watcher is not None:
+        await asyncio.to_thread(watcher.stop)
     await server.stop()
     return 0
 

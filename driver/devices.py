@@ -66,10 +66,19 @@ def cuda_driver_version(v: int) -> str:
     return coerce_semver(f"{v // 1000}.{(v % 1000) // 10}")
 
 
-def mig_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
-    """`gpu-<minor>-mig-<profile>-<giProfileId>-<start>`, profile lowercased without dots."""
-    prof = re.sub(r"[^a-z0-9-]", "", profile.lower().replace(".", ""))
-    return f"gpu-{parent_minor}-mig-{prof}-{gi_profile_id}-{start}"
+def mig_device_name(
+    parent_minor: int, profile: str, gi_profile_id: int, start: int, ci_id: int | None = None
+) -> str:
+    """`gpu-<minor>-mig-<profile>-<giProfileId>-<start>`, as NVIDIA's driver names them.
+
+    The profile loses its dots and is made RFC 1123 as NVIDIA does (lowercase, other characters
+    become `-`): `1g.10gb+me` → `1g10gb-me`. A compute instance smaller than its GPU instance
+    (`1c.3g.20gb`; several can share one GPU instance) gets `-<ciId>` appended, which NVIDIA's
+    scheme has no room for, so that each one has its own name.
+    """
+    prof = re.sub(r"[^a-z0-9-]", "-", profile.lower().replace(".", "")).strip("-")
+    name = f"gpu-{parent_minor}-mig-{prof}-{gi_profile_id}-{start}"
+    return name if ci_id is None else f"{name}-{ci_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ class DriverDevice:
     gi_id: int | None = None
     ci_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    taints: tuple[dict[str, str], ...] = ()  # spec.devices[].taints (driver/health.py)
 
 
 def nvlink_domains(gpus: Iterable[GpuInfo]) -> dict[str, str]:
@@ -134,6 +144,8 @@ def _common(node: NodeGpus, gpu: GpuInfo) -> dict[str, tuple[AttrKind, AttrValue
         attrs[f"{K8S_DOMAIN}/pcieRoot"] = ("string", gpu.pcie_root)
     if gpu.addressing_mode:
         attrs["addressingMode"] = ("string", gpu.addressing_mode)
+    if gpu.numa_node is not None:
+        attrs["numaNode"] = ("int", gpu.numa_node)
     return attrs
 
 
@@ -165,7 +177,9 @@ def _mig_device(node: NodeGpus, gpu: GpuInfo, mig: MigInfo) -> DriverDevice:
     }
     for i in range(mig.placement_start, mig.placement_start + mig.placement_size):
         cap[f"memorySlice{i}"] = 1
-    name = mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement_start)
+    partial_ci = re.match(r"^\d+c\.", mig.profile) is not None  # "1c.3g.20gb": CI smaller than its GI
+    name = mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement_start,
+                           mig.ci_id if partial_ci else None)  # fmt: skip
     return DriverDevice(name, "mig", mig.uuid, gpu.minor, attrs, cap, gpu.uuid, mig.gi_id, mig.ci_id)
 
 

@@ -25,6 +25,8 @@ ERR_NOT_SUPPORTED = 3
 ERR_NOT_FOUND = 6
 ERR_INVALID_ARGUMENT = 2
 ERR_FUNCTION_NOT_FOUND = 13
+ERR_TIMEOUT = 10
+EVENT_XID_CRITICAL = 8  # nvmlEventTypeXidCriticalError
 MAX_NVLINKS = 18
 _ABSENT = (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT)
 
@@ -91,6 +93,16 @@ class GpuInfo:
     mig_enabled: bool
     migs: tuple[MigInfo, ...] = ()
     nvlink_remotes: tuple[str, ...] = ()  # normalised PCI bus ids at the far end of each active link
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedGpu:
+    """A GPU NVML counts but could not read (lost, or erroring): isolated, not fatal."""
+
+    index: int
+    uuid: str | None  # when NVML still gave it
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,7 @@ class NodeGpus:
     gpus: tuple[GpuInfo, ...]
     simulated: bool
     source: str  # "nvml" or the topology path
+    failed: tuple[FailedGpu, ...] = ()
 
 
 def normalize_pci_bus_id(raw: str | bytes) -> str:
@@ -167,10 +180,23 @@ class Nvml:
                 driver = _text(self._call("nvmlSystemGetDriverVersion"))
                 cuda = int(self._call("nvmlSystemGetCudaDriverVersion"))
                 count = int(self._call("nvmlDeviceGetCount"))
-                gpus = tuple(self._gpu(i) for i in range(count))
+                gpus: list[GpuInfo] = []
+                failed: list[FailedGpu] = []
+                for i in range(count):
+                    try:
+                        gpus.append(self._gpu(i))
+                    except NvmlCallError as exc:  # one bad GPU must not hide the others
+                        failed.append(FailedGpu(i, self._uuid_or_none(i), str(exc)))
+                        log.error("GPU at index %d left out of the inventory: %s", i, exc)
             finally:
                 self._call("nvmlShutdown")
-        return NodeGpus(driver, cuda, gpus, self.simulated, self.source)
+        return NodeGpus(driver, cuda, tuple(gpus), self.simulated, self.source, tuple(failed))
+
+    def _uuid_or_none(self, index: int) -> str | None:
+        try:
+            return _text(self._call("nvmlDeviceGetUUID", self._call("nvmlDeviceGetHandleByIndex", index)))
+        except NvmlCallError:
+            return None
 
     def _gpu(self, index: int) -> GpuInfo:
         h = self._call("nvmlDeviceGetHandleByIndex", index)
@@ -197,7 +223,18 @@ class Nvml:
             mig_enabled=mig_enabled,
             migs=self._migs(h) if mig_enabled else (),
             nvlink_remotes=self._nvlinks(h),
+            numa_node=self._numa(h, pci),
         )
+
+    def _numa(self, h: Any, pci: str) -> int | None:
+        if self.simulated:
+            node = getattr(h, "numa_node", None)
+            return int(node) if isinstance(node, int) and node >= 0 else None
+        try:  # sysfs, as the kernel reports it for the PCI device; -1: no NUMA affinity
+            node = int((self.sysfs_root / pci / "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return node if node >= 0 else None
 
     def _pcie_root(self, h: Any, pci: str) -> str | None:
         if self.simulated:
@@ -265,6 +302,42 @@ class Nvml:
             if info is not None:
                 remotes.append(normalize_pci_bus_id(info.busId))
         return tuple(remotes)
+
+    # --- XID events (driver/health.py) -------------------------------------------------------
+    def watch_xids(self, uuids: list[str]) -> Any:
+        """An NVML event set registered for XID critical errors on these GPUs (NVML stays initialised)."""
+        self._call("nvmlInit")
+        try:
+            events = self._call("nvmlEventSetCreate")
+            for uuid in uuids:
+                try:
+                    h = self._call("nvmlDeviceGetHandleByUUID", uuid)
+                    self._call("nvmlDeviceRegisterEvents", h, EVENT_XID_CRITICAL, events, expected=_ABSENT)
+                except NvmlCallError as exc:  # a GPU without events (or already lost): others still count
+                    log.warning("no XID events for GPU %s: %s", uuid, exc)
+        except BaseException:
+            self._call("nvmlShutdown")
+            raise
+        return events
+
+    def wait_xid(self, events: Any, timeout_ms: int) -> tuple[str, int] | None:
+        """(GPU UUID, XID) of the next event, None after `timeout_ms` without one."""
+        wait = "nvmlEventSetWait_v2" if hasattr(self.lib, "nvmlEventSetWait_v2") else "nvmlEventSetWait"
+        try:
+            data = self._call(wait, events, timeout_ms, expected=(ERR_TIMEOUT,))
+        except NvmlCallError as exc:
+            if exc.code == ERR_TIMEOUT:
+                return None
+            raise
+        return _text(self._call("nvmlDeviceGetUUID", data.device)), int(data.eventData)
+
+    def close_watch(self, events: Any) -> None:
+        try:
+            self._call("nvmlEventSetFree", events)
+        except NvmlCallError as exc:
+            log.warning("freeing the NVML event set failed: %s", exc)
+        finally:
+            self._call("nvmlShutdown")
 
     def set_time_slice(self, gpu_uuid: str, value: int) -> None:
         """Set the compute time-slice of a full GPU (0=Default, 1=Short, 2=Medium, 3=Long).

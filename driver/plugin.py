@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
 
-from driver.proto import dra_v1_pb2, dra_v1beta1_pb2
+from driver.devices import DriverDevice
+from driver.proto import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2
 from driver.registration import RegistrationServicer, SocketPaths, socket_paths
 from driver.state import ClaimRef, DeviceState
 
@@ -23,6 +26,75 @@ DRA_SERVICES = {
     "v1": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
     "v1beta1": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
 }
+
+
+HEALTH_SERVICES = {"v1": "v1.DRAResourceHealth", "v1alpha1": "v1alpha1.DRAResourceHealth"}
+
+
+class HealthFeed:
+    """The health of every published device, for the kubelet's DRA health stream (KEP-4680).
+
+    `unhealthy(device)` gives the reason a device is unhealthy (None: healthy); the stream sends the
+    complete list at once, again within `poll` seconds of any change, and at least every `resend`.
+    """
+
+    def __init__(
+        self,
+        pool: str,
+        devices: Callable[[], Sequence[DriverDevice]],
+        unhealthy: Callable[[DriverDevice], str | None],
+        *,
+        poll: float = 1.0,
+        resend: float = 30.0,
+    ) -> None:
+        self.pool = pool
+        self.devices = devices
+        self.unhealthy = unhealthy
+        self.poll = poll
+        self.resend = resend
+
+    def state(self) -> list[tuple[str, str | None]]:
+        return [(d.name, self.unhealthy(d)) for d in sorted(self.devices(), key=lambda d: d.name)]
+
+
+class HealthServicer:
+    """NodeWatchResources for one API version of the health service."""
+
+    def __init__(self, feed: HealthFeed, version: str) -> None:
+        self.feed = feed
+        self.version = version
+        self.pb: ModuleType = dra_health_v1_pb2 if version == "v1" else dra_health_v1alpha1_pb2
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            HEALTH_SERVICES[self.version],
+            {
+                "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                    self.NodeWatchResources,
+                    request_deserializer=self.pb.NodeWatchResourcesRequest.FromString,
+                    response_serializer=self.pb.NodeWatchResourcesResponse.SerializeToString,
+                )
+            },
+        )
+
+    def _message(self, state: list[tuple[str, str | None]]) -> Any:
+        pb, now = self.pb, int(time.time())
+        resp = pb.NodeWatchResourcesResponse()
+        for name, why in state:
+            resp.devices.add(
+                device=pb.DeviceIdentifier(pool_name=self.feed.pool, device_name=name),
+                health=pb.UNHEALTHY if why else pb.HEALTHY, last_updated_time=now, message=(why or "")[:1024],
+            )  # fmt: skip
+        return resp
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        last, sent_at = None, 0.0
+        while True:
+            state = await asyncio.to_thread(self.feed.state)
+            if state != last or time.monotonic() - sent_at >= self.feed.resend:
+                yield self._message(state)
+                last, sent_at = state, time.monotonic()
+            await asyncio.sleep(self.feed.poll)
 
 
 class DraServicer:
@@ -98,8 +170,10 @@ class PluginServer:
         plugin_dir: str | Path,
         registry_dir: str | Path,
         pod_uid: str | None = None,
+        health: HealthFeed | None = None,
     ) -> None:
         self.state = state
+        self.health = health
         self.driver_name = driver_name
         self.paths: SocketPaths = socket_paths(plugin_dir, registry_dir, driver_name, pod_uid)
         self.registration = RegistrationServicer(driver_name, str(self.paths.dra))
@@ -110,9 +184,10 @@ class PluginServer:
         _prepare_socket(self.paths.dra)
         _prepare_socket(self.paths.registration)
         dra = grpc.aio.server()
-        dra.add_generic_rpc_handlers(
-            [DraServicer(self.state, "v1").handler(), DraServicer(self.state, "v1beta1").handler()]
-        )
+        handlers = [DraServicer(self.state, "v1").handler(), DraServicer(self.state, "v1beta1").handler()]
+        if self.health is not None:  # on the same socket, where the kubelet looks for it
+            handlers += [HealthServicer(self.health, v).handler() for v in HEALTH_SERVICES]
+        dra.add_generic_rpc_handlers(handlers)
         dra.add_insecure_port(f"unix://{self.paths.dra}")
         await dra.start()
         self._dra_server = dra

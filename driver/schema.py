@@ -96,6 +96,7 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _a(
         "addressingMode", "string", _BOTH, "HMM, ATS or None; only on coherent-memory systems.", optional=True
     ),
+    _a("numaNode", "int", _BOTH, "NUMA node of the GPU's PCI device; absent without one.", optional=True),
     _a("profile", "string", _MIG, "MIG profile, e.g. 3g.20gb."),
     _a("parentUUID", "string", _MIG, "UUID of the GPU this MIG device lives on."),
     _a(

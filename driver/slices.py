@@ -57,6 +57,8 @@ def device_to_api(dev: DriverDevice, version: str) -> dict[str, Any]:
         "attributes": {k: _attr_value(kind, v) for k, (kind, v) in sorted(dev.attributes.items())},
         "capacity": {k: {"value": format_quantity(v)} for k, v in sorted(dev.capacity.items())},
     }
+    if dev.taints:
+        body["taints"] = [dict(t) for t in dev.taints]
     if version == "v1beta1":
         return {"name": dev.name, "basic": body}
     return {"name": dev.name, **body}

@@ -151,6 +151,7 @@ class DeviceState:
         metrics: DriverMetrics | None = None,
         version: str = _pkg.__version__,
         fault: Callable[[str], None] | None = None,
+        health: Any = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -162,6 +163,7 @@ class DeviceState:
         self.metrics = metrics
         self.version = version
         self.fault = fault or env_fault
+        self.health = health  # driver.health.HealthTracker: devices of lost GPUs are refused
 
     # --- prepare ---------------------------------------------------------------------------------
     def prepare(self, ref: ClaimRef) -> PrepareOutcome:
@@ -205,7 +207,12 @@ class DeviceState:
         self.fault("before-prepare-checkpoint")
         prepared = [
             PreparedDevice(
-                list(reqs), self.node_name, dev.name, [], share, sharing=_strategy(cfg),
+                list(reqs),
+                self.node_name,
+                dev.name,
+                [],
+                share,
+                sharing=_strategy(cfg),
                 admin_access=dev.name in admin,
             )
             for dev, reqs, share, cfg in plan
@@ -321,6 +328,10 @@ class DeviceState:
         errors: list[str] = []
         for (name, share), reqs in merged.items():
             dev = self.devices[name]
+            why = self.health.refused(dev) if self.health is not None else None
+            if why:
+                errors.append(why)
+                continue
             try:
                 cfg = self._config_for(dev, reqs, configs)
             except PrepareError as exc:

@@ -7,9 +7,13 @@ like `pynvml.NVMLError`, so the code in `driver/nvml.py` handles both the same w
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +30,11 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
+EVENT_XID_CRITICAL = 8
+EVENTS_ENV = "DRAGUARD_NVML_SIM_EVENTS"  # a JSON-lines file: {"uuid": U, "xid": N} or {"lost": U}
 BRANDS = {
     "Unknown": 0, "Quadro": 1, "Tesla": 2, "NVS": 3, "Grid": 4, "GeForce": 5, "Titan": 6,
     "NvidiaVApps": 7, "NvidiaVPC": 8, "NvidiaVCS": 9, "NvidiaVWS": 10, "NvidiaCloudGaming": 11,
@@ -90,6 +99,8 @@ class _Gpu:
     migs: list[_Mig] = field(default_factory=list)
     nvlinks: list[str] = field(default_factory=list)
     timeslice: int | None = None
+    numa_node: int | None = None
+    lost: bool = False  # every call on it answers GPU_IS_LOST, as NVML does for a fallen-off GPU
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,16 @@ def _parse_gpu(raw: Any, where: str, index: int) -> _Gpu:
         max_mig_devices=int(mig_raw.get("maxDevices", 7)),
         migs=migs,
         nvlinks=[str(x) for x in links_raw],
+        numa_node=_opt_int(raw, "numaNode", where),
+        lost=bool(raw.get("lost", False)),
     )
+
+
+def _opt_int(raw: dict[str, Any], key: str, where: str) -> int | None:
+    val = raw.get(key)
+    if val is not None and (not isinstance(val, int) or isinstance(val, bool)):
+        raise TopologyError(f"{where}.{key}: expected an integer, got {val!r}")
+    return val
 
 
 class SimulatedNvml:
@@ -218,11 +238,18 @@ class SimulatedNvml:
         self._initialised = 0
         self._lock = threading.Lock()
         self.calls = 0  # how many NVML calls were answered (tests and benchmarks read it)
+        self._events: deque[tuple[_Gpu, int]] = deque()
+        self._event_cond = threading.Condition()
+        self._events_file = os.environ.get(EVENTS_ENV) or None
+        self._events_offset = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
+        if "nvmlInit" in self.faults:  # e.g. 9 = DRIVER_NOT_LOADED: a node without a working driver
+            raise SimNVMLError(self.faults["nvmlInit"], "nvmlInit (injected by the topology's faults)")
         with self._lock:
             self._initialised += 1
+        self._read_events_file()
 
     def nvmlShutdown(self) -> None:
         with self._lock:
@@ -230,7 +257,7 @@ class SimulatedNvml:
                 raise SimNVMLError(NVML_ERROR_UNINITIALIZED, "nvmlShutdown without nvmlInit")
             self._initialised -= 1
 
-    def _check(self) -> None:
+    def _check(self, h: Any = None) -> None:
         self.calls += 1
         if self._initialised == 0:
             raise SimNVMLError(NVML_ERROR_UNINITIALIZED, "NVML used before nvmlInit")
@@ -238,6 +265,82 @@ class SimulatedNvml:
             call = sys._getframe(1).f_code.co_name
             if call in self.faults:
                 raise SimNVMLError(self.faults[call], f"{call} (injected by the topology's faults)")
+        gpu = h.gpu if isinstance(h, (_MigHandle, _GiHandle)) else h
+        if isinstance(gpu, _Gpu) and gpu.lost:
+            raise SimNVMLError(NVML_ERROR_GPU_IS_LOST, f"GPU {gpu.uuid} is lost")
+
+    # --- run-time events (not part of pynvml: what tests and the simulated node use to inject) --
+    def simLoseGpu(self, uuid: str) -> None:
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST."""
+        with self._lock:
+            self._gpu_by_uuid(uuid).lost = True
+
+    def simInjectXid(self, uuid: str, xid: int) -> None:
+        """Queue an XID critical error event for the GPU (or the parent of a MIG device)."""
+        gpu = self._gpu_by_uuid(uuid)
+        with self._event_cond:
+            self._events.append((gpu, xid))
+            self._event_cond.notify_all()
+
+    def _read_events_file(self) -> None:
+        """Take new lines of the events file (how a separate process injects into a running driver)."""
+        if not self._events_file:
+            return
+        try:
+            with open(self._events_file, "rb") as f:
+                f.seek(self._events_offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # only whole lines
+        self._events_offset += end
+        for line in data[:end].splitlines():
+            try:
+                ev = json.loads(line)
+                if "lost" in ev:
+                    self.simLoseGpu(str(ev["lost"]))
+                else:
+                    self.simInjectXid(str(ev["uuid"]), int(ev["xid"]))
+            except (ValueError, KeyError, TypeError, SimNVMLError) as exc:
+                log.warning("simulated NVML: ignoring event line %r in %s: %s", line, self._events_file, exc)
+
+    # --- events (pynvml's event set API) -------------------------------------------------------
+    def nvmlEventSetCreate(self) -> set[str]:
+        self._check()
+        self._read_events_file()
+        return set()
+
+    def nvmlDeviceRegisterEvents(self, h: _Gpu, mask: int, events: set[str]) -> None:
+        self._check(h)
+        if mask & EVENT_XID_CRITICAL:
+            events.add(h.uuid)
+
+    def nvmlEventSetWait_v2(self, events: set[str], timeout_ms: int) -> SimpleNamespace:
+        self._check()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._read_events_file()
+            with self._event_cond:
+                for i, (gpu, xid) in enumerate(self._events):
+                    if gpu.uuid in events:
+                        del self._events[i]
+                        none = 0xFFFFFFFF  # not a MIG-scoped event
+                        return SimpleNamespace(device=gpu, eventType=EVENT_XID_CRITICAL, eventData=xid,
+                                               gpuInstanceId=none, computeInstanceId=none)  # fmt: skip
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SimNVMLError(NVML_ERROR_TIMEOUT, "no event")
+                self._event_cond.wait(min(left, 0.2))
+
+    def nvmlEventSetFree(self, events: set[str]) -> None:
+        self._check()
+        events.clear()
+
+    def _gpu_by_uuid(self, uuid: str) -> _Gpu:
+        for g in self.gpus:
+            if g.uuid == uuid or any(m.uuid == uuid for m in g.migs):
+                return g
+        raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU with UUID {uuid}")
 
     # --- system ----------------------------------------------------------------------------------
     def nvmlSystemGetDriverVersion(self) -> str:
@@ -267,31 +370,31 @@ class SimulatedNvml:
         raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU with UUID {uuid}")
 
     def nvmlDeviceGetName(self, h: _Gpu) -> str:
-        self._check()
+        self._check(h)
         return h.name
 
     def nvmlDeviceGetUUID(self, h: _Gpu | _MigHandle) -> str:
-        self._check()
+        self._check(h)
         return h.mig.uuid if isinstance(h, _MigHandle) else h.uuid
 
     def nvmlDeviceGetMinorNumber(self, h: _Gpu) -> int:
-        self._check()
+        self._check(h)
         return h.minor
 
     def nvmlDeviceGetBrand(self, h: _Gpu) -> int:
-        self._check()
+        self._check(h)
         return h.brand
 
     def nvmlDeviceGetArchitecture(self, h: _Gpu) -> int:
-        self._check()
+        self._check(h)
         return h.architecture
 
     def nvmlDeviceGetCudaComputeCapability(self, h: _Gpu) -> tuple[int, int]:
-        self._check()
+        self._check(h)
         return h.compute_capability
 
     def nvmlDeviceGetMemoryInfo(self, h: _Gpu | _MigHandle) -> SimpleNamespace:
-        self._check()
+        self._check(h)
         if isinstance(h, _MigHandle):
             total = h.mig.memory_mb * 1024 * 1024
         elif h.memory_bytes is None:
@@ -301,27 +404,27 @@ class SimulatedNvml:
         return SimpleNamespace(total=total, free=total, used=0)
 
     def nvmlDeviceGetPciInfo(self, h: _Gpu) -> SimpleNamespace:
-        self._check()
+        self._check(h)
         return SimpleNamespace(busId=h.pci_bus_id, busIdLegacy=h.pci_bus_id)
 
     def nvmlDeviceGetAddressingMode(self, h: _Gpu) -> int:
-        self._check()
+        self._check(h)
         if h.addressing_mode is None:
             raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, "addressing mode")
         return h.addressing_mode
 
     # --- MIG -------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, h: _Gpu) -> list[int]:
-        self._check()
+        self._check(h)
         mode = 1 if h.mig_enabled else 0
         return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h: _Gpu) -> int:
-        self._check()
+        self._check(h)
         return h.max_mig_devices if h.mig_enabled else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: _Gpu, index: int) -> _MigHandle:
-        self._check()
+        self._check(h)
         if not h.mig_enabled:
             raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, "MIG is disabled")
         if not 0 <= index < len(h.migs):
@@ -329,15 +432,15 @@ class SimulatedNvml:
         return _MigHandle(h, h.migs[index])
 
     def nvmlDeviceGetGpuInstanceId(self, mh: _MigHandle) -> int:
-        self._check()
+        self._check(mh)
         return mh.mig.gi_id
 
     def nvmlDeviceGetComputeInstanceId(self, mh: _MigHandle) -> int:
-        self._check()
+        self._check(mh)
         return mh.mig.ci_id
 
     def nvmlDeviceGetAttributes(self, mh: _MigHandle) -> SimpleNamespace:
-        self._check()
+        self._check(mh)
         m = mh.mig
         return SimpleNamespace(
             multiprocessorCount=m.multiprocessors,
@@ -352,14 +455,14 @@ class SimulatedNvml:
         )
 
     def nvmlDeviceGetGpuInstanceById(self, h: _Gpu, gi_id: int) -> _GiHandle:
-        self._check()
+        self._check(h)
         for m in h.migs:
             if m.gi_id == gi_id:
                 return _GiHandle(h, m)
         raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id}")
 
     def nvmlGpuInstanceGetInfo(self, gi: _GiHandle) -> SimpleNamespace:
-        self._check()
+        self._check(gi)
         return SimpleNamespace(
             id=gi.mig.gi_id,
             profileId=gi.mig.gi_profile_id,
@@ -367,7 +470,7 @@ class SimulatedNvml:
         )
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, h: _Gpu, profile_id: int) -> SimpleNamespace:
-        self._check()
+        self._check(h)
         for m in h.migs:
             if m.gi_profile_id == profile_id:
                 base = m.profile.split(".", 1)[1] if m.ci_slices != m.gi_slices else m.profile
@@ -376,7 +479,7 @@ class SimulatedNvml:
 
     # --- NVLink ----------------------------------------------------------------------------------
     def nvmlDeviceGetNvLinkState(self, h: _Gpu, link: int) -> int:
-        self._check()
+        self._check(h)
         if not 0 <= link < MAX_NVLINKS:
             raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"link {link}")
         if link >= len(h.nvlinks):
@@ -384,7 +487,7 @@ class SimulatedNvml:
         return 1
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: _Gpu, link: int) -> SimpleNamespace:
-        self._check()
+        self._check(h)
         if not 0 <= link < len(h.nvlinks):
             raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"link {link}")
         return SimpleNamespace(busId=h.nvlinks[link])

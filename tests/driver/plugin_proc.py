@@ -50,8 +50,10 @@ async def main(cfg: dict[str, Any]) -> None:
         devices=build_devices(nvml.enumerate()),
         checkpoint=Checkpoint(base / "plugins"),
         # `simRoot`: a simulated driver root made beforehand (the plugin may not be able to write base/).
-        cdi=CdiWriter(base / "cdi", simulated_layout(cfg.get("simRoot") or base / "root", nvml.lib,
-                                                     create="simRoot" not in cfg)),
+        cdi=CdiWriter(
+            base / "cdi",
+            simulated_layout(cfg.get("simRoot") or base / "root", nvml.lib, create="simRoot" not in cfg),
+        ),
         claims=FileClaims(cfg["claims"]),
         nvml=nvml,
         version=cfg.get("version", "0.1.0"),

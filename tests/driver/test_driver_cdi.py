@@ -242,3 +242,14 @@ def test_a_spec_with_a_node_that_vanished_is_rejected_by_the_cdi_library(short_d
     (short_dir / "root/dev/nvidia4").unlink()
     rc, out = cdicheck(short_dir / "cdi", "k8s.gpu.nvidia.com/claim=uid-z-gpu-4")
     assert rc == 1 and "nvidia4" in out.get("injectError", ""), out
+
+
+def test_real_nvml_is_loaded_from_the_driver_root(short_dir: Path) -> None:
+    """With DRIVER_ROOT set, libnvidia-ml.so.1 is opened from there (here: the simulator's placeholder)."""
+    make_driver_root(short_dir / "root", load_topology("h100-8x-nvlink"))
+    env = {k: v for k, v in os.environ.items() if k != "DRAGUARD_NVML_SIM"}
+    env["DRIVER_ROOT"] = str(short_dir / "root")
+    p = subprocess.run([sys.executable, "-m", "driver.cli", "driver", "inventory", "--real"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    lib = short_dir / "root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    assert p.returncode == 1 and f"cannot load {lib}" in p.stderr and "Traceback" not in p.stderr, p.stderr

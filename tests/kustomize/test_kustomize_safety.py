@@ -161,6 +161,9 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
         ("", "nodes"): {"get"},
+        # A Warning Event on its own Node when another GPU driver serves it (the slice policy
+        # allows no other Event).
+        ("events.k8s.io", "events"): {"create"},
     }
     sa_of = {
         o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]

@@ -125,6 +125,29 @@ def test_driver_may_write_its_own_nodes_slices() -> None:
     assert admit("DELETE", old=own) == (True, "")
 
 
+def node_event(node: str, kind: str = "Node") -> dict[str, Any]:
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event", "reason": "ConflictingGPUDriver",
+            "regarding": {"apiVersion": "v1", "kind": kind, "name": node}}  # fmt: skip
+
+
+def test_driver_may_create_events_only_about_its_own_node() -> None:
+    ev = ("events.k8s.io", "events")
+    assert admit("CREATE", resource=ev, new=node_event("node-a")) == (True, "")
+    for label, op, new, old in (
+        ("another node", "CREATE", node_event("node-b"), None),
+        ("not a node", "CREATE", node_event("node-a", kind="Pod"), None),
+        ("an update", "UPDATE", node_event("node-a"), node_event("node-a")),
+        ("a delete", "DELETE", None, node_event("node-a")),
+    ):
+        allowed, msg = admit(op, resource=ev, new=new, old=old)
+        assert not allowed, label
+        assert msg.startswith("the draguard driver may change only ResourceSlices, not events"), msg
+    allowed, _msg = admit("CREATE", resource=("", "events"), new=node_event("node-a"))
+    assert not allowed  # only the events.k8s.io form, which names the node in `regarding`
+    allowed, _msg = admit("CREATE", resource=ev, node=None, extra={}, new=node_event("node-a"))
+    assert not allowed  # a token not bound to a node names no node of its own
+
+
 @pytest.mark.parametrize(
     ("label", "op", "new", "old"),
     [
@@ -291,3 +314,17 @@ def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
     mine_gone = _kubectl_as(api, bound, "delete", "resourceslice", "mine")
     assert mine_gone.returncode == 0, mine_gone.stderr
     assert api.kubectl("get", "resourceslice", "by-admin").returncode == 0
+
+    # Events: only about its own node (how the driver reports another GPU driver there).
+    def event(node: str, name: str) -> dict[str, Any]:
+        return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": "default"},
+                "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "draguard.io/driver",
+                "reportingInstance": "draguard-driver-x", "action": "Refuse",
+                "reason": "ConflictingGPUDriver", "type": "Warning",
+                "regarding": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+
+    own_ev = _kubectl_as(api, bound, "create", "-f", "-", stdin=_yaml(event("node-a", "ev-own")))
+    assert own_ev.returncode == 0, own_ev.stderr
+    other_ev = _kubectl_as(api, bound, "create", "-f", "-", stdin=_yaml(event("node-b", "ev-other")))
+    assert other_ev.returncode != 0 and "may change only ResourceSlices, not events" in other_ev.stderr
