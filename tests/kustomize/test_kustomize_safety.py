@@ -188,12 +188,18 @@ def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
             )
             if o["metadata"]["name"] == "draguard-driver":
                 # Privileged by necessity (Bidirectional propagation, /dev/nvidia*); still read-only root.
-                assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+                # The local overlay also runs it as root (the kubelet's plugin dirs are root's, 0750).
+                local_root = {"runAsUser": 0, "runAsGroup": 0} if overlay == "local" else {}
+                assert c["securityContext"] == {
+                    "privileged": True,
+                    "readOnlyRootFilesystem": True,
+                    **local_root,
+                }
                 continue
             _restricted(c, spec, where)
             checked += 1
-    # webhook, cert Job, cert CronJob (the local overlay runs the webhook on the host)
-    assert checked == (0 if overlay == "local" else 3)
+    # webhook, cert Job, cert CronJob
+    assert checked == 3
 
 
 @pytest.mark.parametrize("overlay", ["aks", "gke", "eks"])
