@@ -17,7 +17,7 @@ from webhook.dev.containerd import ContainerdPaths
 from webhook.dev.kube import Kube
 from webhook.dev.network import NodeNet
 from webhook.dev.node import NodeBins, RealNode
-from webhook.dev.procs import ClusterError, Supervisor
+from webhook.dev.procs import ClusterError, Supervisor, run
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 # Named hierarchies and the v2 mount are not controllers the kubelet's cgroupfs driver writes to.
@@ -124,6 +124,10 @@ def start(
 ) -> None:
     root = root_dir(sup)
     root.mkdir(parents=True, exist_ok=True)
+    # A shared mount of its own: the driver's plugin directory is mounted Bidirectional, which needs
+    # shared propagation, and this machine's / is private. Tear-down unmounts it with the rest.
+    run(["mount", "--bind", str(root), str(root)])
+    run(["mount", "--make-rshared", str(root)])
     (sup.paths.node / "pod-logs").mkdir(parents=True, exist_ok=True)
     (sup.paths.node / "resolv.conf").write_text("# no name servers: dev-node pods resolve nothing\n")
     make_cgroup_root(net)
