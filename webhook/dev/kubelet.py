@@ -74,6 +74,12 @@ def remove_cgroup_root(net: NodeNet) -> list[str]:
     return removed
 
 
+def _is_mount_point(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
 def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]:
     c = sup.paths.certs
     return {
@@ -126,8 +132,9 @@ def start(
     root.mkdir(parents=True, exist_ok=True)
     # A shared mount of its own: the driver's plugin directory is mounted Bidirectional, which needs
     # shared propagation, and this machine's / is private. Tear-down unmounts it with the rest.
-    run(["mount", "--bind", str(root), str(root)])
-    run(["mount", "--make-rshared", str(root)])
+    if not _is_mount_point(root):
+        run(["mount", "--bind", str(root), str(root)])
+        run(["mount", "--make-rshared", str(root)])
     (sup.paths.node / "pod-logs").mkdir(parents=True, exist_ok=True)
     (sup.paths.node / "resolv.conf").write_text("# no name servers: dev-node pods resolve nothing\n")
     make_cgroup_root(net)
