@@ -217,9 +217,13 @@ def bundle_objects(cluster: LocalCluster, overlay: Path | None = None) -> list[d
     import yaml
 
     from webhook.dev import kubelet
+    from webhook.dev.procs import ClusterError
 
     overlay = overlay or REPO_ROOT / "kustomize" / "overlays" / "local"
-    root = str(kubelet.root_dir(cluster))
+    net = cluster.net
+    if net is None:
+        raise ClusterError("the bundle needs the real node")
+    root = str(kubelet.root_dir(net))
     cdi = str(cluster.containerd_paths().cdi)
     objs = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay))) if isinstance(d, dict)]
     for obj in objs:

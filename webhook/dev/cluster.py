@@ -348,7 +348,10 @@ class LocalCluster(Supervisor):
             )
 
     def real_node_driver_dirs(self) -> DriverDirs:
-        plugins, registry = kubelet.plugin_dirs(self)
+        net = self.net
+        if net is None:
+            raise ClusterError("this cluster has no real node")
+        plugins, registry = kubelet.plugin_dirs(net)
         return DriverDirs(plugins / addons.DRIVER_NAME, registry, self.containerd_paths().cdi)
 
     def start_real_node_driver(self, timeout: float = 120.0) -> None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.containerd import ContainerdPaths
+from webhook.dev.containerd import ContainerdPaths, runtime_dir
 from webhook.dev.kube import Kube
 from webhook.dev.network import NodeNet
 from webhook.dev.node import NodeBins, RealNode
@@ -24,13 +23,15 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 SKIP_HIERARCHIES = {"unified"}
 
 
-def root_dir(sup: Supervisor) -> Path:
-    return sup.paths.node / "kubelet"
+def root_dir(net: NodeNet) -> Path:
+    """Short on purpose: the driver's per-pod sockets under it (`plugins_registry/<driver>-<pod
+    UID>-reg.sock`) must fit a unix socket path's 107 bytes, which a deep state dir would not."""
+    return runtime_dir(net) / "kubelet"
 
 
-def plugin_dirs(sup: Supervisor) -> tuple[Path, Path]:
+def plugin_dirs(net: NodeNet) -> tuple[Path, Path]:
     """(plugins, plugins_registry) of the kubelet: where a DRA driver puts its sockets."""
-    return root_dir(sup) / "plugins", root_dir(sup) / "plugins_registry"
+    return root_dir(net) / "plugins", root_dir(net) / "plugins_registry"
 
 
 def cgroup_name(net: NodeNet) -> str:
@@ -128,7 +129,7 @@ def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]
 def start(
     sup: Supervisor, net: NodeNet, bins: NodeBins, cp: ContainerdPaths, node: RealNode, timeout: float
 ) -> None:
-    root = root_dir(sup)
+    root = root_dir(net)
     root.mkdir(parents=True, exist_ok=True)
     # A shared mount of its own: the driver's plugin directory is mounted Bidirectional, which needs
     # shared propagation, and this machine's / is private. Tear-down unmounts it with the rest.
@@ -176,7 +177,3 @@ def start(
 
     took = sup.wait("kubelet", ready, timeout)
     sup.progress(f"kubelet: node {node.name} Ready on {net.node_ip} ({took:.1f}s)")
-
-
-def cleanup_root(sup: Supervisor) -> None:
-    shutil.rmtree(root_dir(sup), ignore_errors=True)
