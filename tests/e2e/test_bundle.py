@@ -131,9 +131,11 @@ def test_driver_roll_keeps_gpu_pods_running(
         "new GPU pod Running",
         120,
     )
-    logs = kubectl.ok("logs", "-n", "draguard-system", new["metadata"]["name"])
+    # Only the new plugin is registered now (the old pod is gone), and its checkpoint holds the claim.
+    assert [p["metadata"]["uid"] for p in _driver_pods(kubectl)] == [new["metadata"]["uid"]]
     claim_uid = kubectl.get("resourceclaim", "after-gpu", ns)["metadata"]["uid"]
-    assert claim_uid in logs or "prepare" in logs.lower(), logs[-2000:]
+    checkpoint = cluster.real_node_driver_dirs().plugins / "checkpoint.json"
+    assert claim_uid in json.loads(checkpoint.read_text())["v2"]["preparedClaims"]
 
 
 def test_one_webhook_replica_killed_under_creates(
