@@ -126,7 +126,7 @@ def webhook_objects(cluster: LocalCluster, port: int) -> tuple[list[dict[str, An
             cc["url"] = re.sub(r"^https://[^/]+", f"https://127.0.0.1:{port}", url)
             cc.pop("service", None)
             cc["caBundle"] = bundle
-    return objs, "kustomize/overlays/local with URL port and caBundle patched in"
+    return objs, "kustomize/overlays/local, each webhook pointed at this process by URL with its caBundle"
 
 
 def register_webhook(cluster: LocalCluster, port: int) -> str:
