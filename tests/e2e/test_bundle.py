@@ -166,3 +166,32 @@ def test_one_webhook_replica_killed_under_creates(
             failures.append(time.monotonic() - (killed_at or t0))
     # The documented bound: at most 3 failed creates, none later than 5 s after the kill.
     assert len(failures) <= 3 and all(f <= 5.0 for f in failures), failures
+
+
+def test_certificate_rotation_under_creates(
+    kubectl: Kubectl, namespace: Callable[..., str], bundle: dict[str, float]
+) -> None:
+    ns = namespace("rotate")
+    claim = scenarios.big_a100_claim(ns, count=1)
+    before = kubectl.get("secret", "draguard-webhook-tls", "draguard-system")["data"]["tls.crt"]
+    # The renewal CronJob's own Job, run now with --force (it renews only when due otherwise).
+    make = ["create", "job", "rotate-now", "--from=cronjob/draguard-certs-renew", "-n", "draguard-system"]
+    job = json.loads(kubectl.ok(*make, "--dry-run=client", "-o", "json"))
+    job["spec"]["template"]["spec"]["containers"][0]["args"].append("--force")
+    kubectl.ok("apply", "-f", "-", input=json.dumps(job))
+    failures: list[str] = []
+    done_at = None
+    deadline = time.monotonic() + 150
+    # Creates until 10 s after the rotation finished (bounded by the deadline).
+    while time.monotonic() < deadline and (done_at is None or time.monotonic() < done_at + 10):
+        proc = kubectl.run("create", "--dry-run=server", "-f", "-", input=claim)
+        if proc.returncode != 0:
+            failures.append(proc.stderr.strip())
+        if done_at is None:
+            status = kubectl.get("job", "rotate-now", "draguard-system").get("status", {})
+            if status.get("succeeded"):
+                done_at = time.monotonic()
+    kubectl.run("delete", "job", "rotate-now", "-n", "draguard-system", "--wait=false")
+    assert done_at is not None, "the rotation Job did not finish"
+    assert kubectl.get("secret", "draguard-webhook-tls", "draguard-system")["data"]["tls.crt"] != before
+    assert failures == []
