@@ -11,6 +11,7 @@ component's log is attached to its report.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ E2E_DIR = Path(__file__).parent
 _CLUSTER: list[LocalCluster] = []
 _NO_REAL_NODE: list[str] = []
 _IMAGES: list[NodeImages] = []
+_PREREQ: list[NodeImages | ClusterError] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,6 +35,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # test_harness.py and test_node_parts.py check the harness without binaries and run everywhere.
         if E2E_DIR in path.parents and path.name not in ("test_harness.py", "test_node_parts.py"):
             item.add_marker(pytest.mark.e2e)
+
+
+def _node_images() -> NodeImages | ClusterError:
+    """The real node's images (built once per session if their recipe or sources changed)."""
+    if not _PREREQ:
+        try:
+            _PREREQ.append(real_node_prerequisites(lambda m: print(f"e2e: {m}", file=sys.stderr, flush=True)))
+        except ClusterError as exc:
+            _PREREQ.append(exc)
+    return _PREREQ[0]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Outside any test's time limit: building the draguard image takes minutes on a fresh machine.
+    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        _node_images()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -58,13 +76,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         _unavailable(str(exc).splitlines()[0])
         raise  # unreachable: skip/fail raise
     lines: list[str] = []
-    images: NodeImages | None = None
-    try:
-        images = real_node_prerequisites()
-    except ClusterError as exc:
+    images = _node_images()
+    if isinstance(images, ClusterError):
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"e2e: the real node cannot start: {exc}", pytrace=False)
-        _NO_REAL_NODE.append(str(exc).splitlines()[0])
+            pytest.fail(f"e2e: the real node cannot start: {images}", pytrace=False)
+        _NO_REAL_NODE.append(str(images).splitlines()[0])
+        images = None
     c = LocalCluster(tmp_path_factory.mktemp("dev"), bin_dir, progress=lines.append, tie_to_parent=True)
     try:
         if images is None:

@@ -187,19 +187,14 @@ spec:
         "        print(addr, type(e).__name__, round(time.monotonic() - t, 2))\n"
     )
 
-    def answered() -> str | None:
-        out = kubectl.ok("exec", "-n", ns, "client", "--", "python3", "-c", probe, ip, unused)
-        # kube-proxy writes the Service's REJECT rule a moment after the Service appears.
-        return out if "ConnectionRefusedError" in out.splitlines()[0] else None
-
-    out = wait_for(answered, "kube-proxy to reject the Service without endpoints", timeout=30)
+    out = kubectl.ok("exec", "-n", ns, "client", "--", "python3", "-c", probe, ip, unused)
     lines = dict((ln.split(" ", 1)[0], ln) for ln in out.strip().splitlines())
-    # Refused at once by kube-proxy's rule; an unallocated Service address is unreachable in the
-    # node's namespace: nothing was sent anywhere.
-    assert "ConnectionRefusedError" in lines[ip], out
-    assert "OSError" in lines[unused] and "timeout" not in lines[unused], out
-    for ln in lines.values():
-        assert float(ln.rsplit(" ", 1)[1]) < 2.0, out
+    # The Service's address (no endpoints, so kube-proxy translates nothing) and an unallocated one
+    # in the Service range both fail at once in the node's namespace: nothing was sent anywhere.
+    for addr in (ip, unused):
+        assert "connected" not in lines[addr] and "timeout" not in lines[addr], out
+        assert lines[addr].split()[1] in ("OSError", "ConnectionRefusedError"), out
+        assert float(lines[addr].rsplit(" ", 1)[1]) < 2.0, out
     # And nothing else can leave: the node's namespace has no default route.
     routes = network.ns_run(net, "ip", "-4", "route", "show")
     assert "default" not in routes, routes
@@ -223,3 +218,41 @@ def test_dev_status_shows_each_node_component(cluster: LocalCluster, real_node: 
         assert status["components"][name]["alive"], name
     assert status["real_node"]["name"] == real_node
     assert status["real_node"]["netns_present"]
+
+
+def test_service_with_endpoints_reaches_its_pod(
+    kubectl: Kubectl, namespace: Callable[..., str], real_node: str, workload_image: str
+) -> None:
+    ns = namespace("run-service")
+    server = scenarios.shell_pod(ns, "web", workload_image, real_node).replace(
+        "exec sleep 3600", "cd /tmp && echo served-by-web > index.html && exec python3 -m http.server 8080"
+    )
+    server = server.replace("  name: web\n", "  name: web\n  labels: {app: web}\n", 1)
+    svc = f"""\
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: {ns}
+spec:
+  selector: {{app: web}}
+  ports:
+  - port: 80
+    targetPort: 8080
+"""
+    assert kubectl.apply(server + "---\n" + svc).returncode == 0
+    assert kubectl.apply(scenarios.shell_pod(ns, "client", workload_image, real_node)).returncode == 0
+    _running(kubectl, ns, "web")
+    _running(kubectl, ns, "client")
+    ip = kubectl.get("service", "web", ns)["spec"]["clusterIP"]
+    get = f"import urllib.request as u; print(u.urlopen('http://{ip}/index.html', timeout=5).read().decode())"
+
+    def served() -> str | None:
+        proc = kubectl.run("exec", "-n", ns, "client", "--", "python3", "-c", get)
+        # kube-proxy writes the Service's rules once the web pod's endpoint is ready.
+        return proc.stdout if proc.returncode == 0 else None
+
+    assert (
+        wait_for(served, "the Service to reach its pod through kube-proxy", timeout=30).strip()
+        == "served-by-web"
+    )

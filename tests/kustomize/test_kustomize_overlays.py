@@ -132,24 +132,30 @@ def test_eks_karpenter_nodepool_is_an_example_not_applied() -> None:
         assert any(t["key"] == taint["key"] and t["operator"] == "Exists" for t in spec["tolerations"])
 
 
-def test_local_webhooks_call_the_host_process_by_url() -> None:
+def test_local_overlay_is_the_whole_bundle_on_the_real_node() -> None:
     objs = build("local")
     for cfg in webhook_configs(objs):
-        path = "/mutate" if cfg["kind"].startswith("Mutating") else "/validate"
         # Every webhook of the base, and no half-defined one added by a patch that matched no name.
-        assert len(cfg["webhooks"]) == (3 if path == "/mutate" else 5)
+        assert len(cfg["webhooks"]) == (3 if cfg["kind"].startswith("Mutating") else 5)
         assert all(h.get("rules") for h in cfg["webhooks"])
         for h in cfg["webhooks"]:
-            assert h["clientConfig"] == {"url": f"https://127.0.0.1:9443{path}"}, h["name"]
-    # Nothing in-cluster would serve (or overwrite caBundle for) the host webhook.
+            # In-cluster, like every cloud: the Service, with caBundle injected by the certificate Job.
+            assert h["clientConfig"]["service"]["name"] == "draguard-webhook", h["name"]
+            assert "url" not in h["clientConfig"]
     for kind, name in (
         ("Deployment", "draguard-webhook"),
-        ("Service", "draguard-webhook"),
-        ("PodDisruptionBudget", "draguard-webhook"),
         ("Job", "draguard-certs"),
         ("CronJob", "draguard-certs-renew"),
+        ("DaemonSet", "draguard-driver"),
     ):
-        assert not find(objs, kind, name), f"{kind}/{name} should be left out of the local overlay"
+        obj = one(objs, kind, name)
+        tmpl = (
+            obj["spec"]["jobTemplate"]["spec"]["template"] if kind == "CronJob" else obj["spec"]["template"]
+        )
+        # The dev cluster's other nodes are simulated and never run pods.
+        assert tmpl["spec"]["nodeSelector"].get("draguard.io/real-node") == "true", kind
+    assert one(objs, "Deployment", "draguard-webhook")["spec"]["replicas"] == 3
+    assert find(objs, "Service", "draguard-webhook") and find(objs, "PodDisruptionBudget", "draguard-webhook")
 
 
 def test_local_driver_runs_simulated_with_a_topology_the_image_ships() -> None:

@@ -214,8 +214,8 @@ def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
                 continue
             _restricted(c, spec, where)
             checked += 1
-    # webhook, cert Job, cert CronJob (the local overlay runs the webhook on the host)
-    assert checked == (0 if overlay == "local" else 3)
+    # webhook, cert Job, cert CronJob
+    assert checked == 3
 
 
 @pytest.mark.parametrize("overlay", ["aks", "gke", "eks"])

@@ -7,6 +7,7 @@ import json
 import re
 import ssl
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,7 @@ def webhook_objects(cluster: LocalCluster, port: int) -> tuple[list[dict[str, An
             cc["url"] = re.sub(r"^https://[^/]+", f"https://127.0.0.1:{port}", url)
             cc.pop("service", None)
             cc["caBundle"] = bundle
-    return objs, "kustomize/overlays/local with URL port and caBundle patched in"
+    return objs, "kustomize/overlays/local, each webhook pointed at this process by URL with its caBundle"
 
 
 def register_webhook(cluster: LocalCluster, port: int) -> str:
@@ -199,3 +200,118 @@ def generated_webhook_configs(port: int, ca_bundle: str) -> list[dict[str, Any]]
             "webhooks": [hook("validate.draguard.io", "/validate", "Fail")],
         },
     ]
+
+
+# What the bundle's driver DaemonSet expects on a node, and where the dev node keeps it.
+KUBELET_DIR = "/var/lib/kubelet"
+CDI_DIR = "/var/run/cdi"
+
+
+def bundle_objects(cluster: LocalCluster, overlay: Path | None = None) -> list[dict[str, Any]]:
+    """The local overlay as `kubectl kustomize` renders it, with the node's three host paths mapped.
+
+    The dev node keeps the kubelet's root and the CDI specs in its state directory (so two runs never
+    share them); the DaemonSet's kubelet paths are the same inside and outside the container (the
+    plugin registers its socket path with the kubelet), so both sides are mapped.
+    """
+    import yaml
+
+    from webhook.dev import kubelet
+    from webhook.dev.procs import ClusterError
+
+    overlay = overlay or REPO_ROOT / "kustomize" / "overlays" / "local"
+    net = cluster.net
+    if net is None:
+        raise ClusterError("the bundle needs the real node")
+    root = str(kubelet.root_dir(net))
+    cdi = str(cluster.containerd_paths().cdi)
+    objs = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay))) if isinstance(d, dict)]
+    for obj in objs:
+        if obj.get("kind") != "DaemonSet":
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for v in spec.get("volumes") or []:
+            hp = v.get("hostPath")
+            if hp and hp["path"] == CDI_DIR:
+                hp["path"] = cdi
+        text = json.dumps(obj).replace(f'"{KUBELET_DIR}', f'"{root}')
+        obj.clear()
+        obj.update(json.loads(text))
+    return objs
+
+
+def apply_bundle(cluster: LocalCluster, timeout: float = 240.0) -> dict[str, float]:
+    """`kubectl apply` the local overlay on the real node and wait until it works; returns timings.
+
+    The host-run driver of the real node stops first (the DaemonSet's pod takes its place); the
+    webhook configurations become the bundle's (Service, caBundle from the certificate Job).
+    """
+    from webhook.dev.procs import ClusterError, wait_until
+
+    node = cluster.real_node
+    if node is None:
+        raise ClusterError("the bundle needs the real node (dev up without --no-real-node)")
+    kube = cluster.kube()
+    cluster.stop(f"driver-{node}")
+    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
+    for s in kube.get(slices).get("items") or []:
+        kube.delete(f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}")
+    objs = bundle_objects(cluster)
+    t0 = time.monotonic()
+    # Under the harness's field manager, so re-registering the host webhook later replaces the
+    # bundle's Service clientConfig instead of merging a URL into it.
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}),
+    )  # fmt: skip
+    took: dict[str, float] = {}
+    ns = "/apis/batch/v1/namespaces/draguard-system"
+
+    def job_done() -> bool:
+        conds = kube.get(f"{ns}/jobs/draguard-certs").get("status", {}).get("conditions") or []
+        return any(c["type"] == "Complete" and c["status"] == "True" for c in conds)
+
+    def ca_injected() -> bool:
+        cfgs = [
+            kube.get(f"/apis/admissionregistration.k8s.io/v1/{k}/draguard")
+            for k in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+        ]
+        return all(h["clientConfig"].get("caBundle") for c in cfgs for h in c["webhooks"])
+
+    def webhook_ready() -> bool:
+        d = kube.get("/apis/apps/v1/namespaces/draguard-system/deployments/draguard-webhook")
+        return int(d.get("status", {}).get("readyReplicas") or 0) == int(d["spec"]["replicas"])
+
+    def driver_ready() -> bool:
+        ds = kube.get("/apis/apps/v1/namespaces/draguard-system/daemonsets/draguard-driver")
+        return int(ds.get("status", {}).get("numberReady") or 0) >= 1
+
+    def published() -> bool:
+        return bool(kube.get(slices).get("items"))
+
+    for what, check in (
+        ("certificate Job complete", job_done),
+        ("caBundle injected", ca_injected),
+        ("webhook replicas ready", webhook_ready),
+        ("driver pod ready", driver_ready),
+        ("ResourceSlices published by the driver pod", published),
+    ):
+        wait_until(check, max(5.0, timeout - (time.monotonic() - t0)), what, interval=0.5)
+        took[what] = time.monotonic() - t0
+        cluster.progress(f"bundle: {what} ({took[what]:.1f}s)")
+    return took
+
+
+def remove_bundle(cluster: LocalCluster) -> None:
+    """Undo apply_bundle: its workloads go, the host webhook and driver come back."""
+    keep = {"Namespace", "DeviceClass", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    gone = [o for o in bundle_objects(cluster) if o.get("kind") not in keep]
+    cluster.kubectl_run(
+        "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": gone}),
+    )  # fmt: skip
+    port = (cluster.state.get("ports") or {}).get("webhook")
+    if port and "webhook" in cluster.running():
+        register_webhook(cluster, int(port))
+    if cluster.real_node and f"driver-{cluster.real_node}" not in cluster.running():
+        cluster.start_real_node_driver()

@@ -311,6 +311,18 @@ class LocalCluster(Supervisor):
         network.start_kube_proxy(self, net, bins.bin, node.name, timeout)
         self.progress(f"real node {node.name} up ({time.monotonic() - t0:.1f}s)")
 
+    def restart_kubelet(self, timeout: float = 120.0) -> None:
+        """Start the real node's kubelet again (after a crash test stopped or killed it)."""
+        net, node = self.net, self.state.get("real_node")
+        if net is None or node is None:
+            raise ClusterError("this cluster has no real node")
+        real = RealNode(node["name"], node["topology"], self._node_labels())
+        kubelet.start(self, net, self.node_bins(), self.containerd_paths(), real, timeout)
+
+    def _node_labels(self) -> dict[str, str]:
+        n = self.kube().get(f"/api/v1/nodes/{self.real_node}")
+        return {k: v for k, v in n["metadata"]["labels"].items() if k.startswith("draguard.io/gpu")}
+
     def wait_default_sa(self, namespace: str, timeout: float = 60.0) -> None:
         kube = self.kube()
         deadline = time.monotonic() + timeout
@@ -336,7 +348,10 @@ class LocalCluster(Supervisor):
             )
 
     def real_node_driver_dirs(self) -> DriverDirs:
-        plugins, registry = kubelet.plugin_dirs(self)
+        net = self.net
+        if net is None:
+            raise ClusterError("this cluster has no real node")
+        plugins, registry = kubelet.plugin_dirs(net)
         return DriverDirs(plugins / addons.DRIVER_NAME, registry, self.containerd_paths().cdi)
 
     def start_real_node_driver(self, timeout: float = 120.0) -> None:

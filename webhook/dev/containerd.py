@@ -1,7 +1,7 @@
 """containerd for the real node: CRI with CDI, the overlayfs snapshotter, runc, the CNI bridge.
 
 Root and CDI specs live under the state directory; sockets and runtime state under a short
-/run/draguard-<id>/ (unix socket paths are limited to 108 bytes). It runs in the node's network
+/run/dg-<id>/ (unix socket paths are limited to 108 bytes). It runs in the node's network
 namespace, so the CNI bridge and the pods' veths are made there.
 """
 
@@ -47,7 +47,8 @@ class ContainerdPaths:
 
 
 def runtime_dir(net: NodeNet) -> Path:
-    return Path("/run") / f"draguard-{net.run_id}"
+    """The node's sockets, runtime state and kubelet root: short, so socket paths stay under 108 bytes."""
+    return Path("/run") / f"dg-{net.run_id}"
 
 
 def config_toml(p: ContainerdPaths, bins: NodeBins, sandbox_image: str) -> str:

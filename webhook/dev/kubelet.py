@@ -9,28 +9,29 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.containerd import ContainerdPaths
+from webhook.dev.containerd import ContainerdPaths, runtime_dir
 from webhook.dev.kube import Kube
 from webhook.dev.network import NodeNet
 from webhook.dev.node import NodeBins, RealNode
-from webhook.dev.procs import ClusterError, Supervisor
+from webhook.dev.procs import ClusterError, Supervisor, run
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 # Named hierarchies and the v2 mount are not controllers the kubelet's cgroupfs driver writes to.
 SKIP_HIERARCHIES = {"unified"}
 
 
-def root_dir(sup: Supervisor) -> Path:
-    return sup.paths.node / "kubelet"
+def root_dir(net: NodeNet) -> Path:
+    """Short on purpose: the driver's per-pod sockets under it (`plugins_registry/<driver>-<pod
+    UID>-reg.sock`) must fit a unix socket path's 107 bytes, which a deep state dir would not."""
+    return runtime_dir(net) / "kubelet"
 
 
-def plugin_dirs(sup: Supervisor) -> tuple[Path, Path]:
+def plugin_dirs(net: NodeNet) -> tuple[Path, Path]:
     """(plugins, plugins_registry) of the kubelet: where a DRA driver puts its sockets."""
-    return root_dir(sup) / "plugins", root_dir(sup) / "plugins_registry"
+    return root_dir(net) / "plugins", root_dir(net) / "plugins_registry"
 
 
 def cgroup_name(net: NodeNet) -> str:
@@ -72,6 +73,12 @@ def remove_cgroup_root(net: NodeNet) -> list[str]:
         if not top.exists():
             removed.append(str(top))
     return removed
+
+
+def _is_mount_point(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
 
 
 def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]:
@@ -122,8 +129,13 @@ def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]
 def start(
     sup: Supervisor, net: NodeNet, bins: NodeBins, cp: ContainerdPaths, node: RealNode, timeout: float
 ) -> None:
-    root = root_dir(sup)
+    root = root_dir(net)
     root.mkdir(parents=True, exist_ok=True)
+    # A shared mount of its own: the driver's plugin directory is mounted Bidirectional, which needs
+    # shared propagation, and this machine's / is private. Tear-down unmounts it with the rest.
+    if not _is_mount_point(root):
+        run(["mount", "--bind", str(root), str(root)])
+        run(["mount", "--make-rshared", str(root)])
     (sup.paths.node / "pod-logs").mkdir(parents=True, exist_ok=True)
     (sup.paths.node / "resolv.conf").write_text("# no name servers: dev-node pods resolve nothing\n")
     make_cgroup_root(net)
@@ -165,7 +177,3 @@ def start(
 
     took = sup.wait("kubelet", ready, timeout)
     sup.progress(f"kubelet: node {node.name} Ready on {net.node_ip} ({took:.1f}s)")
-
-
-def cleanup_root(sup: Supervisor) -> None:
-    shutil.rmtree(root_dir(sup), ignore_errors=True)

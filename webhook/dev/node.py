@@ -56,6 +56,19 @@ def find_node_bins() -> NodeBins:
                 "DRAGUARD_NODE_DIR at its output (bin/ and cni/)"
             )
         return NodeBins(d / "bin", d / "cni")
+    pinned: Path | None = None
+    try:
+        image: Any = importlib.import_module("webhook.dev.image")
+    except ImportError:
+        image = None
+    if image is not None:
+        # The build script's own key (its pinned versions).
+        try:
+            pinned = Path(image.find_node_dir())
+        except (OSError, image.ImageError):
+            pinned = None
+    if pinned is not None and not _missing(pinned):
+        return NodeBins(pinned / "bin", pinned / "cni")
     root = default_node_cache()
     # The newest build first: a changed pin builds into a new directory beside the old one.
     cands = sorted((p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)

@@ -1,10 +1,10 @@
 """Simulated GPU Nodes: Node objects that stay Ready without a kubelet.
 
-There is no kubelet in the local cluster.  Nodes are created through the API with
-a Ready condition, and a small heartbeat process renews their Leases and the
-condition's heartbeat time, as a kubelet would, so anything that watches node
-health sees live nodes.  Pods bound to these nodes never run; the scheduler's
-placement and the DRA allocation are what the local cluster is for.
+These nodes have no kubelet (the local cluster's one real node does).  They are created
+through the API with a Ready condition, and a small heartbeat process renews their Leases
+and the condition's heartbeat time, as a kubelet would, so the node-lifecycle controller and
+anything else that watches node health sees live nodes.  Pods bound to these nodes never run;
+they give the scheduler more nodes to choose from than one machine can run.
 """
 
 from __future__ import annotations
