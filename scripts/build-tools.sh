@@ -40,8 +40,8 @@ for n in "${names[@]}"; do
     say "building $n"
     t0=$SECONDS
     mkdir -p "$(dirname "$out")"
-    (cd "$ROOT/tools/$n" && CGO_ENABLED=0 go build -p "$JOBS" -trimpath -mod=readonly -o "$out.tmp" .) ||
-        { rm -f "$out.tmp"; die "go build tools/$n failed (exact error above)"; }
-    mv "$out.tmp" "$out"
+    (cd "$ROOT/tools/$n" && CGO_ENABLED=0 go build -p "$JOBS" -trimpath -mod=readonly -o "$out.tmp.$$" .) ||
+        { rm -f "$out.tmp.$$"; die "go build tools/$n failed (exact error above)"; }
+    mv -f "$out.tmp.$$" "$out"  # two builds of one tool may race: each writes its own file
     say "done: $n in $((SECONDS - t0)) s"
 done
