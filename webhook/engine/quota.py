@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from webhook.core.findings import Mode
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import (
@@ -38,7 +39,7 @@ from webhook.dra.objects import (
     claim_spec_of,
 )
 from webhook.engine.context import QuotaUsage
-from webhook.policy.model import GpuQuotaPolicy, PolicySet, glob_match
+from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_match
 
 ALL_MODE_CHARGE = 32
 """What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
@@ -313,6 +314,34 @@ def compute_usage(
     return usage_from_charges(
         (c for c in charges if c is not None), namespace_labels, team_labels_of(policies)
     )
+
+
+def budget_applies(b: QuotaBudget, pol: GpuQuotaPolicy, namespace: str,
+                   labels: Mapping[str, str] | None) -> str | None:
+    """The usage scope a budget charges for this namespace, or None when it does not apply."""
+    if b.scope == "namespace":
+        return namespace if glob_match(b.name, namespace) else None
+    team = (labels or {}).get(pol.team_label)
+    if team and (b.name == "*" or glob_match(b.name, team)):
+        return team_scope(team)
+    return None
+
+
+def budget_group(policies: PolicySet, namespace: str, labels: Mapping[str, str] | None) -> str | None:
+    """The group whose ledger holds this namespace's claims when an enforced budget covers it:
+    `team:<team>` for a namespace with a team label (so every scope one claim charges, its namespace
+    and its team, lives in one ledger), else the namespace. None when no enforced budget applies."""
+    covered = any(
+        budget_applies(b, pol, namespace, labels) is not None
+        for pol in policies.quota if pol.mode is Mode.ENFORCE for b in pol.budgets
+    )
+    if not covered:
+        return None
+    for key in team_labels_of(policies):
+        team = (labels or {}).get(key)
+        if team:
+            return team_scope(team)
+    return namespace
 
 
 def _is_glob(text: str) -> bool:

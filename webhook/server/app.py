@@ -43,6 +43,9 @@ class ServeOptions:
     template_timeout: float = 2.0
     sync_timeout: float = 60.0
     review_cache: bool = True
+    # Exact budgets across replicas (webhook/server/ledger.py); None: budgets from this replica's caches.
+    quota_ledger_namespace: str | None = None
+    quota_timeout: float = 1.5
 
 
 class TemplateCreator(Protocol):
@@ -118,6 +121,7 @@ class Webhook:
         self.watcher = PolicyWatcher(opts.policies)
         self.cache: Any = None
         self.rebuilder: Any = None
+        self.ledger: Any = None
         self.tls: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="draguard-api")
@@ -267,6 +271,12 @@ class Webhook:
                 # Not ready; the API server's failurePolicy decides. Never guess a verdict.
                 return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
             outcome = admission.review(endpoint, request, snap)
+            if endpoint == "validate" and self.ledger is not None:
+                group = self.ledger.group_for(request, snap)
+                if group is not None:
+                    # The one wait on the API server in validation, bounded by --quota-timeout.
+                    outcome = await self.ledger.admit(group, request, snap, outcome)
+                    cache = None  # this verdict depends on the ledger, not on the snapshot alone
             if endpoint == "validate" and self.rebuilder is not None:
                 # An admitted template/claim/class: visible to the next request before the watch has it.
                 view = self.rebuilder.admitted(request, outcome)
@@ -442,6 +452,18 @@ class Webhook:
         self.rebuilder = Rebuilder(self.cache, self.metrics, publish, lambda: self.snapshot.policies)
         self.cache.start()
         self.rebuilder.start()
+        if self.opts.quota_ledger_namespace:
+            from webhook.server.ledger import QuotaLedger
+
+            self.ledger = QuotaLedger(
+                http,
+                self.opts.quota_ledger_namespace,
+                timeout=self.opts.quota_timeout,
+                claims=lambda: self.cache.objects("resourceclaims"),
+                snapshot=lambda: self.snapshot,
+                synced=lambda: self.caches_synced,
+            )
+            self._tasks.append(asyncio.create_task(self.ledger.run()))
 
     async def _policy_loop(self) -> None:
         while True:

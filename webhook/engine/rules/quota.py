@@ -17,9 +17,9 @@ from webhook.core.source import SourceObject
 from webhook.dra.objects import as_map, as_str, claim_spec_of
 from webhook.dra.workloads import containers_of, pod_spec_of, replicas_of
 from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import QuotaCalculator, inventory_calculator, team_scope
+from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
-from webhook.policy.model import GpuQuotaPolicy, QuotaBudget, glob_match
+from webhook.policy.model import GpuQuotaPolicy, glob_match
 
 RULE_PREFIX = "quota/"
 IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -145,15 +145,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
     return d
 
 
-def _applies(b: QuotaBudget, pol: GpuQuotaPolicy, namespace: str,
-             labels: Mapping[str, str] | None) -> str | None:
-    """The usage scope a budget charges for this namespace, or None when it does not apply."""
-    if b.scope == "namespace":
-        return namespace if glob_match(b.name, namespace) else None
-    team = (labels or {}).get(pol.team_label)
-    if team and (b.name == "*" or glob_match(b.name, team)):
-        return team_scope(team)
-    return None
+_applies = budget_applies
 
 
 def _used(usage: QuotaUsage, scope: str, pattern: str) -> int:
