@@ -126,7 +126,7 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     assert _verbs(one(objs, "ClusterRole", "draguard-webhook")) == {
         ("resource.k8s.io", "resourceslices"): {"list", "watch"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch"},
-        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch", "get"},
         ("resource.k8s.io", "resourceclaimtemplates"): {"list", "watch", "create", "get"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
@@ -141,6 +141,11 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
             "resourceNames": ["draguard-webhook-tls"],
             "verbs": ["get", "update"],
         }
+    ]
+    ledger = one(objs, "Role", "draguard-webhook-quota-ledger")
+    assert ledger["metadata"]["namespace"] == "draguard-quota"
+    assert ledger["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "update"]}
     ]
     assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},

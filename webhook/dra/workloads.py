@@ -117,3 +117,55 @@ def command_line(container: Mapping[str, Any]) -> list[str]:
     return [
         a for a in (*as_list(container.get("command")), *as_list(container.get("args"))) if isinstance(a, str)
     ]
+
+
+def _whole(value: Any) -> int:
+    """An extended-resource quantity as a whole number (extended resources allow no fractions)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
+
+
+def container_amounts(container: Mapping[str, Any]) -> dict[str, int]:
+    """Whole-number resources a container asks for: the limit, else the request (extended resources
+    must have both equal, and a device plugin allocates by the limit)."""
+    res = as_map(container.get("resources"))
+    limits, requests = as_map(res.get("limits")), as_map(res.get("requests"))
+    out: dict[str, int] = {}
+    for name in dict.fromkeys([*limits, *requests]):
+        if isinstance(name, str):
+            n = _whole(limits[name] if name in limits else requests[name])
+            if n:
+                out[name] = n
+    return out
+
+
+def effective_amounts(spec: Mapping[str, Any], keep: Any = None) -> dict[str, int]:
+    """What a pod holds of each whole-number resource, as Kubernetes computes effective requests:
+    max(sum over app containers + restartable (sidecar) init containers, each ordinary init container
+    + the sidecars started before it). `keep(name)` filters resource names."""
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in as_list(spec.get("initContainers")):
+        if not isinstance(c, Mapping):
+            continue
+        amounts = {k: v for k, v in container_amounts(c).items() if keep is None or keep(k)}
+        if c.get("restartPolicy") == "Always":
+            for k, v in amounts.items():
+                sidecars[k] = sidecars.get(k, 0) + v
+                init_peak[k] = max(init_peak.get(k, 0), sidecars[k])
+        else:
+            for k in set(amounts) | set(sidecars):
+                init_peak[k] = max(init_peak.get(k, 0), amounts.get(k, 0) + sidecars.get(k, 0))
+    app: dict[str, int] = dict(sidecars)
+    for c in as_list(spec.get("containers")):
+        if isinstance(c, Mapping):
+            for k, v in container_amounts(c).items():
+                if keep is None or keep(k):
+                    app[k] = app.get(k, 0) + v
+    return {k: max(app.get(k, 0), init_peak.get(k, 0)) for k in set(app) | set(init_peak)
+            if max(app.get(k, 0), init_peak.get(k, 0)) > 0}  # fmt: skip
