@@ -17,6 +17,7 @@ import signal
 import ssl
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,12 +44,15 @@ class Proxy:
     backends: list[int]
     port: int = field(default_factory=free_port)
     connections: int = 0
+    sent: int = 0  # bytes forwarded to the replicas (requests on kept-alive connections too)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool) -> None:
         try:
             while data := await reader.read(65536):
+                if up:
+                    self.sent += len(data)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -66,7 +70,7 @@ class Proxy:
                 up_r, up_w = await asyncio.open_connection("127.0.0.1", port)
             except OSError:
                 continue  # a dead replica: the next one takes the connection
-            await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
+            await asyncio.gather(self._pipe(reader, up_w, True), self._pipe(up_r, writer, False))
             return
         writer.close()
 
@@ -103,7 +107,12 @@ class Replicas:
         self.procs[i].wait(10)
 
     def tails(self) -> str:
-        return "\n".join(f"--- replica {i}\n" + p.read_text()[-3000:] for i, p in enumerate(self.logs))
+        """Each replica's log lines other than per-request admission records."""
+        out = []
+        for i, p in enumerate(self.logs):
+            lines = [ln for ln in p.read_text().splitlines() if '"msg":"admission"' not in ln]
+            out.append(f"--- replica {i}\n" + "\n".join(lines[-30:]))
+        return "\n".join(out)
 
 
 def _ready(port: int, ca: Path) -> bool:
@@ -191,14 +200,29 @@ def race(kube: Kube, ns: str, prefix: str, after: Callable[[int], None] | None =
         return list(pool.map(one, range(RACERS)))
 
 
+def settle(
+    kube: Kube, ns: str, prefix: str, results: list[str | None], timeout: float = 120.0
+) -> list[str | None]:
+    """Retry the creates that got no verdict (webhook call failed or timed out) until each has one."""
+    out = list(results)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [i for i, r in enumerate(out) if r is not None and POLICY not in r]
+        if not pending or time.monotonic() > deadline:
+            return out
+        for i in pending:
+            r = create(kube, ns, f"{prefix}-{i}")
+            out[i] = None if r is None or "already exists" in r else r
+
+
 def in_namespace(kubectl: Kubectl, ns: str) -> int:
     return len(kubectl.items("resourceclaims", ns))
 
 
 def through_proxy(kube: Kube, ns: str, proxy: Proxy) -> bool:
-    before = proxy.connections
+    before = proxy.sent
     create(kube, ns, "probe", dry_run=True)
-    return proxy.connections > before
+    return proxy.sent > before
 
 
 def test_budget_exact_across_three_replicas(
@@ -209,9 +233,15 @@ def test_budget_exact_across_three_replicas(
     wait_for(lambda: through_proxy(kube, ns, replicas.proxy), "the API server calling the proxy", 60)
 
     results = race(kube, ns, "race")
-    admitted = [r for r in results if r is None]
-    denied = [r for r in results if r is not None]
-    assert len(admitted) == BUDGET, replicas.tails()
+    first = sum(r is None for r in results)
+    assert first <= BUDGET, replicas.tails()
+    # Under load the API server may give up on a webhook call (3 s) before it is answered: such a
+    # create failed without a verdict. Retried as the resourceclaim controller would, every create ends
+    # admitted or denied by the budget, and the budget fills to exactly 8.
+    final = settle(kube, ns, "race", results)
+    admitted = [r for r in final if r is None]
+    denied = [r for r in final if r is not None]
+    assert len(admitted) == BUDGET, (first, len(admitted), replicas.tails())
     assert in_namespace(kubectl, ns) == BUDGET
     odd = [r for r in denied if POLICY not in r]
     assert not odd, f"{len(odd)} creates failed for another reason than the budget, e.g. {odd[0]}"

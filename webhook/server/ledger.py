@@ -14,11 +14,13 @@ decides against a ledger kept in the API server, as Kubernetes' ResourceQuota ad
   burst costs a few round trips per replica, not one per request;
 - a background pass reconciles each ledger with the watched claims: entries of claims that are
   gone (checked with a GET) are dropped, a reservation whose create never happened (no claim after
-  `ttl` seconds) expires, claims created while draguard was not asked are added.
+  `ttl` seconds, default 10: the validating webhook times out after 3 s, so a create allowed in
+  time is persisted long before) expires, claims created while draguard was not asked are added.
 
-The request path waits on the API server here, and only here: at most `timeout` seconds (default
-1.5 s, inside the validating webhook's 3 s), after which the claim is denied with a message to
-retry. Its cost: per batch one GET and one PUT of the group's ConfigMap, repeated on conflicts.
+The request path waits on the API server here: a claim is decided within `timeout` seconds (default
+1.5 s) or denied with a message to retry; a ledger write already under way then finishes within
+WRITE_TIMEOUT (1 s), so the answer comes within 2.5 s, inside the validating webhook's 3 s. Its
+cost: per batch one GET and one PUT of the group's ConfigMap, repeated on conflicts.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ GROUP_ANNOTATION = "draguard.io/budget-group"
 DATA_KEY = "claims"
 MAX_LEDGER_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB
 MAX_BATCH = 256
-CHECKS_PER_PASS = 64  # GETs of vanished claims per ledger per reconcile pass
+CHECKS_PER_PASS = 64
+# One ledger read or write. A request is decided within --quota-timeout; a write already under way
+# then finishes within this, so the answer comes before the validating webhook's 3 s timeout.
+WRITE_TIMEOUT = 1.0  # GETs of vanished claims per ledger per reconcile pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +132,8 @@ class _Item:
     request: Mapping[str, Any]
     snap: Snapshot
     future: asyncio.Future[Outcome]
-    charge: ClaimCharge | None = None
+    deadline: float = 0.0  # monotonic time after which it is no longer decided (denied: retry)
+    writing: bool = False  # decided and part of a write in flight: its answer follows the write's
 
 
 @dataclass
@@ -149,7 +155,7 @@ class QuotaLedger:
         namespace: str,
         *,
         timeout: float = 1.5,
-        ttl: float = 30.0,
+        ttl: float = 10.0,
         claims: Callable[[], list[dict[str, Any]]] | None = None,
         snapshot: Callable[[], Snapshot] | None = None,
         synced: Callable[[], bool] | None = None,
@@ -191,7 +197,8 @@ class QuotaLedger:
         if not name:
             return first  # generateName: the name is unknown until after admission (see docs)
         loop = asyncio.get_running_loop()
-        item = _Item(f"{request.get('namespace') or 'default'}/{name}", request, snap, loop.create_future())
+        item = _Item(f"{request.get('namespace') or 'default'}/{name}", request, snap, loop.create_future(),
+                     deadline=time.monotonic() + self.timeout)  # fmt: skip
         g = self._groups.setdefault(group, _Group())
         g.pending.append(item)
         if g.worker is None or g.worker.done():
@@ -199,17 +206,29 @@ class QuotaLedger:
         try:
             return await asyncio.wait_for(asyncio.shield(item.future), self.timeout)
         except TimeoutError:
+            if item.writing:
+                # Reserved and being written: answering "denied" now would leave the reservation
+                # behind for a claim that never comes. The write is bounded by its own timeout.
+                return await item.future
             self.stats["timeouts"] += 1
             if item in g.pending:
                 g.pending.remove(item)
-            return _denied(first, request, f"the quota ledger could not be updated within {self.timeout:g} s "
-                                           "(API server slow or busy); retry the request")  # fmt: skip
+            return _denied(first, request, self._late())
+
+    def _late(self) -> str:
+        return (f"the quota ledger could not be updated within {self.timeout:g} s (API server slow or busy); "
+                "retry the request")  # fmt: skip
 
     async def _work(self, group: str, g: _Group) -> None:
         loop = asyncio.get_running_loop()
         while g.pending:
             batch = g.pending[:MAX_BATCH]
             del g.pending[: len(batch)]
+            now = time.monotonic()
+            for it in batch:
+                if it.deadline and now > it.deadline:
+                    self.stats["timeouts"] += 1
+                    _resolve(it, _denied_item(it, self._late()))
             batch = [i for i in batch if not i.future.done()]
             if not batch:
                 continue
@@ -223,12 +242,16 @@ class QuotaLedger:
             allowed = self._decide(batch, entries)
             if not allowed:
                 continue
+            for it, _o in allowed:
+                it.writing = True
             try:
                 await loop.run_in_executor(None, self._write, group, cm, entries)
             except ApiError as e:
                 if e.status == 409:  # another replica wrote first: decide these again on a fresh read
                     self.stats["conflicts"] += 1
-                    g.pending[:0] = [it for it, _o in allowed]
+                    for it, _o in allowed:
+                        it.writing = False
+                    g.pending[:0] = [it for it, _o in allowed if not it.future.done()]
                     continue
                 if e.status == 404:
                     why = (f"namespace {self.namespace} for the quota ledgers does not exist; create it (the "
@@ -279,7 +302,7 @@ class QuotaLedger:
     def _read(self, group: str) -> dict[str, Any] | None:
         self.stats["reads"] += 1
         try:
-            return self.http.get_json(self._path(ledger_name(group)), timeout=self.timeout)
+            return self.http.get_json(self._path(ledger_name(group)), timeout=WRITE_TIMEOUT)
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -303,7 +326,7 @@ class QuotaLedger:
                 "data": {DATA_KEY: text},
             }
             # A create racing another replica's create answers 409 too: read again, decide again.
-            self.http.request_json("POST", self._path(), body=body, timeout=self.timeout)
+            self.http.request_json("POST", self._path(), body=body, timeout=WRITE_TIMEOUT)
             return
         meta = as_map(cm.get("metadata"))
         body = {
@@ -319,7 +342,7 @@ class QuotaLedger:
             },
             "data": {DATA_KEY: text},
         }
-        self.http.request_json("PUT", self._path(str(meta.get("name"))), body=body, timeout=self.timeout)
+        self.http.request_json("PUT", self._path(str(meta.get("name"))), body=body, timeout=WRITE_TIMEOUT)
 
     # --- reconciliation (background) ----------------------------------------------------------------
 
