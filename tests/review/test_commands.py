@@ -212,26 +212,36 @@ def test_schema_prints_the_policy_json_schema(draguard: Callable[..., Run]) -> N
 def test_explain_says_why_nothing_would_match(draguard: Callable[..., Run]) -> None:
     claim = str(FIXTURES / "manifests/team-ml/training-claim.yaml")
     run = draguard("explain", claim, "--inventory", INVENTORY)
-    assert run.code == 0, run.err
+    # A request that cannot be allocated is exit 1, like an enforce-mode finding in review.
+    assert run.code == 1, run.err
     assert "DeviceClass gpu.nvidia.com-a100 does not exist" in run.out
     # With the DeviceClasses among the inputs the class resolves and its devices are listed.
     run = draguard("explain", claim, str(FIXTURES / "manifests/deviceclasses.yaml"), "--inventory", INVENTORY)
-    assert run.code == 0, run.err
+    assert run.code == 1, run.err
     assert "ResourceClaim/ml-workloads/training-gpu-claim" in run.out
     assert "CANNOT be allocated" in run.out
     assert "nvlinkInterconnect is published by no device" in run.out
     assert "node1: 4 x NVIDIA A100 80GB PCIe" in run.out
-    doc = json.loads(
-        draguard(
-            "explain",
-            str(FIXTURES / "manifests/team-ml/notebook.yaml"),
-            "--inventory",
-            INVENTORY,
-            "-f",
-            "json",
-        ).out
-    )
+    ok = draguard("explain", str(FIXTURES / "manifests/team-ml/notebook.yaml"), "--inventory", INVENTORY,
+                  "-f", "json")  # fmt: skip
+    doc = json.loads(ok.out)
     assert {e["object"]["kind"] for e in doc} == {"ResourceClaimTemplate", "Pod"}
+    assert ok.code == 1  # its class is not among the inputs: CANNOT be allocated
+
+
+def test_explain_exits_0_when_every_request_can_be_allocated(
+    draguard: Callable[..., Run], tmp_path: Path
+) -> None:
+    f = tmp_path / "ok.yaml"
+    f.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: any-gpu}\n"
+        "spec: {selectors: [{cel: {expression: \"device.driver == 'gpu.nvidia.com'\"}}]}\n---\n"
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: one, namespace: ml}\n"
+        "spec: {devices: {requests: [{name: g, exactly: {deviceClassName: any-gpu, count: 1}}]}}\n"
+    )
+    run = draguard("explain", str(f), "--inventory", INVENTORY)
+    assert run.code == 0, run.out
+    assert "can be allocated" in run.out and "CANNOT" not in run.out
     bad = draguard("explain", str(FIXTURES / "nope.yaml"))
     assert bad.code == 2 and "no such file" in bad.err
 

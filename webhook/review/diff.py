@@ -510,7 +510,7 @@ def render_markdown(imp: Impact) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(imp: Impact, fmt: str, *, color: bool = False) -> str:
+def render(imp: Impact, fmt: str, *, color: bool = False, root: str | None = None) -> str:
     """Text, JSON and Markdown describe the changes; SARIF, JUnit and GitHub annotate the findings
     this change introduces (newly denied, new warnings, changed rewrites) so CI flags only those."""
     if fmt == "text":
@@ -534,5 +534,7 @@ def render(imp: Impact, fmt: str, *, color: bool = False) -> str:
         objects=head.objects,
         ignored=head.ignored,
         title=f"draguard review (changes since {imp.base_ref})",
+        root=root,
+        elapsed=head.elapsed,
     )
     return renderers()[fmt](sub)
