@@ -231,3 +231,38 @@ def test_malformed_workloads_never_raise() -> None:
     assert not [f for f in findings if f.rule.startswith("internal/")]
     # The boolean count is reported, not patched.
     assert len(findings) == 1 and findings[0].patch is None and "True" in findings[0].message
+
+
+def test_every_shipped_mig_class_is_a_migration_target() -> None:
+    """The bundle's MIG DeviceClasses and the shipped MigrationPolicy agree: each profile the bundle
+    has a class for is rewritten automatically (no 'no mapping' finding), to a shipped class."""
+    import re as _re
+    from pathlib import Path as _Path
+
+    import yaml as _yaml
+
+    from webhook.engine.migration import rewrite
+    from webhook.policy.load import load_policies
+
+    root = _Path(__file__).resolve().parents[2]
+    bundle = (root / "kustomize/base/deviceclasses/deviceclasses.yaml").read_text()
+    classes = [d for d in _yaml.safe_load_all(bundle) if d and d.get("kind") == "DeviceClass"]
+    names = {d["metadata"]["name"] for d in classes}
+    profiles = set()
+    for d in classes:
+        for sel in d["spec"].get("selectors", []):
+            expr = sel["cel"]["expression"]
+            profiles.update(_re.findall(r"profile'?\]?\s*==\s*'([0-9]+g\.[0-9]+gb)'", expr))
+    assert len(profiles) >= 6, profiles
+    (policy,) = load_policies(root / "policies").migration
+    for profile in sorted(profiles):
+        resource = f"nvidia.com/mig-{profile}"
+        mapping = policy.mapping_for(resource, {})
+        assert mapping is not None, f"{resource} has no mapping in policies/migration.yaml"
+        assert mapping.device_class in names
+        container = {"name": "c", "image": "x", "resources": {"limits": {resource: 1}}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+               "spec": {"containers": [container]}}  # fmt: skip
+        _patch, _out, templates = rewrite(pod, policy)
+        got = [t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] for t in templates]
+        assert got == [mapping.device_class]
