@@ -157,6 +157,27 @@ def test_migrate_prints_a_diff_and_writes_in_place(draguard: Callable[..., Run],
     assert draguard("migrate", str(f), *policies).code == 0
 
 
+def test_migrate_write_over_many_files_writes_each_template_once(
+    draguard: Callable[..., Run], tmp_path: Path
+) -> None:
+    # Two Jobs in two files need the same template; kustomize refuses a resource defined twice.
+    second = LEGACY.replace("nightly-eval", "weekly-eval").split("---\napiVersion: v1\nkind: ConfigMap")[0]
+    (tmp_path / "a.yaml").write_text(LEGACY)
+    (tmp_path / "b.yaml").write_text(second)
+    run = draguard("migrate", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"),
+                   "--policies", str(FIXTURES / "policies"), "--write")  # fmt: skip
+    assert run.code == 0, run.err
+    ids = [
+        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+        for f in ("a.yaml", "b.yaml")
+        for d in yaml.safe_load_all((tmp_path / f).read_text())
+        if d
+    ]
+    assert len(ids) == len(set(ids)), ids  # what `kustomize build` would reject
+    assert sum(k == "ResourceClaimTemplate" for k, _ns, _n in ids) == 1
+    assert "kept in" in run.err or "kept in" in run.out
+
+
 def test_migrated_manifest_passes_review_of_the_migration_rule(
     draguard: Callable[..., Run], tmp_path: Path
 ) -> None:

@@ -262,13 +262,21 @@ def _dump(y: YAML, data: Any) -> str:
     return buf.getvalue()
 
 
-def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
-    """The migrated text of one file and notes about what could not be migrated."""
+def rewrite_text(
+    text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None
+) -> tuple[str, list[str]]:
+    """The migrated text of one file and notes about what could not be migrated.
+
+    `placed` (object key -> file) holds the objects of every file in this run: a template that
+    exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
+    """
     from webhook.dra.workloads import pod_spec_of
     from webhook.engine.migration import plan_workload
 
     chunks = split_documents(text)
-    present = _existing(chunks)
+    present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
+    for key in _existing(chunks):
+        present.setdefault(key, shown)
     out: list[Chunk] = []
     notes: list[str] = []
     for chunk in chunks:
@@ -299,8 +307,12 @@ def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
             meta = tmpl.get("metadata", {})
             key = (str(tmpl.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
             if key in present:
+                if present[key] != shown:
+                    notes.append(
+                        f"{shown}: {_ref(data)} uses ResourceClaimTemplate {key[2]}, kept in {present[key]}"
+                    )
                 continue
-            present.add(key)
+            present[key] = shown
             if not out[-1].body.endswith("\n"):
                 out[-1] = Chunk(out[-1].separator, out[-1].body + "\n")
             out.append(Chunk("---\n", _dump(y, _to_ruamel(tmpl))))
@@ -529,6 +541,17 @@ def migrate_paths(
     extended = policy.strategy.value == "extended-resource"
     needs: dict[str, str] = legacy_class_needs(texts, policy, outcome.notes) if extended else {}
     served: set[str] = set()
+    # Objects already in any of the files: a generated template is written once, in the first file
+    # that needs it (or not at all when one of the files has it).
+    placed: dict[tuple[str, str, str], str] = {}
+    for f in files:
+        if not extended and f.suffix != ".json" and "kind:" in texts[f]:
+            try:
+                keys = _existing(split_documents(texts[f]))
+            except Exception:  # unreadable: the per-file parse below reports it with its line
+                continue
+            for key in keys:
+                placed.setdefault(key, display_path(f))
     for f in files:
         shown = display_path(f)
         text = texts[f]
@@ -549,7 +572,7 @@ def migrate_paths(
                 parse_text(text, shown)
             except InputError as exc:
                 raise RewriteError(str(exc)) from None
-            new, notes = rewrite_text(text, shown, policy)
+            new, notes = rewrite_text(text, shown, policy, placed)
             outcome.notes.extend(notes)
         if new == text:
             continue
