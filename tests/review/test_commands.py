@@ -178,6 +178,24 @@ def test_migrate_write_over_many_files_writes_each_template_once(
     assert "kept in" in run.err or "kept in" in run.out
 
 
+def test_migrate_picks_the_class_the_tier_policy_allows(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    f = tmp_path / "chat.yaml"
+    f.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: chat, namespace: ml}\nspec:\n"
+        "  selector: {matchLabels: {app: chat}}\n  template:\n    metadata: {labels: {app: chat}}\n"
+        "    spec:\n      containers:\n      - name: vllm\n        image: vllm/vllm-openai:v0.6.0\n"
+        "        resources: {limits: {nvidia.com/gpu: 1}}\n"
+    )
+    shipped = str(Path(__file__).resolve().parents[2] / "policies")
+    assert draguard("migrate", str(f), "--policies", shipped, "--write").code == 0
+    (tmpl,) = [d for d in yaml.safe_load_all(f.read_text()) if d and d["kind"] == "ResourceClaimTemplate"]
+    # The shipped MigrationPolicy maps nvidia.com/gpu to A100 by default; LLMs may use only H100.
+    request = tmpl["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com-h100"
+    review = draguard("review", str(f), "--policies", shipped, "-f", "json")
+    assert not [x for x in json.loads(review.out)["findings"] if x["rule"].startswith("tier/")]
+
+
 def test_migrated_manifest_passes_review_of_the_migration_rule(
     draguard: Callable[..., Run], tmp_path: Path
 ) -> None:

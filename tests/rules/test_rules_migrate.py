@@ -266,3 +266,39 @@ def test_every_shipped_mig_class_is_a_migration_target() -> None:
         _patch, _out, templates = rewrite(pod, policy)
         got = [t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] for t in templates]
         assert got == [mapping.device_class]
+
+
+def test_rewrite_picks_a_class_the_tier_policy_allows() -> None:
+    """A vLLM pod with nvidia.com/gpu in a migrate namespace: the default mapping (A100) would be
+    patched in by /mutate and then denied by /validate's tier rule; the rewrite picks H100."""
+    from pathlib import Path as _Path
+
+    import jsonpatch as _jsonpatch
+
+    from webhook.core.source import SourceObject as _Source
+    from webhook.dra.inventory import Inventory as _Inventory
+    from webhook.engine.context import Context as _Context
+    from webhook.engine.evaluate import evaluate as _evaluate
+    from webhook.policy.load import load_policies
+
+    policies = load_policies(_Path(__file__).resolve().parents[2] / "policies")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat", "namespace": "moving"},
+           "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.0",
+                                    "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}  # fmt: skip
+    ctx = _Context(namespace_labels={"moving": {"draguard.io/migration-mode": "migrate"}}, admission=True)
+    report = _evaluate([_Source(pod)], policies, _Inventory.empty(), ctx)
+    (mig,) = [f for f in report.findings if f.rule == "migrate/legacy-gpu"]
+    assert mig.patch and [g["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+                          for g in mig.generated] == ["gpu.nvidia.com-h100"]  # fmt: skip
+    # What /mutate sends is then allowed by /validate: no tier finding on the patched pod.
+    patched = _jsonpatch.apply_patch(pod, mig.patch)
+    inputs = [_Source(patched), *(_Source(g) for g in mig.generated)]
+    after = _evaluate(inputs, policies, _Inventory.empty(), ctx)
+    assert not [f for f in after.findings if f.rule.startswith("tier/")], after.findings
+    # A training job keeps the default A100 mapping (the tier policy allows it).
+    job = {**pod, "spec": {"containers": [{"name": "t", "image": "x", "command": ["torchrun", "t.py"],
+                                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}  # fmt: skip
+    (mig2,) = [f for f in _evaluate([_Source(job)], policies, _Inventory.empty(), ctx).findings
+               if f.rule == "migrate/legacy-gpu"]  # fmt: skip
+    assert [g["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+            for g in mig2.generated] == ["gpu.nvidia.com-a100"]  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,6 +254,28 @@ def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
+def choose_mapping(
+    policy: MigrationPolicy, resource: str, node_labels: Mapping[str, str],
+    allowed: Callable[[str], bool] | None = None,
+) -> ResourceMapping | None:
+    """The mapping a rewrite uses: the most specific one for the pod's node labels, unless the tier
+    policy forbids its class for this workload (`allowed`). Then the most specific allowed mapping
+    for those labels, else an allowed mapping whose node selector the pod does not contradict (the
+    claim's class, not a node label, places a DRA pod); None of those: the usual choice, which the
+    tier rule then reports."""
+    best = policy.mapping_for(resource, node_labels)
+    if allowed is None or best is None or allowed(best.device_class):
+        return best
+    candidates = [m for m in policy.mappings if m.resource == resource and allowed(m.device_class)]
+    matching = [m for m in candidates if m.matches(resource, node_labels)]
+    if matching:
+        return max(matching, key=lambda m: len(m.node_selector))
+    compatible = [
+        m for m in candidates if all(node_labels.get(k, v) == v for k, v in m.node_selector.items())
+    ]
+    return min(compatible, key=lambda m: len(m.node_selector)) if compatible else best
+
+
 def template_name_for(mapping: ResourceMapping, count: int) -> str:
     """Deterministic template name; mappings that add selectors get a hash of them appended so
     that two mappings onto the same class never share a template."""
@@ -292,6 +314,7 @@ def plan_pod_spec(
     api_version: str | None = None,
     rewrite: bool = True,
     uses: list[LegacyUse] | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -345,7 +368,7 @@ def plan_pod_spec(
     mapped: list[tuple[LegacyUse, ResourceMapping]] = []
     for use in uses:
         if use.resource not in mappings:
-            mappings[use.resource] = policy.mapping_for(use.resource, node_labels)
+            mappings[use.resource] = choose_mapping(policy, use.resource, node_labels, allowed)
         mapping = mappings[use.resource]
         if mapping is None or use.count <= 0:
             unmapped.append(use)
@@ -447,6 +470,7 @@ def plan_workload(
     *,
     namespace: str | None = None,
     api_version: str | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> MigrationPlan | None:
     """Plan the rewrite of any workload kind; None when the object has no pod spec."""
     found = pod_spec_of(obj)
@@ -457,7 +481,9 @@ def plan_workload(
         meta = obj.get("metadata")
         ns = meta.get("namespace") if isinstance(meta, Mapping) else None
         namespace = ns if isinstance(ns, str) and ns else None
-    return plan_pod_spec(obj, pointer, podspec, policy, namespace=namespace, api_version=api_version)
+    return plan_pod_spec(
+        obj, pointer, podspec, policy, namespace=namespace, api_version=api_version, allowed=allowed
+    )
 
 
 def rewrite(

@@ -263,7 +263,8 @@ def _dump(y: YAML, data: Any) -> str:
 
 
 def rewrite_text(
-    text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None
+    text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None,
+    tiers: Any = None,
 ) -> tuple[str, list[str]]:
     """The migrated text of one file and notes about what could not be migrated.
 
@@ -286,7 +287,14 @@ def rewrite_text(
             continue
         # Indentation styles differ between documents pasted into one file: follow each one's.
         y = _yaml(chunk.body)
-        plan = plan_workload(data, policy)
+        allowed = None
+        if tiers is not None:
+            from webhook.engine.rules.migrate import tier_allowed
+
+            meta = data.get("metadata") if isinstance(data.get("metadata"), Mapping) else {}
+            ns = str((meta or {}).get("namespace") or "default")
+            allowed = tier_allowed(tiers, data, ns, None)
+        plan = plan_workload(data, policy, allowed=allowed)
         if plan is None:
             continue
         for use in plan.unmapped:
@@ -536,6 +544,8 @@ def migrate_paths(
         policy = migration_policy(policies, policies_required, strategy, mig)
     except ReviewError:
         raise
+    # The tier policies next to it: the rewrite picks a class they allow for each workload.
+    tiers = load_policy_set(policies, required=False) if policies else None
     outcome = MigrateOutcome()
     diffs: list[str] = []
     extended = policy.strategy.value == "extended-resource"
@@ -572,7 +582,7 @@ def migrate_paths(
                 parse_text(text, shown)
             except InputError as exc:
                 raise RewriteError(str(exc)) from None
-            new, notes = rewrite_text(text, shown, policy, placed)
+            new, notes = rewrite_text(text, shown, policy, placed, tiers)
             outcome.notes.extend(notes)
         if new == text:
             continue
