@@ -308,3 +308,76 @@ def test_console_script_in_a_subprocess(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.strip().endswith("nope.yaml: no such file or directory")
     assert "Traceback" not in bad.stderr
+
+
+# --------------------------------------------------------------------------- namespace labels
+
+LEGACY_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: old, namespace: strict}
+spec:
+  containers:
+  - name: c
+    image: nvcr.io/nvidia/pytorch:24.01-py3
+    resources: {limits: {nvidia.com/gpu: 1}}
+"""
+STRICT_NS = """\
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: strict
+  labels: {draguard.io/migration-mode: enforce}
+"""
+
+
+def _migrate_modes(run: Run) -> set[str]:
+    return {f["mode"] for f in json.loads(run.out)["findings"] if f["rule"] == "migrate/legacy-gpu"}
+
+
+def test_review_reads_namespace_labels_like_admission(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    shipped = str(Path(__file__).resolve().parents[2] / "policies")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(LEGACY_POD)
+    alone = draguard("review", str(pod), "--policies", shipped, "-f", "json")
+    assert alone.code == 0 and _migrate_modes(alone) == {"warn"}
+    # The Namespace in the same change: its migration-mode label applies, as in admission.
+    both = tmp_path / "with-ns"
+    both.mkdir()
+    (both / "ns.yaml").write_text(STRICT_NS)
+    (both / "pod.yaml").write_text(LEGACY_POD)
+    run = draguard("review", str(both), "--policies", shipped, "-f", "json")
+    assert run.code == 1 and _migrate_modes(run) == {"enforce"}
+    # Or from a cluster snapshot: `kubectl get namespaces -o yaml` is a List of Namespaces.
+    state = tmp_path / "cluster.yaml"
+    listed = {"apiVersion": "v1", "kind": "List", "items": [yaml.safe_load(STRICT_NS)]}
+    state.write_text(yaml.safe_dump(listed))
+    run = draguard("review", str(pod), "--policies", shipped, "--cluster-state", str(state), "-f", "json")
+    assert run.code == 1 and _migrate_modes(run) == {"enforce"}
+
+
+def test_review_cluster_state_team_label_applies_the_team_budget(
+    draguard: Callable[..., Run], tmp_path: Path
+) -> None:
+    shipped = str(Path(__file__).resolve().parents[2] / "policies")
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: big, namespace: vision}\n"
+        "spec: {devices: {requests: [{name: g,\n"
+        "  exactly: {deviceClassName: gpu.nvidia.com-h100, count: 20}}]}}\n"
+    )
+    state = tmp_path / "ns.yaml"
+    state.write_text(STRICT_NS.replace("strict", "vision").replace("draguard.io/migration-mode: enforce",
+                                                                    "draguard.io/team: cv"))  # fmt: skip
+    # Unlabelled, the default budget (8 GPU-equivalents) denies it; as team cv's (32) it fits.
+    assert draguard("review", str(claim), "--policies", shipped).code == 1
+    assert draguard("review", str(claim), "--policies", shipped, "--cluster-state", str(state)).code == 0
+
+
+def test_review_cluster_state_errors_name_the_file(draguard: Callable[..., Run], tmp_path: Path) -> None:
+    missing = draguard("review", str(tmp_path), "--cluster-state", str(tmp_path / "nope.yaml"))
+    assert missing.code == 2 and "nope.yaml: cluster state file not found" in missing.err
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    run = draguard("review", str(odd), "--cluster-state", str(odd))
+    assert run.code == 2 and "no Namespace objects" in run.err

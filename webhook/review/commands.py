@@ -78,6 +78,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                 inventory=args.inventory,
                 namespace=args.namespace,
                 progress=progress,
+                cluster_state=args.cluster_state,
             )
             text = diff.render(
                 impact, args.format, color=to_stdout and _use_color(sys.stdout), root=repo_root(args.root)
@@ -96,6 +97,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             inventory=args.inventory,
             namespace=args.namespace,
             progress=progress,
+            cluster_state=args.cluster_state,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
@@ -246,6 +248,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", "-f", choices=FORMATS, default="text")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     p.add_argument("--base", metavar="REF", help="git ref to compare with: report only verdicts that changed")
+    p.add_argument(
+        "--cluster-state",
+        metavar="FILE",
+        help="namespace labels as admission sees them: `kubectl get namespaces -o yaml` output "
+        "(Namespace objects among the inputs override it)",
+    )
     p.add_argument(
         "--root",
         metavar="DIR",

@@ -359,8 +359,12 @@ def impact(
     inventory: str | None,
     namespace: str = "default",
     progress: Progress | None = None,
+    cluster_state: str | None = None,
 ) -> Impact:
     from webhook.review.inputs import InputError, read_paths
+    from webhook.review.pipeline import load_cluster_state
+
+    labels = load_cluster_state(cluster_state)
 
     paths = list(paths) or ["."]
     if "-" in paths:
@@ -381,7 +385,10 @@ def impact(
     except InputError as exc:
         raise ReviewError(str(exc)) from None
     head = Reviewed(
-        evaluate_inputs(head_inputs, head_policies, inv, namespace=namespace, progress=progress), head_inputs
+        evaluate_inputs(
+            head_inputs, head_policies, inv, namespace=namespace, progress=progress, namespace_labels=labels
+        ),
+        head_inputs,
     )
 
     with tempfile.TemporaryDirectory(prefix="draguard-base-") as tmp:
@@ -407,7 +414,10 @@ def impact(
 
             base_inputs = base_inputs or Inputs()
             base_rev = Reviewed(
-                evaluate_inputs(base_inputs, base_policies, inv, namespace=namespace), base_inputs
+                evaluate_inputs(
+                    base_inputs, base_policies, inv, namespace=namespace, namespace_labels=labels
+                ),
+                base_inputs,
             )
             head_policy_dir = (cwd / policies) if policies else None
             pchanges = policy_changes(base_policy_dir, head_policy_dir, policies or "")
