@@ -75,6 +75,8 @@ RULE_HELP: dict[str, str] = {
     "cel/unsupported": "A selector uses CEL the API server accepts but draguard's runtime cannot check.",
     "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
     "`draguard migrate` rewrites it to a DRA claim.",
+    "structure/invalid": "The API server rejects this claim or template (wrong shape for its apiVersion, "
+    "missing deviceClassName, bad count, duplicate names); the message names the field.",
     "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",
     "structure/undeclared-claim": "A container names a claim missing from the pod's `spec.resourceClaims`.",
     "structure/deprecated-version": "The object uses a `resource.k8s.io` version the cluster does not serve.",
