@@ -262,6 +262,33 @@ def _dump(y: YAML, data: Any) -> str:
     return buf.getvalue()
 
 
+def _namespace_of(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) and ns else None
+
+
+def _merge(plans: Sequence[Any]) -> Any:
+    """One plan for a workload with several pod templates: patches concatenated (their paths are
+    disjoint), templates once each."""
+    import dataclasses
+
+    if len(plans) == 1:
+        return plans[0]
+    templates: dict[str, Any] = {}
+    for p in plans:
+        for t in p.templates:
+            templates.setdefault(t["metadata"]["name"], t)
+    return dataclasses.replace(
+        plans[0],
+        uses=[u for p in plans for u in p.uses],
+        edits=[e for p in plans for e in p.edits],
+        unmapped=[u for p in plans for u in p.unmapped],
+        patch=[op for p in plans for op in p.patch],
+        templates=list(templates.values()),
+    )
+
+
 def rewrite_text(
     text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None,
     tiers: Any = None,
@@ -271,8 +298,8 @@ def rewrite_text(
     `placed` (object key -> file) holds the objects of every file in this run: a template that
     exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
     """
-    from webhook.dra.workloads import pod_spec_of
-    from webhook.engine.migration import plan_workload
+    from webhook.dra.workloads import pod_spec_of, pod_templates_of
+    from webhook.engine.migration import plan_pod_spec
 
     chunks = split_documents(text)
     present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
@@ -294,9 +321,14 @@ def rewrite_text(
             meta = data.get("metadata") if isinstance(data.get("metadata"), Mapping) else {}
             ns = str((meta or {}).get("namespace") or "default")
             allowed = tier_allowed(tiers, data, ns, None)
-        plan = plan_workload(data, policy, allowed=allowed)
-        if plan is None:
+        plans = [p for p in (
+            plan_pod_spec(data, t.pointer, t.spec, policy, namespace=_namespace_of(data), allowed=allowed,
+                          rewrite=False)
+            for t in pod_templates_of(data) if not t.container
+        )]  # fmt: skip
+        if not plans:
             continue
+        plan = _merge(plans)
         for use in plan.unmapped:
             notes.append(
                 f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}: "

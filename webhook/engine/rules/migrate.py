@@ -14,7 +14,7 @@ from typing import Any
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.objects import esc
-from webhook.dra.workloads import pod_spec_of
+from webhook.dra.workloads import pod_templates_of
 from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
 from webhook.engine.rules.base import FunctionRule, RuleContext
 from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
@@ -85,10 +85,15 @@ def _what(use: LegacyUse) -> str:
 
 
 def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
-    found = pod_spec_of(item.obj)
-    if found is None:
-        return
-    pointer, podspec = found
+    # Every pod template: a workload CRD (PyTorchJob, JobSet, ...) may have several.
+    for tmpl in pod_templates_of(item.obj):
+        if not tmpl.container:
+            yield from _check_template(item, rc, tmpl.pointer, tmpl.spec)
+
+
+def _check_template(
+    item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any]
+) -> Iterable[Finding]:
     uses = find_legacy(podspec, pointer)
     if not uses:
         return

@@ -16,7 +16,7 @@ from typing import Any
 from webhook.core.findings import Finding
 from webhook.core.source import SourceObject
 from webhook.dra.objects import as_map, claim_spec_of
-from webhook.dra.workloads import effective_amounts, pod_spec_of, replicas_of
+from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
 from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
 from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction
@@ -87,43 +87,49 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             d.add(cls, n, f"{n} (claim)")
         d.gpu_equivalents = calc.claim_gpu_equivalents(spec)
         return d
-    found = pod_spec_of(obj)
-    if found is None:
+    templates = pod_templates_of(obj)
+    if not templates:
         return None
-    pod_ptr, podspec = found
-    pods = replicas_of(obj)
-    if obj.get("kind") == "DaemonSet":
-        # One pod per node: count the GPU nodes the inventory knows (1 without an inventory).
-        pods = max(len(rc.inventory.nodes()), 1)
-    unit = "pod" if pods == 1 else "pods"
-    d = Demand(pods=pods, pointer="/spec/replicas" if "replicas" in as_map(obj.get("spec")) else pod_ptr)
-    for pc in rc.pod_claims(item):
-        if pc.kind != "template" or pc.spec is None:
-            # A shared ResourceClaim is charged once, as its own object; an inline `source` spec
-            # is dropped by the API server (structure/inline-source reports it).
-            continue
-        d.claims += pods
-        for cls, n in calc.claim_demand(pc.spec).items():
-            d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target})")
+    spec_map = as_map(obj.get("spec"))
+    d = Demand(pointer="/spec/replicas" if "replicas" in spec_map else templates[0].pointer)
+    claims = rc.pod_claims(item)
     ge = Fraction(0)
-    for pc in rc.pod_claims(item):
-        if pc.kind == "template" and pc.spec is not None:
+    total_pods = 0
+    for tmpl in templates:
+        pods = tmpl.replicas
+        if obj.get("kind") == "DaemonSet":
+            # One pod per node: count the GPU nodes the inventory knows (1 without an inventory).
+            pods = max(len(rc.inventory.nodes()), 1)
+        total_pods += pods
+        unit = "pod" if pods == 1 else "pods"
+        where = "" if len(templates) == 1 else f" in {tmpl.pointer}"
+        for pc in claims:
+            if not pc.pointer.startswith(f"{tmpl.pointer}/resourceClaims/"):
+                continue
+            if pc.kind != "template" or pc.spec is None:
+                # A shared ResourceClaim is charged once, as its own object; an inline `source` spec
+                # is dropped by the API server (structure/inline-source reports it).
+                continue
+            d.claims += pods
+            for cls, n in calc.claim_demand(pc.spec).items():
+                d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target}){where}")
             ge += calc.claim_gpu_equivalents(pc.spec) * pods
-    extended = False
-    # Effective amounts (max of init containers vs sum of app containers), as the scheduler and the
-    # device plugin count them: an init container's GPUs are reused by the app containers.
-    for res, count in sorted(effective_amounts(podspec).items()):
-        ext_cls = _extended_class(rc, res)
-        if ext_cls is not None:
-            extended = True
-            d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res})")
-            ge += calc.class_fraction(ext_cls) * count * pods
-        elif is_legacy_resource(res):
-            cls, frac = _legacy_class(rc, res, podspec, calc)
-            d.add(cls, count * pods, f"{pods} {unit} x {count} ({res}, device plugin)")
-            ge += frac * count * pods
-    if extended:
-        d.claims += pods  # the scheduler creates one claim per pod for extended resources
+        extended = False
+        # Effective amounts (max of init containers vs sum of app containers), as the scheduler and
+        # the device plugin count them: an init container's GPUs are reused by the app containers.
+        for res, count in sorted(effective_amounts(tmpl.spec).items()):
+            ext_cls = _extended_class(rc, res)
+            if ext_cls is not None:
+                extended = True
+                d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res}){where}")
+                ge += calc.class_fraction(ext_cls) * count * pods
+            elif is_legacy_resource(res):
+                cls, frac = _legacy_class(rc, res, tmpl.spec, calc)
+                d.add(cls, count * pods, f"{pods} {unit} x {count} ({res}, device plugin){where}")
+                ge += frac * count * pods
+        if extended:
+            d.claims += pods  # the scheduler creates one claim per pod for extended resources
+    d.pods = total_pods
     d.gpu_equivalents = ge
     return d
 
