@@ -170,6 +170,7 @@ class QuotaLedger:
         self.synced = synced or (lambda: True)
         self.clock = clock
         self._groups: dict[str, _Group] = {}
+        self._watched_memo: tuple[Any, dict[str, dict[str, tuple[str, ClaimCharge]]]] | None = None
         self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0}
 
     # --- which requests --------------------------------------------------------------------------
@@ -366,17 +367,7 @@ class QuotaLedger:
             group = as_str(as_map(as_map(cm.get("metadata")).get("annotations")).get(GROUP_ANNOTATION))
             if group:
                 ledgers[group] = cm
-        calc = inventory_calculator(snap.inventory)
-        watched: dict[str, dict[str, tuple[str, ClaimCharge]]] = {}
-        for obj in self.claims():
-            meta = as_map(obj.get("metadata"))
-            ns = as_str(meta.get("namespace")) or "default"
-            group = budget_group(snap.policies, ns, snap.namespace_labels.get(ns))
-            charge = _charge_obj(obj, calc)
-            if group is None or charge is None:
-                continue
-            key = f"{ns}/{as_str(meta.get('name'))}"
-            watched.setdefault(group, {})[key] = (as_str(meta.get("uid")) or "", charge)
+        watched = self._watched(snap)
         written = 0
         for group in sorted(set(ledgers) | set(watched)):
             cm = ledgers.get(group)
@@ -389,6 +380,32 @@ class QuotaLedger:
                         "quota ledger reconcile failed", extra={"group": group, "reason": str(e)[:200]}
                     )
         return written
+
+    def _watched(self, snap: Snapshot) -> dict[str, dict[str, tuple[str, ClaimCharge]]]:
+        """Watched claims per budget group: (uid, charge) by `namespace/name`. Worked out again only
+        when the claims, namespace labels, policies or devices changed since the last pass."""
+        claims = self.claims()
+        # The memo holds the objects themselves, so an identity match cannot be a reused address.
+        key = (claims, snap.namespace_labels, snap.policies, snap.inventory.devices, snap.inventory.classes)
+        memo = self._watched_memo
+        if memo is not None and len(memo[0][0]) == len(claims) and all(
+            a is b for a, b in zip(memo[0][1:], key[1:], strict=True)
+        ) and all(a is b for a, b in zip(memo[0][0], claims, strict=True)):
+            return memo[1]
+        calc = inventory_calculator(snap.inventory)
+        watched: dict[str, dict[str, tuple[str, ClaimCharge]]] = {}
+        for obj in claims:
+            meta = as_map(obj.get("metadata"))
+            ns = as_str(meta.get("namespace")) or "default"
+            group = budget_group(snap.policies, ns, snap.namespace_labels.get(ns))
+            charge = _charge_obj(obj, calc) if group is not None else None
+            if group is None or charge is None:
+                continue
+            watched.setdefault(group, {})[f"{ns}/{as_str(meta.get('name'))}"] = (
+                as_str(meta.get("uid")) or "", charge
+            )
+        self._watched_memo = (key, watched)
+        return watched
 
     def _reconcile_one(self, group: str, cm: dict[str, Any] | None,
                        watched: Mapping[str, tuple[str, ClaimCharge]], snap: Snapshot) -> bool:
