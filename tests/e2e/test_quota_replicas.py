@@ -125,11 +125,14 @@ def _ready(port: int, ca: Path) -> bool:
 
 
 @pytest.fixture
-def replicas(cluster: LocalCluster, tmp_path: Path) -> Iterator[Replicas]:
+def replicas(cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Replicas]:
+    """Three `draguard serve` processes behind the proxy (`@pytest.mark.parametrize("replicas",
+    [(n, extra_args)], indirect=True)` changes how many, and their flags)."""
     if "webhook" not in (cluster.state.get("pids") or {}):
         pytest.skip("the webhook is not part of this cluster (webhook/server missing)")
+    count, extra = getattr(request, "param", (3, ()))
     certs = cluster.paths.certs
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(count)]
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -140,7 +143,7 @@ def replicas(cluster: LocalCluster, tmp_path: Path) -> Iterator[Replicas]:
             "serve", "--host", "127.0.0.1", "--port", str(port),
             "--tls-cert", str(certs / "webhook.crt"), "--tls-key", str(certs / "webhook.key"),
             "--policies", str(REPO_ROOT / "policies"), "--kubeconfig", str(cluster.kubeconfig),
-            "--shutdown-delay", "0",
+            "--shutdown-delay", "0", *extra,
         )  # fmt: skip
         with log.open("wb") as out:
             procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT))
@@ -297,3 +300,15 @@ def test_reservation_of_a_create_that_never_happened_expires(
     rest = [create(kube, ns, f"after-{i}") for i in range(1, BUDGET + 1)]
     assert rest[: BUDGET - 1] == [None] * (BUDGET - 1), rest
     assert rest[-1] is not None and POLICY in rest[-1]
+
+
+@pytest.mark.parametrize("replicas", [(1, ("--quota-ledger-namespace", "no-such-ledgers"))], indirect=True)
+def test_missing_ledger_namespace_is_a_clear_denial(
+    cluster: LocalCluster, namespace: Callable[..., str], replicas: Replicas
+) -> None:
+    kube = dataclasses.replace(cluster.kube(), timeout=30.0)
+    ns = namespace("team")
+    wait_for(lambda: through_proxy(kube, ns, replicas.proxy), "the API server calling the proxy", 60)
+    err = create(kube, ns, "one")
+    assert err is not None and "namespace no-such-ledgers for the quota ledgers does not exist" in err, err
+    assert "--quota-ledger-namespace" in err and "Traceback" not in err

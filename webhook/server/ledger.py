@@ -197,6 +197,9 @@ class QuotaLedger:
         name = as_str(meta.get("name")) or str(request.get("name") or "")
         if not name:
             return first  # generateName: the name is unknown until after admission (see docs)
+        if snap.namespace_labels and self.namespace not in snap.namespace_labels:
+            # The watch sees every namespace: no need to ask the API server to learn it is missing.
+            return _denied(first, request, self._missing())
         loop = asyncio.get_running_loop()
         item = _Item(f"{request.get('namespace') or 'default'}/{name}", request, snap, loop.create_future(),
                      deadline=time.monotonic() + self.timeout)  # fmt: skip
@@ -215,6 +218,10 @@ class QuotaLedger:
             if item in g.pending:
                 g.pending.remove(item)
             return _denied(first, request, self._late())
+
+    def _missing(self) -> str:
+        return (f"namespace {self.namespace} for the quota ledgers does not exist; create it (the bundle "
+                "ships it) or run serve with --quota-ledger-namespace ''")  # fmt: skip
 
     def _late(self) -> str:
         return (f"the quota ledger could not be updated within {self.timeout:g} s (API server slow or busy); "
@@ -255,10 +262,8 @@ class QuotaLedger:
                     g.pending[:0] = [it for it, _o in allowed if not it.future.done()]
                     continue
                 if e.status == 404:
-                    why = (f"namespace {self.namespace} for the quota ledgers does not exist; create it (the "
-                           "bundle ships it) or run serve with --quota-ledger-namespace ''")  # fmt: skip
                     for it, _o in allowed:
-                        _resolve(it, _denied_item(it, why))
+                        _resolve(it, _denied_item(it, self._missing()))
                     continue
                 for it, _o in allowed:
                     _resolve(it, _denied_item(it, f"the quota ledger could not be written ({_why(e)})"))
