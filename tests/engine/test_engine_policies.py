@@ -32,7 +32,8 @@ def test_shipped_policies_load_and_say_llm_means_h100() -> None:
     assert all(cel.setting(c) is not None for c in CEL_CHECKS)
     assert cel.setting("cel/syntax").mode is Mode.ENFORCE  # type: ignore[union-attr]
     (quota,) = ps.quota
-    assert {b.scope for b in quota.budgets} == {"namespace", "team"}
+    # Namespace budgets, team budgets, and the default budget for every other namespace.
+    assert {b.scope for b in quota.budgets} == {"namespace", "team", "default"}
 
 
 def test_schema_error_names_file_line_and_field() -> None:

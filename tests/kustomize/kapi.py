@@ -162,8 +162,9 @@ def api_server() -> Iterator[Api]:
                 )
             time.sleep(1)
         # Namespaced objects need their namespace to exist even in a dry run; create it from the bundle.
-        ns_obj = one(build("eks"), "Namespace", "draguard-system")
-        assert a.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ns_obj)).returncode == 0
+        for ns_name in ("draguard-system", "draguard-quota"):
+            ns_obj = one(build("eks"), "Namespace", ns_name)
+            assert a.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ns_obj)).returncode == 0
         assert a.kubectl("create", "namespace", "ml").returncode == 0
         # No controller-manager here: create the ServiceAccounts pods default to.
         for ns in ("ml", "kube-system"):

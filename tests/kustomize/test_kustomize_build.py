@@ -78,6 +78,9 @@ def test_namespaced_objects_live_in_draguard_system(overlay: str) -> None:
             "ValidatingAdmissionPolicyBinding",
         }:
             assert "namespace" not in o["metadata"], o["metadata"]
+        elif o["metadata"]["name"] == "draguard-webhook-quota-ledger":
+            # The quota ledgers' namespace: the webhook's ConfigMap rights reach nothing else.
+            assert o["metadata"].get("namespace") == "draguard-quota", (o["kind"], o["metadata"])
         else:
             assert o["metadata"].get("namespace") == "draguard-system", (o["kind"], o["metadata"])
 

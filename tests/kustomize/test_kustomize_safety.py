@@ -157,6 +157,11 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     # The webhook reads its certificate from the mounted Secret: no Secret rights at all.
     assert find(objs, "Role", "draguard-webhook") == []
     assert find(objs, "RoleBinding", "draguard-webhook") == []
+    ledger = one(objs, "Role", "draguard-webhook-quota-ledger")
+    assert ledger["metadata"]["namespace"] == "draguard-quota"
+    assert ledger["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "update"]}
+    ]
     assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},

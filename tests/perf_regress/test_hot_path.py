@@ -187,20 +187,22 @@ def test_gpu_equivalents_memo_is_per_calculator() -> None:
     from fractions import Fraction
 
     from webhook.engine.quota import QuotaCalculator
-    from webhook.engine.rules import quota as quota_rule
 
     classes = _docs("deviceclasses.yaml")
     names = [c["metadata"]["name"] for c in classes]
     mig = next(n for n in names if "mig" in n)
     full = Inventory.from_objects(classes)
     a, b = QuotaCalculator(full), QuotaCalculator(Inventory.from_objects(classes))
-    demand = {mig: 2}
-    want = a.gpu_equivalents(demand)
+    from webhook.dra.objects import read_claim_spec
+
+    request = {"name": "g", "exactly": {"deviceClassName": mig, "count": 2}}
+    spec = read_claim_spec({"devices": {"requests": [request]}}, "resource.k8s.io/v1")
+    want = a.claim_gpu_equivalents(spec)
     assert want != Fraction(2)  # a MIG slice counts a fraction of a GPU
     b._fractions[mig] = Fraction(1)  # b prices the class as a whole GPU
-    assert quota_rule._gpu_equivalents(a, demand) == want
-    assert quota_rule._gpu_equivalents(b, demand) == Fraction(2)
-    assert quota_rule._gpu_equivalents(a, demand) == want
+    assert a.claim_gpu_equivalents(spec) == want
+    assert b.claim_gpu_equivalents(spec) == Fraction(2)
+    assert a.claim_gpu_equivalents(spec) == want
 
 
 @pytest.mark.parametrize(

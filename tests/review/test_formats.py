@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from tests.review.conftest import Run, check_golden
 from webhook.review.formats.github import escape_data, escape_property
 
-ARGS = ("review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml")
+ARGS = ("review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml", "--root", ".")
 SUFFIX = {
     "text": "txt",
     "json": "json",
@@ -28,7 +29,9 @@ def test_format_matches_golden(fmt: str, draguard: Callable[..., Run], in_fixtur
     run = draguard(*ARGS, "--format", fmt)
     assert run.code == 1, run.err  # the fixtures hold enforce-mode findings
     assert run.err == ""
-    check_golden(f"review.{SUFFIX[fmt]}", run.out)
+    # JUnit times are measured: compare everything else.
+    out = re.sub(r'time="[0-9.]+"', 'time="T"', run.out) if fmt == "junit" else run.out
+    check_golden(f"review.{SUFFIX[fmt]}", out)
 
 
 def test_json_has_exactly_the_documented_shape(draguard: Callable[..., Run], in_fixtures: Path) -> None:
@@ -79,7 +82,7 @@ def test_sarif_has_the_2_1_0_required_keys_and_types(draguard: Callable[..., Run
     assert levels == {"error", "warning", "note"}
 
 
-def test_junit_parses_back_with_one_testcase_per_object_and_rule(
+def test_junit_has_one_case_per_object_and_rule_that_fired(
     draguard: Callable[..., Run], in_fixtures: Path
 ) -> None:
     run = draguard(*ARGS, "-f", "junit")
@@ -87,19 +90,27 @@ def test_junit_parses_back_with_one_testcase_per_object_and_rule(
     assert root.tag == "testsuites"
     cases = root.findall("./testsuite/testcase")
     findings = json.loads(draguard(*ARGS, "-f", "json").out)["findings"]
-    rules = {f["rule"] for f in findings}
-    assert len(cases) == 13 * len(rules)
-    failed = {(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None}
-    enforced = {
-        (f["file"], f["object"]["kind"], f["object"]["name"], f["rule"])
-        for f in findings
-        if f["mode"] == "enforce"
-    }
-    assert len(failed) == len(enforced)
-    assert int(root.get("failures", "-1")) == len(enforced)
+    fired = {(f["file"], f["object"]["kind"], f["object"]["name"], f["rule"]) for f in findings}
+    clean = 13 - len({k[:3] for k in fired})  # objects nothing fired on: one passing case each
+    assert len(cases) == len(fired) + clean
+    enforced = {k for k in fired if any(
+        (f["file"], f["object"]["kind"], f["object"]["name"], f["rule"]) == k and f["mode"] == "enforce"
+        for f in findings)}  # fmt: skip
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert len(failed) == len(enforced) == int(root.get("failures", "-1"))
+    # Warnings are visible to GitLab and GitHub reporters: a skipped case with the message.
+    warned = [c for c in cases if c.find("skipped") is not None]
+    assert warned and all(c.find("skipped").get("message", "").startswith("warning: ") for c in warned)  # type: ignore[union-attr]
+    assert int(root.get("skipped", "-1")) == len(warned)
     assert int(root.get("tests", "-1")) == len(cases)
+    assert float(root.get("time", "-1")) > 0
     for suite in root.findall("testsuite"):
         assert int(suite.get("tests", "-1")) == len(suite.findall("testcase"))
+        assert suite.get("file") == suite.get("name")
+    for c in cases:
+        assert c.get("file", "").startswith("manifests/") and float(c.get("time", "-1")) >= 0
+    lined = [c for c in failed if c.get("line")]
+    assert lined and all(int(c.get("line", "0")) >= 1 for c in lined)
 
 
 def test_github_annotations_escape_data_and_properties() -> None:
@@ -178,3 +189,58 @@ def test_github_escaping_round_trips() -> None:
         assert _unescape(data) == text
 
     check()
+
+
+# -- paths relative to the repository root; GitHub's annotation limit -----------------------------
+
+PLAIN = ("review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml")
+
+
+def _sarif_uris(out: str) -> list[dict[str, str]]:
+    run = json.loads(out)["runs"][0]
+    return [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in run["results"]]
+
+
+def test_paths_are_relative_to_the_git_top_level_by_default(
+    draguard: Callable[..., Run], in_fixtures: Path
+) -> None:
+    # Run from tests/review/fixtures: code scanning resolves URIs against the repository root.
+    for loc in _sarif_uris(draguard(*PLAIN, "-f", "sarif").out):
+        assert loc["uriBaseId"] == "%SRCROOT%"
+        assert loc["uri"].startswith("tests/review/fixtures/manifests/"), loc
+    annotations = [ln for ln in draguard(*PLAIN, "-f", "github").out.splitlines() if "file=" in ln]
+    assert annotations and all("file=tests/review/fixtures/manifests/" in ln for ln in annotations)
+    root = ET.fromstring(draguard(*PLAIN, "-f", "junit").out)
+    assert all(c.get("file", "").startswith("tests/review/fixtures/") for c in root.iter("testcase"))
+
+
+def test_absolute_inputs_are_made_relative_or_become_file_uris(
+    draguard: Callable[..., Run], in_fixtures: Path, tmp_path: Path
+) -> None:
+    inside = ("review", str(in_fixtures / "manifests"), *PLAIN[2:], "-f", "sarif")
+    for loc in _sarif_uris(draguard(*inside, "--root", str(in_fixtures)).out):
+        assert loc["uri"].startswith("manifests/") and loc["uriBaseId"] == "%SRCROOT%"
+    # Outside the root: an absolute file: URI and no uriBaseId (SARIF1004).
+    for loc in _sarif_uris(draguard(*inside, "--root", str(tmp_path)).out):
+        assert loc["uri"].startswith("file:///") and "uriBaseId" not in loc
+
+
+def test_github_annotations_stay_within_the_per_step_limit(tmp_path: Path) -> None:
+    from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
+    from webhook.review.formats import ReviewResult
+    from webhook.review.formats.github import ANNOTATIONS_PER_KIND, render
+
+    ref = ObjectRef("v1", "Pod", "ns", "p")
+    findings = [Finding(rule="quota/x", severity=Severity.ERROR, mode=Mode.ENFORCE, object=ref,
+                        message=f"error {i}", file="a.yaml", line=i + 1) for i in range(25)]  # fmt: skip
+    findings += [Finding(rule="cel/x", severity=Severity.WARNING, mode=Mode.WARN, object=ref,
+                         message=f"warning {i}", file="a.yaml", line=100 + i) for i in range(3)]  # fmt: skip
+    out = render(ReviewResult(Report(findings=findings))).splitlines()
+    errors = [ln for ln in out if ln.startswith("::error ")]
+    assert len(errors) == ANNOTATIONS_PER_KIND == 10
+    assert "16 more errors than GitHub annotates per step" in errors[-1]
+    assert len([ln for ln in out if ln.startswith("::warning ")]) == 3
+    # Nothing is lost: the rest is in the log, in a group.
+    logged = [ln for ln in out if ": enforce: [quota/x]" in ln]
+    assert len(logged) == 16 and any("error 24" in ln for ln in logged)
+    assert "::group::" in "\n".join(out) and "::endgroup::" in out

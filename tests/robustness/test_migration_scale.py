@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -68,5 +69,8 @@ def test_review_of_3000_containers(tmp_path: Path, inventory_path: Path) -> None
     run = run_review(
         [str(f), "--policies", str(POLICIES), "--inventory", str(inventory_path), "--format", "json"]
     )
-    assert run.code == 0, run.err
+    # 3,000 device-plugin GPUs are over the namespace's budget (quota charges them); nothing else denies.
+    assert run.code == 1, run.err
+    denied = {f["rule"] for f in json.loads(run.out)["findings"] if f["mode"] == "enforce"}
+    assert denied == {"quota/team-budgets"}, denied
     assert "migrate/legacy-gpu" in run.out

@@ -253,3 +253,28 @@ def test_admission_never_reports_what_the_api_server_already_validated() -> None
         admitted = _run(objs, enforce, admission=True)
         assert not [f for f in admitted if f.rule in selectors], (check, admitted)
         assert not [f for f in admitted if f.mode is Mode.ENFORCE and f.rule.startswith("cel/")], admitted
+
+
+def _claim_req(cls: str, expr: str) -> dict[str, Any]:
+    return {"name": "g", "exactly": {"deviceClassName": cls, "selectors": [{"cel": {"expression": expr}}]}}
+
+
+def test_driver_guard_belongs_to_the_class() -> None:
+    # The scheduler runs a request's selectors only on devices its class selected: a class that pins
+    # device.driver guards every claim naming it, so the claim's own selector is not warned about.
+    guarded = _class("device.driver == 'gpu.nvidia.com'", "nvidia")
+    open_class = _class("device.attributes['gpu.nvidia.com'].productName != ''", "loose")
+    sel = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100'"
+    second = {**_template([_claim_req("loose", sel)]), "metadata": {"name": "t2", "namespace": "ml"}}
+    objs = [SourceObject(o) for o in (guarded, open_class, _template([_claim_req("nvidia", sel)]), second)]
+    guards = [(f.object.kind, f.object.name) for f in _run(objs) if f.rule == "cel/driver-guard"]
+    # The unguarded class itself, and the claim whose class does not guard the driver; not the other.
+    assert sorted(guards) == [("DeviceClass", "loose"), ("ResourceClaimTemplate", "t2")]
+
+
+def test_unknown_class_is_not_linted_selector_by_selector() -> None:
+    known = _class("device.driver == 'gpu.nvidia.com'", "nvidia")
+    sel = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100'"
+    tmpl = _template([_claim_req("no-such-class", sel), {**_claim_req("no-such-class", sel), "name": "h"}])
+    rules = [f.rule for f in _run([SourceObject(known), SourceObject(tmpl)])]
+    assert "cel/driver-guard" not in rules and "cel/no-match" not in rules

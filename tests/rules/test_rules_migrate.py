@@ -231,3 +231,74 @@ def test_malformed_workloads_never_raise() -> None:
     assert not [f for f in findings if f.rule.startswith("internal/")]
     # The boolean count is reported, not patched.
     assert len(findings) == 1 and findings[0].patch is None and "True" in findings[0].message
+
+
+def test_every_shipped_mig_class_is_a_migration_target() -> None:
+    """The bundle's MIG DeviceClasses and the shipped MigrationPolicy agree: each profile the bundle
+    has a class for is rewritten automatically (no 'no mapping' finding), to a shipped class."""
+    import re as _re
+    from pathlib import Path as _Path
+
+    import yaml as _yaml
+
+    from webhook.engine.migration import rewrite
+    from webhook.policy.load import load_policies
+
+    root = _Path(__file__).resolve().parents[2]
+    bundle = (root / "kustomize/base/deviceclasses/deviceclasses.yaml").read_text()
+    classes = [d for d in _yaml.safe_load_all(bundle) if d and d.get("kind") == "DeviceClass"]
+    names = {d["metadata"]["name"] for d in classes}
+    profiles = set()
+    for d in classes:
+        for sel in d["spec"].get("selectors", []):
+            expr = sel["cel"]["expression"]
+            profiles.update(_re.findall(r"profile'?\]?\s*==\s*'([0-9]+g\.[0-9]+gb)'", expr))
+    assert len(profiles) >= 6, profiles
+    (policy,) = load_policies(root / "policies").migration
+    for profile in sorted(profiles):
+        resource = f"nvidia.com/mig-{profile}"
+        mapping = policy.mapping_for(resource, {})
+        assert mapping is not None, f"{resource} has no mapping in policies/migration.yaml"
+        assert mapping.device_class in names
+        container = {"name": "c", "image": "x", "resources": {"limits": {resource: 1}}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+               "spec": {"containers": [container]}}  # fmt: skip
+        _patch, _out, templates = rewrite(pod, policy)
+        got = [t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] for t in templates]
+        assert got == [mapping.device_class]
+
+
+def test_rewrite_picks_a_class_the_tier_policy_allows() -> None:
+    """A vLLM pod with nvidia.com/gpu in a migrate namespace: the default mapping (A100) would be
+    patched in by /mutate and then denied by /validate's tier rule; the rewrite picks H100."""
+    from pathlib import Path as _Path
+
+    import jsonpatch as _jsonpatch
+
+    from webhook.core.source import SourceObject as _Source
+    from webhook.dra.inventory import Inventory as _Inventory
+    from webhook.engine.context import Context as _Context
+    from webhook.engine.evaluate import evaluate as _evaluate
+    from webhook.policy.load import load_policies
+
+    policies = load_policies(_Path(__file__).resolve().parents[2] / "policies")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat", "namespace": "moving"},
+           "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.0",
+                                    "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}  # fmt: skip
+    ctx = _Context(namespace_labels={"moving": {"draguard.io/migration-mode": "migrate"}}, admission=True)
+    report = _evaluate([_Source(pod)], policies, _Inventory.empty(), ctx)
+    (mig,) = [f for f in report.findings if f.rule == "migrate/legacy-gpu"]
+    assert mig.patch and [g["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+                          for g in mig.generated] == ["gpu.nvidia.com-h100"]  # fmt: skip
+    # What /mutate sends is then allowed by /validate: no tier finding on the patched pod.
+    patched = _jsonpatch.apply_patch(pod, mig.patch)
+    inputs = [_Source(patched), *(_Source(g) for g in mig.generated)]
+    after = _evaluate(inputs, policies, _Inventory.empty(), ctx)
+    assert not [f for f in after.findings if f.rule.startswith("tier/")], after.findings
+    # A training job keeps the default A100 mapping (the tier policy allows it).
+    job = {**pod, "spec": {"containers": [{"name": "t", "image": "x", "command": ["torchrun", "t.py"],
+                                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}  # fmt: skip
+    (mig2,) = [f for f in _evaluate([_Source(job)], policies, _Inventory.empty(), ctx).findings
+               if f.rule == "migrate/legacy-gpu"]  # fmt: skip
+    assert [g["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+            for g in mig2.generated] == ["gpu.nvidia.com-a100"]  # fmt: skip

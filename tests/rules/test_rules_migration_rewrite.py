@@ -352,9 +352,50 @@ def test_rewrite_is_consistent(
                     assert (section, i, r) not in edited
             for ref in res.get("claims", []):
                 assert ref["name"] in names or ref["name"] == "pre"
+    count_of: dict[str, int] = {}
     for e in plan.edits:
-        t = next(t for t in plan.templates if t["metadata"]["name"] == e.template)
-        assert t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == e.use.count > 0
+        if e.claim_name:
+            t = next(t for t in plan.templates if t["metadata"]["name"] == e.template)
+            count_of[e.claim_name] = t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"]
+            assert count_of[e.claim_name] == e.count > 0
+    for e in plan.edits:
+        # Every container sees at least the devices it asked for through the claims it references.
+        assert sum(count_of[r] for r in e.refs) >= e.use.count
+    # And the pod holds what Kubernetes computes as its effective request, per resource.
+    from webhook.dra.workloads import effective_amounts
+
+    for res in {e.use.resource for e in plan.edits}:
+        held = sum(e.count for e in plan.edits if e.claim_name and e.use.resource == res)
+        mapped = {(e.use.section, e.use.index) for e in plan.edits if e.use.resource == res}
+        only = {
+            sec: [c if (sec, i) in mapped else {"name": "x"} for i, c in enumerate(spec.get(sec, []))]
+            for sec in ("initContainers", "containers")
+        }
+        assert held == effective_amounts(only, keep=lambda k, r=res: k == r).get(res, 0)
+
+
+def test_init_container_gpus_are_reused_as_kubernetes_computes_effective_requests() -> None:
+    # init needs 1, the app 2: the device plugin gave the pod max(1, 2) = 2 GPUs, not 3.
+    pod = _pod(
+        [{"name": "app", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 2}}}],
+        initContainers=[{"name": "prep", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+    )
+    _patch, out, templates = rewrite(pod, POLICY)
+    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["app-gpu"]
+    assert out["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "app-gpu"}]
+    assert [t["metadata"]["name"] for t in templates] == ["draguard-gpu-nvidia-com-2"]
+    # init needs 3, the app 1: 3 in all; the init container gets the app's claim plus 2 more.
+    pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 3
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 1
+    _patch, out, templates = rewrite(pod, POLICY)
+    init_refs = out["spec"]["initContainers"][0]["resources"]["claims"]
+    assert init_refs == [{"name": "app-gpu"}, {"name": "prep-gpu"}]
+    assert sorted(t["metadata"]["name"] for t in templates) == [
+        "draguard-gpu-nvidia-com-1", "draguard-gpu-nvidia-com-2"]  # fmt: skip
+    # A restartable (sidecar) init container keeps running beside the app: it adds, like an app container.
+    pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    _patch, out, _templates = rewrite(pod, POLICY)
+    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["prep-gpu", "app-gpu"]
 
 
 def test_zero_count_is_not_a_use() -> None:

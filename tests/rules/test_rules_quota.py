@@ -98,13 +98,31 @@ def test_counting_rules(inventory: Inventory) -> None:
         )["spec"],
         "resource.k8s.io/v1",
     )
-    # All = the most devices of the class on one node (node-h has 4 full GPUs).
-    assert claim_demand(spec, inventory) == {"gpu.nvidia.com": 3 + 4 + 1, "a100-mig-3g20gb": 2}
-    # Without an inventory All is charged like the API server's quota: 32.
-    assert claim_demand(spec, Inventory.empty()) == {
-        "gpu.nvidia.com": 3 + ALL_MODE_CHARGE + 1,
-        "a100-mig-3g20gb": 2,
-    }
+    # Devices are counted as ResourceQuota counts them: All = 32 (AllocationResultsMaxSize) whatever
+    # the inventory, firstAvailable = per class the largest subrequest, unknown modes 0.
+    expected = {"gpu.nvidia.com": 3 + ALL_MODE_CHARGE + 1, "a100-mig-3g20gb": 2}
+    assert claim_demand(spec, inventory) == expected
+    assert claim_demand(spec, Inventory.empty()) == expected
+    # GPU-equivalents count what the claim can get: All = the most matching devices on one node
+    # (node-h has 4 full GPUs), firstAvailable = its largest alternative (2 x 3/7 < 1 full GPU).
+    calc = QuotaCalculator(inventory)
+    assert calc.claim_gpu_equivalents(spec) == 3 + 4 + 1 + 0
+    assert QuotaCalculator(Inventory.empty()).claim_gpu_equivalents(spec) == 3 + ALL_MODE_CHARGE + 1
+
+
+def test_first_available_charged_as_its_largest_alternative(inventory: Inventory) -> None:
+    spec = read_claim_spec(
+        _claim([{"name": "g", "firstAvailable": [
+            {"name": "h100", "deviceClassName": "gpu.nvidia.com-h100", "count": 1},
+            {"name": "a100", "deviceClassName": "gpu.nvidia.com-a100", "count": 2},
+        ]}])["spec"],
+        "resource.k8s.io/v1",
+    )  # fmt: skip
+    calc = QuotaCalculator(Inventory.empty())
+    # The claim gets 1 H100 or 2 A100s: at most 2 GPUs, not 3.
+    assert calc.claim_gpu_equivalents(spec) == 2
+    # Per class, as the ResourceQuota evaluator: both classes are charged their subrequest.
+    assert calc.claim_demand(spec) == {"gpu.nvidia.com-h100": 1, "gpu.nvidia.com-a100": 2}
 
 
 def test_v1beta1_claims_count_the_same(inventory: Inventory) -> None:
@@ -231,7 +249,7 @@ def test_job_parallelism_and_extended_resources(inventory: Inventory) -> None:
     # The inventory's gpu.nvidia.com class serves nvidia.com/gpu (KEP-5004): 3 pods x 2.
     findings = _run([job], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 5})), inventory)
     assert len(findings) == 1 and "6 devices" in findings[0].message
-    assert "3 pods x 2 (nvidia.com/gpu in c)" in findings[0].message
+    assert "3 pods x 2 (nvidia.com/gpu)" in findings[0].message
     # Without a class serving the name, the device plugin serves it: no DRA budget applies.
     assert _run([job], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 5}))) == []
 
@@ -335,3 +353,99 @@ def test_policy_mode_sets_finding_mode(mode: Mode, severity: Severity) -> None:
     claim = _claim([_exact("g", "gpu.nvidia.com", 3)])
     findings = _run([claim], _quota(QuotaBudget("namespace", "ml", {"gpu.nvidia.com": 2}), mode=mode))
     assert [(f.mode, f.severity) for f in findings] == [(mode, severity)]
+
+
+# -- one charging rule: device plugins, KEP-5004, init containers, the default budget -------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shipped() -> PolicySet:
+    from webhook.policy.load import load_policies
+
+    return load_policies(ROOT / "policies")
+
+
+def _deployment(limits: dict[str, Any], replicas: int = 1, ns: str = "team-a",
+                init: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "app", "image": "x", "resources": {"limits": limits}}]}
+    if init is not None:
+        spec["initContainers"] = [{"name": "prep", "image": "x", "resources": {"limits": init}}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "legacy", "namespace": ns},
+        "spec": {"replicas": replicas, "template": {"spec": spec}},
+    }  # fmt: skip
+
+
+def test_device_plugin_gpus_are_charged_against_budgets() -> None:
+    # 20 replicas x 8 nvidia.com/gpu in a team namespace with a 16 GPU-equivalent budget.
+    findings = [f for f in _run([_deployment({"nvidia.com/gpu": 8}, replicas=20)], _shipped())
+                if f.rule == "quota/team-budgets"]  # fmt: skip
+    assert findings and all(f.mode is Mode.ENFORCE for f in findings)
+    text = " ".join(f.message for f in findings)
+    # Charged to the class the shipped MigrationPolicy maps nvidia.com/gpu to, as its migration would be.
+    assert "160 devices of class gpu.nvidia.com-a100" in text
+    assert "160 GPU-equivalents" in text
+    assert "20 pods x 8 (nvidia.com/gpu, device plugin)" in text
+
+
+def test_device_plugin_mig_slices_count_their_fraction() -> None:
+    pols = _quota(QuotaBudget("namespace", "ml", gpu_equivalents=2.0))
+    over = _run([_deployment({"nvidia.com/mig-3g.20gb": 5}, ns="ml")], pols)  # 15/7 > 2
+    assert len(over) == 1 and "2.14 GPU-equivalents" in over[0].message
+    assert _run([_deployment({"nvidia.com/mig-3g.20gb": 4}, ns="ml")], pols) == []  # 12/7
+
+
+def test_init_container_gpus_are_reused_by_the_app() -> None:
+    # Kubernetes' effective request: max(init 1, app 2) = 2, not 3.
+    pols = _quota(QuotaBudget("namespace", "ml", gpu_equivalents=2.0))
+    assert _run([_deployment({"nvidia.com/gpu": 2}, ns="ml", init={"nvidia.com/gpu": 1})], pols) == []
+    over = _run([_deployment({"nvidia.com/gpu": 1}, ns="ml", init={"nvidia.com/gpu": 3})], pols)
+    assert len(over) == 1 and "asks for 3 GPU-equivalents" in over[0].message
+
+
+def test_effective_amounts_follow_kubernetes_sidecar_rules() -> None:
+    from webhook.dra.workloads import effective_amounts
+
+    spec = {
+        "initContainers": [
+            {"name": "side", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            {"name": "prep", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+        ],
+        "containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+    }
+    # The sidecar keeps running: app + sidecar = 2; prep runs beside the sidecar: 2 + 1 = 3.
+    assert effective_amounts(spec) == {"nvidia.com/gpu": 3}
+
+
+def test_kep5004_extended_resources_are_charged_to_their_class() -> None:
+    pod = _deployment({"deviceclass.resource.kubernetes.io/gpu.nvidia.com-h100": 9})
+    findings = [f for f in _run([pod], _shipped()) if f.rule == "quota/team-budgets"]
+    assert any("9 devices of class gpu.nvidia.com-h100" in f.message for f in findings)
+
+
+def test_default_budget_covers_unlabelled_namespaces_only() -> None:
+    claim = _claim([_exact("g", "gpu.nvidia.com-h100", 50)], ns="scratch")
+    denied = [f for f in _run([claim], _shipped()) if f.rule == "quota/team-budgets"]
+    assert denied and "namespace scratch" in denied[0].message and "budget" in denied[0].message
+    # A team namespace is under its team budget, not the default one.
+    team = _claim([_exact("g", "gpu.nvidia.com-h100", 9)], ns="scratch")
+    labels = {"scratch": {"draguard.io/team": "ml"}}
+    msgs = [f.message for f in _run([team], _shipped(), namespace_labels=labels)]
+    assert msgs == [], msgs
+    # A namespace a namespace budget names is not under the default (team-* has its own).
+    small = _claim([_exact("g", "gpu.nvidia.com-a100", 8)], ns="team-x")
+    assert _run([small], _shipped()) == []
+
+
+def test_quota_render_says_what_it_leaves_out() -> None:
+    notes = unrenderable(_shipped(), ["scratch"])
+    assert any("default budget" in n for n in notes)
+    assert any("device-plugin GPUs" in n for n in notes)
+    # The default budget renders for a namespace given that no namespace budget names.
+    rendered = render_resource_quotas(_shipped(), ["scratch", "team-a"])
+    by_ns = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in rendered}
+    assert by_ns["scratch"] == {"count/resourceclaims.resource.k8s.io": "32"}
+    assert by_ns["team-a"]["gpu.nvidia.com-a100.deviceclass.resource.k8s.io/devices"] == "8"

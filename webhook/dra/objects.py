@@ -7,6 +7,7 @@ API version the user sent, so that patches apply to the object as sent.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -191,7 +192,8 @@ def _read_selectors(raw: object, pointer: str) -> tuple[Selector, ...]:
 
 def _count(raw: Mapping[str, Any], mode: str) -> int:
     count = as_int(raw.get("count"))
-    if count is None:
+    if count is None or (count == 0 and mode == EXACT_COUNT):
+        # 0 is the unset value: the API server defaults an ExactCount request to 1 device.
         return 0 if mode == ALL else 1
     return count
 
@@ -507,3 +509,127 @@ def claim_template(
 def convert_claim_spec(raw_spec: object, from_version: str, to_version: str) -> dict[str, Any]:
     """Rewrite a raw ResourceClaimSpec from one served version's shape to another's."""
     return write_claim_spec(read_claim_spec(raw_spec, from_version, ""), to_version)
+
+
+# -- what the API server rejects ---------------------------------------------------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MAX_REQUESTS = 32
+# Request-level fields of the other shape: v1/v1beta2 keep these under `exactly`.
+_EXACT_FIELDS = ("deviceClassName", "count", "allocationMode", "selectors", "adminAccess")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecProblem:
+    """One reason the API server rejects a claim spec: the field as the API server names it
+    (`spec.devices.requests[0].exactly.count`), its JSON pointer, and why."""
+
+    field: str
+    pointer: str
+    message: str
+
+
+def _dotted(pointer: str) -> str:
+    out = ""
+    for part in pointer.strip("/").split("/"):
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out
+
+
+def _add(out: list[SpecProblem], pointer: str, message: str) -> None:
+    out.append(SpecProblem(_dotted(pointer), pointer, message))
+
+
+def _check_name(name: object, ptr: str, what: str, seen: set[str], out: list[SpecProblem]) -> None:
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+        label = "a lowercase RFC 1123 label (a-z, 0-9, '-', <= 63)"
+        _add(out, f"{ptr}/name", f"{what} name {name!r} is not {label}")
+    elif name in seen:
+        _add(out, ptr, f"{what} name {name!r} is used twice; names must be unique")
+    else:
+        seen.add(name)
+
+
+def _check_exact(body: Mapping[str, Any], ptr: str, out: list[SpecProblem]) -> None:
+    if not as_str(body.get("deviceClassName")):
+        _add(out, f"{ptr}/deviceClassName", "deviceClassName is required")
+    mode = body.get("allocationMode")
+    count = body.get("count")
+    if mode not in (None, "", EXACT_COUNT, ALL):
+        _add(out, f"{ptr}/allocationMode", f"allocationMode {mode!r} is not supported: use ExactCount or All")
+    elif mode == ALL and count not in (None, 0):
+        _add(out, f"{ptr}/count", f"count {count!r} must not be set when allocationMode is All")
+    elif isinstance(count, int) and not isinstance(count, bool) and count < 0:
+        # 0 is the unset value: the API server defaults it to 1.
+        _add(out, f"{ptr}/count", f"count {count} must be greater than zero")
+
+
+def claim_spec_problems(
+    spec: object, api_version: object, pointer_prefix: str = "/spec"
+) -> list[SpecProblem]:
+    """What the API server's validation (and kubectl's strict field check) rejects in a claim spec.
+
+    Checked against kube-apiserver v1.37 dry-runs (tests/e2e/test_rejected_shapes.py): the v1
+    request shape in v1beta1 and the reverse, a missing deviceClassName, counts below zero or set
+    with All, unknown allocation modes, invalid or duplicate request and subrequest names, more than
+    32 requests, and constraints naming a request the claim does not have.
+    """
+    out: list[SpecProblem] = []
+    version = dra_version(api_version)
+    if version is None:
+        return out
+    flat = version == "v1beta1"
+    devices = as_map(as_map(spec).get("devices"))
+    dp = f"{pointer_prefix}/devices"
+    raw_requests = as_list(devices.get("requests"))
+    if len(raw_requests) > _MAX_REQUESTS:
+        _add(out, f"{dp}/requests", f"{len(raw_requests)} requests: at most {_MAX_REQUESTS} are allowed")
+    seen: set[str] = set()
+    subs_of: dict[str, set[str]] = {}
+    for i, item in enumerate(raw_requests):
+        ptr = f"{dp}/requests/{i}"
+        raw = as_map(item)
+        _check_name(raw.get("name"), ptr, "request", seen, out)
+        subs = subs_of.setdefault(str(raw.get("name")), set())
+        if flat and "exactly" in raw:
+            _add(out, f"{ptr}/exactly", f"`exactly` is not a field of {GROUP}/v1beta1: put deviceClassName, "
+                 f"count and selectors directly in the request, or use apiVersion {GROUP}/v1")  # fmt: skip
+            continue
+        if not flat:
+            stray = [k for k in _EXACT_FIELDS if k in raw]
+            if stray:
+                _add(out, f"{ptr}/{stray[0]}", f"{', '.join(stray)} belong under `exactly:` in "
+                     f"{GROUP}/{version} (this is the {GROUP}/v1beta1 request shape)")  # fmt: skip
+                continue
+            if ("exactly" in raw) == ("firstAvailable" in raw):
+                both = "exactly" in raw
+                _add(out, ptr, "exactly one of `exactly` or `firstAvailable` is "
+                     + ("allowed, both are set" if both else "required"))  # fmt: skip
+                continue
+        if "firstAvailable" in raw:
+            sub_seen: set[str] = set()
+            for j, sub_item in enumerate(as_list(raw.get("firstAvailable"))):
+                sp = f"{ptr}/firstAvailable/{j}"
+                sub = as_map(sub_item)
+                _check_name(sub.get("name"), sp, "subrequest", sub_seen, out)
+                _check_exact(sub, sp, out)
+            subs.update(sub_seen)
+            continue
+        _check_exact(raw if flat else as_map(raw.get("exactly")), ptr if flat else f"{ptr}/exactly", out)
+    for i, item in enumerate(as_list(devices.get("constraints"))):
+        for j, ref in enumerate(as_list(as_map(item).get("requests"))):
+            top, _, subname = str(ref).partition("/")
+            if top not in seen or (subname and subname not in subs_of.get(top, set())):
+                cp = f"{dp}/constraints/{i}/requests/{j}"
+                _add(out, cp, f"{ref!r} is not a request (or request/subrequest) of this claim")
+    return out
+
+
+def claim_problems(obj: Mapping[str, Any]) -> list[SpecProblem]:
+    """`claim_spec_problems` of a ResourceClaim or ResourceClaimTemplate object; [] for other objects."""
+    kind = obj.get("kind")
+    if kind == "ResourceClaim":
+        return claim_spec_problems(obj.get("spec"), obj.get("apiVersion"), "/spec")
+    if kind == "ResourceClaimTemplate":
+        return claim_spec_problems(as_map(obj.get("spec")).get("spec"), obj.get("apiVersion"), "/spec/spec")
+    return []

@@ -20,7 +20,133 @@ POD_SPEC_PATHS: Mapping[str, tuple[str, ...]] = {
     "ReplicationController": ("spec", "template", "spec"),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
 }
-WORKLOAD_KINDS: frozenset[str] = frozenset(POD_SPEC_PATHS)
+
+@dataclass(frozen=True, slots=True)
+class TemplatePath:
+    """Where one pod template of a workload CRD lives, and how many pods it runs.
+
+    `path` is keys from the object root; `*` stands for every item of a list (or value of a map).
+    `replicas` multiplies paths (each defaulting to 1): a leading `./` is relative to the element
+    the last `*` matched, else from the root; a trailing `-1` subtracts one (LeaderWorkerSet workers).
+    `container`: the path holds one container-like object (Kubeflow TrainJob's trainer), not a
+    PodSpec; such a template is read, never rewritten.
+    """
+
+    path: str
+    replicas: tuple[str, ...] = ()
+    container: bool = False
+
+
+def _ray(prefix: str) -> tuple[TemplatePath, ...]:
+    return (
+        TemplatePath(f"{prefix}/headGroupSpec/template/spec"),
+        TemplatePath(f"{prefix}/workerGroupSpecs/*/template/spec", ("./replicas",)),
+    )
+
+
+# (API group, kind) -> pod templates: the workload CRDs GPU jobs commonly come as. Review, admission
+# and migration all read pod specs through this table (pod_templates_of).
+CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
+    ("kubeflow.org", "PyTorchJob"): (
+        TemplatePath("spec/pytorchReplicaSpecs/*/template/spec", ("./replicas",)),
+    ),
+    ("jobset.x-k8s.io", "JobSet"): (
+        TemplatePath(
+            "spec/replicatedJobs/*/template/spec/template/spec", ("./replicas", "./template/spec/parallelism")
+        ),
+    ),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): (
+        TemplatePath("spec/leaderWorkerTemplate/leaderTemplate/spec", ("spec/replicas",)),
+        TemplatePath(
+            "spec/leaderWorkerTemplate/workerTemplate/spec",
+            ("spec/replicas", "spec/leaderWorkerTemplate/size-1"),
+        ),
+    ),
+    ("ray.io", "RayCluster"): _ray("spec"),
+    ("ray.io", "RayJob"): _ray("spec/rayClusterSpec"),
+    ("ray.io", "RayService"): _ray("spec/rayClusterConfig"),
+    ("trainer.kubeflow.org", "TrainJob"): (
+        TemplatePath("spec/trainer", ("spec/trainer/numNodes",), container=True),
+    ),
+    ("serving.kserve.io", "InferenceService"): (
+        TemplatePath("spec/predictor", ("spec/predictor/minReplicas",)),
+        TemplatePath("spec/transformer", ("spec/transformer/minReplicas",)),
+        TemplatePath("spec/explainer", ("spec/explainer/minReplicas",)),
+    ),
+}
+CRD_KINDS: frozenset[str] = frozenset(kind for _group, kind in CRD_POD_TEMPLATES)
+WORKLOAD_KINDS: frozenset[str] = frozenset(POD_SPEC_PATHS) | CRD_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class PodTemplate:
+    """One pod template of a workload: its JSON pointer, the PodSpec, and the pods it runs."""
+
+    pointer: str
+    spec: Mapping[str, Any]
+    replicas: int = 1
+    container: bool = False
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _expand(node: Any, parts: list[str], ptr: str, star: Any) -> Iterator[tuple[str, Any, Any]]:
+    if not parts:
+        yield ptr, node, star
+        return
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from _expand(v, rest, f"{ptr}/{i}", v)
+        elif isinstance(node, Mapping):
+            for k, v in node.items():
+                yield from _expand(v, rest, f"{ptr}/{_esc(str(k))}", v)
+        return
+    if isinstance(node, Mapping) and head in node:
+        yield from _expand(node[head], rest, f"{ptr}/{_esc(head)}", star)
+
+
+def _replicas(obj: Mapping[str, Any], star: Any, paths: tuple[str, ...]) -> int:
+    total = 1
+    for raw in paths:
+        minus = 1 if raw.endswith("-1") else 0
+        path = raw[:-2] if minus else raw
+        node: Any = star if path.startswith("./") else obj
+        for key in path.removeprefix("./").split("/"):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        n = as_int(node)
+        total *= max((n if n is not None else 1) - minus, 0)
+    return total
+
+
+def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
+    """The pod templates of a workload CRD in the table; None for other kinds."""
+    group = (as_str(obj.get("apiVersion")) or "").rpartition("/")[0]
+    paths = CRD_POD_TEMPLATES.get((group, as_str(obj.get("kind")) or ""))
+    if paths is None:
+        return None
+    out: list[PodTemplate] = []
+    for tp in paths:
+        for ptr, node, star in _expand(obj, tp.path.split("/"), "", None):
+            if not isinstance(node, Mapping):
+                continue
+            spec: Mapping[str, Any] = {"containers": [{"name": "trainer", **node}]} if tp.container else node
+            if tp.container and "resourcesPerNode" in node:
+                spec = {"containers": [{"name": "trainer", **node, "resources": node["resourcesPerNode"]}]}
+            out.append(PodTemplate(ptr, spec, _replicas(obj, star, tp.replicas), tp.container))
+    return out
+
+
+def pod_templates_of(obj: Mapping[str, Any]) -> list[PodTemplate]:
+    """Every pod template of a workload (built-in kinds have one; CRDs may have several)."""
+    crd = crd_templates(obj)
+    if crd is not None:
+        return crd
+    found = pod_spec_of(obj)
+    return [PodTemplate(found[0], found[1], replicas_of(obj))] if found is not None else []
 
 
 def _walk(obj: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any] | None:
@@ -34,10 +160,13 @@ def _walk(obj: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any] | 
 
 
 def pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
-    """(JSON pointer, PodSpec) of a workload object, or None for other kinds or a missing spec."""
+    """(JSON pointer, PodSpec) of a workload object, or None for other kinds or a missing spec.
+    For a workload CRD with several pod templates (see CRD_POD_TEMPLATES): the first PodSpec."""
     path = POD_SPEC_PATHS.get(as_str(obj.get("kind")) or "")
     if path is None:
-        return None
+        crd = crd_templates(obj)
+        first = next((t for t in crd or () if not t.container), None)
+        return (first.pointer, first.spec) if first is not None else None
     spec = _walk(obj, path)
     if spec is None:
         return None
@@ -117,3 +246,55 @@ def command_line(container: Mapping[str, Any]) -> list[str]:
     return [
         a for a in (*as_list(container.get("command")), *as_list(container.get("args"))) if isinstance(a, str)
     ]
+
+
+def _whole(value: Any) -> int:
+    """An extended-resource quantity as a whole number (extended resources allow no fractions)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
+
+
+def container_amounts(container: Mapping[str, Any]) -> dict[str, int]:
+    """Whole-number resources a container asks for: the limit, else the request (extended resources
+    must have both equal, and a device plugin allocates by the limit)."""
+    res = as_map(container.get("resources"))
+    limits, requests = as_map(res.get("limits")), as_map(res.get("requests"))
+    out: dict[str, int] = {}
+    for name in dict.fromkeys([*limits, *requests]):
+        if isinstance(name, str):
+            n = _whole(limits[name] if name in limits else requests[name])
+            if n:
+                out[name] = n
+    return out
+
+
+def effective_amounts(spec: Mapping[str, Any], keep: Any = None) -> dict[str, int]:
+    """What a pod holds of each whole-number resource, as Kubernetes computes effective requests:
+    max(sum over app containers + restartable (sidecar) init containers, each ordinary init container
+    + the sidecars started before it). `keep(name)` filters resource names."""
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in as_list(spec.get("initContainers")):
+        if not isinstance(c, Mapping):
+            continue
+        amounts = {k: v for k, v in container_amounts(c).items() if keep is None or keep(k)}
+        if c.get("restartPolicy") == "Always":
+            for k, v in amounts.items():
+                sidecars[k] = sidecars.get(k, 0) + v
+                init_peak[k] = max(init_peak.get(k, 0), sidecars[k])
+        else:
+            for k in set(amounts) | set(sidecars):
+                init_peak[k] = max(init_peak.get(k, 0), amounts.get(k, 0) + sidecars.get(k, 0))
+    app: dict[str, int] = dict(sidecars)
+    for c in as_list(spec.get("containers")):
+        if isinstance(c, Mapping):
+            for k, v in container_amounts(c).items():
+                if keep is None or keep(k):
+                    app[k] = app.get(k, 0) + v
+    return {k: max(app.get(k, 0), init_peak.get(k, 0)) for k in set(app) | set(init_peak)
+            if max(app.get(k, 0), init_peak.get(k, 0)) > 0}  # fmt: skip

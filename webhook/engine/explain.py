@@ -13,7 +13,7 @@ from webhook.core.findings import ObjectRef
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
-from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_spec_of
+from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_problems, claim_spec_of
 from webhook.engine.resolve import Index, namespace_of, per_node_capacity, pod_claims
 
 
@@ -251,6 +251,12 @@ def _ref(obj: Mapping[str, Any], default_namespace: str) -> ObjectRef:
     )
 
 
+def _rejected(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """Why the API server would reject this claim or template, one line per field."""
+    return tuple(f"the API server rejects this {obj.get('kind')}: {p.field}: {p.message}"
+                 for p in claim_problems(obj))  # fmt: skip
+
+
 def explain(
     objects: Sequence[SourceObject], inventory: Inventory, default_namespace: str = "default"
 ) -> list[Explanation]:
@@ -265,8 +271,12 @@ def explain(
         read = claim_spec_of(obj)
         if read is not None:
             spec = read[0]
+            rejected = _rejected(obj)
             for req in spec.requests:
                 alts, cons, ok, reasons = explain_request(req, spec, index, inventory)
+                if rejected:
+                    # Never "can be allocated": the object would not even be created.
+                    ok, reasons = False, (*rejected, *reasons)
                 out.append(
                     Explanation(
                         ref,
@@ -303,8 +313,11 @@ def explain(
                 if pc.kind == "inline"
                 else (f"{'ResourceClaimTemplate' if pc.kind == 'template' else 'ResourceClaim'} {pc.target}")
             )
+            rejected = _rejected(pc.source.obj) if pc.source is not None else ()
             for req in pc.spec.requests:
                 alts, cons, ok, reasons = explain_request(req, pc.spec, index, inventory)
+                if rejected:
+                    ok, reasons = False, (*rejected, *reasons)
                 out.append(
                     Explanation(ref, item.file, line, pc.name, source, req.name, alts, cons, ok, reasons)
                 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,12 +119,15 @@ class LegacyUse:
 
 @dataclass(frozen=True, slots=True)
 class ClaimEdit:
-    """How one LegacyUse becomes a pod claim backed by a generated template."""
+    """How one LegacyUse becomes DRA: the container references `refs`; `claim_name` (when set) is
+    the pod claim this edit adds, backed by `template` with `count` devices."""
 
     use: LegacyUse
     device_class: str
-    claim_name: str
-    template: str
+    claim_name: str | None
+    template: str | None
+    refs: tuple[str, ...] = ()
+    count: int = 0
 
 
 @dataclass(slots=True)
@@ -152,11 +155,18 @@ class MigrationPlan:
         """One line per container change, for finding messages and CLI output."""
         parts = []
         for e in self.edits:
-            parts.append(
+            text = (
                 f"{e.use.section}[{e.use.container}]: {e.use.resource}: {e.use.count} -> resources.claims "
-                f"[{e.claim_name}] with spec.resourceClaims {{name: {e.claim_name}, "
-                f"resourceClaimTemplateName: {e.template}}} ({e.use.count} x DeviceClass {e.device_class})"
+                f"[{', '.join(e.refs)}]"
             )
+            if e.claim_name:
+                text += (
+                    f" with spec.resourceClaims {{name: {e.claim_name}, resourceClaimTemplateName: "
+                    f"{e.template}}} ({e.count} x DeviceClass {e.device_class})"
+                )
+            if e.use.section == "initContainers" and (not e.claim_name or len(e.refs) > 1):
+                text += " (an init container reuses the app containers' devices, as the device plugin did)"
+            parts.append(text)
         return "; ".join(parts)
 
 
@@ -244,6 +254,28 @@ def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
+def choose_mapping(
+    policy: MigrationPolicy, resource: str, node_labels: Mapping[str, str],
+    allowed: Callable[[str], bool] | None = None,
+) -> ResourceMapping | None:
+    """The mapping a rewrite uses: the most specific one for the pod's node labels, unless the tier
+    policy forbids its class for this workload (`allowed`). Then the most specific allowed mapping
+    for those labels, else an allowed mapping whose node selector the pod does not contradict (the
+    claim's class, not a node label, places a DRA pod); None of those: the usual choice, which the
+    tier rule then reports."""
+    best = policy.mapping_for(resource, node_labels)
+    if allowed is None or best is None or allowed(best.device_class):
+        return best
+    candidates = [m for m in policy.mappings if m.resource == resource and allowed(m.device_class)]
+    matching = [m for m in candidates if m.matches(resource, node_labels)]
+    if matching:
+        return max(matching, key=lambda m: len(m.node_selector))
+    compatible = [
+        m for m in candidates if all(node_labels.get(k, v) == v for k, v in m.node_selector.items())
+    ]
+    return min(compatible, key=lambda m: len(m.node_selector)) if compatible else best
+
+
 def template_name_for(mapping: ResourceMapping, count: int) -> str:
     """Deterministic template name; mappings that add selectors get a hash of them appended so
     that two mappings onto the same class never share a template."""
@@ -282,6 +314,7 @@ def plan_pod_spec(
     api_version: str | None = None,
     rewrite: bool = True,
     uses: list[LegacyUse] | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -301,14 +334,8 @@ def plan_pod_spec(
     # One pod has one set of node labels: each resource maps the same way in every container.
     mappings: dict[str, ResourceMapping | None] = {}
     next_suffix: dict[str, int] = {}
-    for use in uses:
-        if use.resource not in mappings:
-            mappings[use.resource] = policy.mapping_for(use.resource, node_labels)
-        mapping = mappings[use.resource]
-        if mapping is None or use.count <= 0:
-            unmapped.append(use)
-            continue
-        base = dns_label(f"{use.container}-{_claim_short(use.resource)}")
+
+    def fresh_name(base: str) -> str:
         # Resume numbering where the last clash on this base stopped: containers sharing a name
         # (or a hostile 3,000 of them) must not rescan 2, 3, ... every time.
         name, n = base, next_suffix.get(base, 2)
@@ -318,12 +345,71 @@ def plan_pod_spec(
             n += 1
         next_suffix[base] = n
         taken.add(name)
-        tname = template_name_for(mapping, use.count)
+        return name
+
+    def template_for(mapping: ResourceMapping, count: int, resource: str) -> str:
+        tname = template_name_for(mapping, count)
         if tname not in templates:  # built once per distinct template, not once per container
             templates[tname] = claim_template_for(
-                tname, namespace, mapping, use.count, use.resource, api_version or policy.claim_api_version
+                tname, namespace, mapping, count, resource, api_version or policy.claim_api_version
             )
-        edits.append(ClaimEdit(use=use, device_class=mapping.device_class, claim_name=name, template=tname))
+        return tname
+
+    # Kubernetes' effective request: app containers (and restartable sidecar init containers, which
+    # keep running) add up; an ordinary init container runs before them and reuses their devices, as
+    # the device plugin's allocation did. So the app containers keep a claim each, and an init
+    # container references those claims, plus one extra claim for what it needs beyond their sum.
+    def ordinary_init(use: LegacyUse) -> bool:
+        if use.section != "initContainers":
+            return False
+        c = podspec["initContainers"][use.index]
+        return not (isinstance(c, Mapping) and c.get("restartPolicy") == "Always")
+
+    mapped: list[tuple[LegacyUse, ResourceMapping]] = []
+    for use in uses:
+        if use.resource not in mappings:
+            mappings[use.resource] = choose_mapping(policy, use.resource, node_labels, allowed)
+        mapping = mappings[use.resource]
+        if mapping is None or use.count <= 0:
+            unmapped.append(use)
+            continue
+        mapped.append((use, mapping))
+    app_claims: dict[str, list[tuple[str, int]]] = {}
+    by_use: dict[int, ClaimEdit] = {}
+    for i, (use, mapping) in enumerate(mapped):
+        if ordinary_init(use):
+            continue
+        name = fresh_name(dns_label(f"{use.container}-{_claim_short(use.resource)}"))
+        tname = template_for(mapping, use.count, use.resource)
+        app_claims.setdefault(use.resource, []).append((name, use.count))
+        by_use[i] = ClaimEdit(use, mapping.device_class, name, tname, (name,), use.count)
+    extra: dict[str, str] = {}
+    for i, (use, mapping) in enumerate(mapped):
+        if not ordinary_init(use):
+            continue
+        shared = app_claims.get(use.resource, [])
+        have = sum(n for _c, n in shared)
+        refs = [c for c, _n in shared]
+        if use.count <= have:
+            # Enough devices in the app containers' claims: reuse as few of them as cover it.
+            covered, chosen = 0, []
+            for c, n in shared:
+                chosen.append(c)
+                covered += n
+                if covered >= use.count:
+                    break
+            by_use[i] = ClaimEdit(use, mapping.device_class, None, None, tuple(chosen))
+            continue
+        top = max(u.count for u, _m in mapped if u.resource == use.resource and ordinary_init(u))
+        new: str | None = None
+        extra_tmpl: str | None = None
+        if use.resource not in extra:
+            new = fresh_name(dns_label(f"{use.container}-{_claim_short(use.resource)}"))
+            extra[use.resource] = new
+            extra_tmpl = template_for(mapping, top - have, use.resource)
+        by_use[i] = ClaimEdit(use, mapping.device_class, new, extra_tmpl, (*refs, extra[use.resource]),
+                              top - have if new else 0)  # fmt: skip
+    edits = [by_use[i] for i in range(len(mapped))]
 
     plan = MigrationPlan(
         pod_spec_pointer=pod_spec_pointer,
@@ -344,7 +430,9 @@ def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit
     if not edits:
         return []
     ops: JsonPatch = []
-    pod_claims = [{"name": e.claim_name, "resourceClaimTemplateName": e.template} for e in edits]
+    pod_claims = [
+        {"name": e.claim_name, "resourceClaimTemplateName": e.template} for e in edits if e.claim_name
+    ]
     if isinstance(podspec.get("resourceClaims"), list):
         ops.extend({"op": "add", "path": f"{ptr}/resourceClaims/-", "value": c} for c in pod_claims)
     else:
@@ -357,7 +445,7 @@ def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit
         container = podspec[section][index]
         res = container["resources"]
         cptr = f"{ptr}/{section}/{index}/resources"
-        refs = [{"name": e.claim_name} for e in cedits]
+        refs = [{"name": r} for r in dict.fromkeys(r for e in cedits for r in e.refs)]
         if isinstance(res.get("claims"), list):
             ops.extend({"op": "add", "path": f"{cptr}/claims/-", "value": r} for r in refs)
         else:
@@ -382,6 +470,7 @@ def plan_workload(
     *,
     namespace: str | None = None,
     api_version: str | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> MigrationPlan | None:
     """Plan the rewrite of any workload kind; None when the object has no pod spec."""
     found = pod_spec_of(obj)
@@ -392,7 +481,9 @@ def plan_workload(
         meta = obj.get("metadata")
         ns = meta.get("namespace") if isinstance(meta, Mapping) else None
         namespace = ns if isinstance(ns, str) and ns else None
-    return plan_pod_spec(obj, pointer, podspec, policy, namespace=namespace, api_version=api_version)
+    return plan_pod_spec(
+        obj, pointer, podspec, policy, namespace=namespace, api_version=api_version, allowed=allowed
+    )
 
 
 def rewrite(

@@ -1,18 +1,19 @@
 """Quota arithmetic: how many devices a claim charges per DeviceClass, and what that is in GPUs.
 
-Counting follows the Kubernetes ResourceQuota evaluator for `<class>.deviceclass.resource.k8s.io/devices`
-with one deliberate difference for `allocationMode: All`:
+Device counts follow the Kubernetes ResourceQuota evaluator for
+`<class>.deviceclass.resource.k8s.io/devices` exactly, so a rendered ResourceQuota and draguard
+charge every claim the same:
 
 - `ExactCount` is charged `count`.
-- `All` is charged the largest number of devices that class (and the request's selectors) match on
-  any single node of the inventory, because an All request takes every matching device of the
-  node it lands on. Without an inventory that knows the class, it is charged 32
-  (`AllocationResultsMaxSize`), which is what the API server's quota evaluator charges.
+- `All` is charged 32 (`AllocationResultsMaxSize`, the most devices one claim can get).
 - `firstAvailable`: each class is charged the maximum over the subrequests that use it.
 - Unknown allocation modes are charged 0.
 
-GPU-equivalents: a full GPU is 1, a MIG device its compute-slice fraction of the parent
-(3g.20gb = 3/7 on A100/H100; A30 profiles are out of 4).
+GPU-equivalents (a draguard budget with no ResourceQuota key) count what the claim can actually get:
+a request is charged its largest alternative (1 x H100 or 2 x A100: 2), an `All` request the most
+devices its class matches on one node of the inventory (32 without an inventory). A full GPU is 1,
+a MIG device its compute-slice fraction of the parent (3g.20gb = 3/7 on A100/H100; A30 profiles
+are out of 4).
 
 Pure: the server feeds cached claims to `compute_usage`; nothing here does I/O.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from webhook.core.findings import Mode
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import (
@@ -38,7 +40,7 @@ from webhook.dra.objects import (
     claim_spec_of,
 )
 from webhook.engine.context import QuotaUsage
-from webhook.policy.model import GpuQuotaPolicy, PolicySet, glob_match
+from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_match
 
 ALL_MODE_CHARGE = 32
 """What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
@@ -137,13 +139,31 @@ class QuotaCalculator:
         return max(per_node.values())
 
     def charge(self, class_name: str, selectors: Sequence[Selector], mode: str, count: int) -> int:
-        """Devices one request (or subrequest) charges to its class."""
+        """Devices one request (or subrequest) charges to its class, as ResourceQuota counts them."""
         if mode == EXACT_COUNT:
             return max(count, 0)
         if mode == ALL:
+            return ALL_MODE_CHARGE
+        return 0
+
+    def obtainable(self, class_name: str, selectors: Sequence[Selector], mode: str, count: int) -> int:
+        """Devices one request (or subrequest) can actually get: `All` takes every matching device of
+        the node it lands on (32 when the inventory does not know the class)."""
+        if mode == ALL:
             n = self.per_node_max(class_name, selectors)
             return n if n is not None else ALL_MODE_CHARGE
-        return 0
+        return self.charge(class_name, selectors, mode, count)
+
+    def claim_gpu_equivalents(self, spec: ClaimSpec) -> Fraction:
+        """GPU-equivalents one claim can hold: per request its largest alternative."""
+        total = Fraction(0)
+        for req in spec.requests:
+            best = Fraction(0)
+            for cls, selectors, mode, count, _ptr in req.alternatives():
+                if cls:
+                    best = max(best, self.class_fraction(cls) * self.obtainable(cls, selectors, mode, count))
+            total += best
+        return total
 
     def claim_demand(self, spec: ClaimSpec) -> dict[str, int]:
         """Devices per DeviceClass one claim charges."""
@@ -242,9 +262,7 @@ class ClaimCharge:
 def charge_of(namespace: str, spec: ClaimSpec, calc: QuotaCalculator) -> ClaimCharge:
     """The charge of one claim spec. Depends on the claim and on the calculator's devices and
     classes only, so a caller may keep it for as long as both are unchanged."""
-    demand = calc.claim_demand(spec)
-    ge = calc.gpu_equivalents(demand)
-    return ClaimCharge(namespace or "default", demand, ge)
+    return ClaimCharge(namespace or "default", calc.claim_demand(spec), calc.claim_gpu_equivalents(spec))
 
 
 def claim_charge(obj: Mapping[str, Any], calc: QuotaCalculator) -> ClaimCharge | None:
@@ -315,6 +333,37 @@ def compute_usage(
     )
 
 
+def budget_applies(b: QuotaBudget, pol: GpuQuotaPolicy, namespace: str,
+                   labels: Mapping[str, str] | None) -> str | None:
+    """The usage scope a budget charges for this namespace, or None when it does not apply."""
+    if b.scope == "namespace":
+        return namespace if glob_match(b.name, namespace) else None
+    team = (labels or {}).get(pol.team_label)
+    if b.scope == "default":
+        others = any(o.scope == "namespace" and glob_match(o.name, namespace) for o in pol.budgets)
+        return namespace if not team and not others else None
+    if team and (b.name == "*" or glob_match(b.name, team)):
+        return team_scope(team)
+    return None
+
+
+def budget_group(policies: PolicySet, namespace: str, labels: Mapping[str, str] | None) -> str | None:
+    """The group whose ledger holds this namespace's claims when an enforced budget covers it:
+    `team:<team>` for a namespace with a team label (so every scope one claim charges, its namespace
+    and its team, lives in one ledger), else the namespace. None when no enforced budget applies."""
+    covered = any(
+        budget_applies(b, pol, namespace, labels) is not None
+        for pol in policies.quota if pol.mode is Mode.ENFORCE for b in pol.budgets
+    )
+    if not covered:
+        return None
+    for key in team_labels_of(policies):
+        team = (labels or {}).get(key)
+        if team:
+            return team_scope(team)
+    return namespace
+
+
 def _is_glob(text: str) -> bool:
     return any(ch in text for ch in "*?[")
 
@@ -335,9 +384,13 @@ def render_resource_quotas(
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for pol in quota_policies:
         for b in pol.budgets:
-            if b.scope != "namespace":
+            if b.scope == "default":
+                # Namespaces given that no namespace budget of the policy names (labels unknown here).
+                targets = [n for n in known if budget_applies(b, pol, n, None) is not None]
+            elif b.scope != "namespace":
                 continue
-            targets = [n for n in known if glob_match(b.name, n)] if _is_glob(b.name) else [b.name]
+            else:
+                targets = [n for n in known if glob_match(b.name, n)] if _is_glob(b.name) else [b.name]
             hard: dict[str, str] = {}
             for cls, n in sorted(b.device_classes.items()):
                 if not _is_glob(cls):
@@ -378,14 +431,24 @@ def unrenderable(
     for pol in quota_policies:
         for b in pol.budgets:
             where = f"GpuQuotaPolicy {pol.name} budget {b.scope}/{b.name}"
-            if b.scope != "namespace":
+            if b.scope == "default":
+                notes.append(
+                    f"{where}: the default budget covers namespaces without a team label that no namespace "
+                    "budget names; rendered only for the --namespace values given (their labels unknown here)"
+                )
+            elif b.scope != "namespace":
                 notes.append(f"{where}: team budgets span namespaces; a ResourceQuota cannot express them")
                 continue
-            if _is_glob(b.name) and not any(glob_match(b.name, n) for n in known):
+            if b.scope == "namespace" and _is_glob(b.name) and not any(glob_match(b.name, n) for n in known):
                 notes.append(f"{where}: namespace pattern matched no namespace given (pass --namespace)")
             for cls in b.device_classes:
                 if _is_glob(cls):
                     notes.append(f"{where}: class pattern {cls!r} has no ResourceQuota key")
             if b.gpu_equivalents is not None:
                 notes.append(f"{where}: gpuEquivalents {b.gpu_equivalents:g} is enforced by the webhook only")
+        if any(b.device_classes for b in pol.budgets):
+            notes.append(
+                f"GpuQuotaPolicy {pol.name}: device-plugin GPUs (nvidia.com/gpu, nvidia.com/mig-*) count "
+                "against class budgets in the webhook only; a ResourceQuota counts DRA claims alone"
+            )
     return notes

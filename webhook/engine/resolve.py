@@ -20,7 +20,7 @@ from webhook.dra.objects import (
     read_device_class,
 )
 from webhook.dra.quantity import Quantity
-from webhook.dra.workloads import pod_spec_of
+from webhook.dra.workloads import pod_spec_of, pod_templates_of
 
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
     {
@@ -109,36 +109,37 @@ class PodClaim:
 
 
 def pod_claims(obj: Mapping[str, Any], index: Index, namespace: str) -> list[PodClaim]:
-    """Resolve every `resourceClaims[]` entry of a workload's pod spec (empty for non-workloads)."""
-    found = pod_spec_of(obj)
-    if found is None:
-        return []
-    pp, spec = found
+    """Resolve every `resourceClaims[]` entry of a workload's pod specs (every pod template of a
+    workload CRD; empty for non-workloads)."""
     out: list[PodClaim] = []
-    for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
-        entry = as_map(raw)
-        p = f"{pp}/resourceClaims/{i}"
-        name = as_str(entry.get("name")) or ""
-        tmpl = as_str(entry.get("resourceClaimTemplateName")) or None
-        claim = as_str(entry.get("resourceClaimName")) or None
-        source = entry.get("source")
-        if tmpl is None and claim is None and isinstance(source, Mapping):
-            # The pre-1.31 `source` wrapper: it held one of the two names, or (as some guides
-            # show) an inline claim spec that was never part of the API.
-            tmpl = as_str(source.get("resourceClaimTemplateName")) or None
-            claim = as_str(source.get("resourceClaimName")) or None
-            if tmpl is None and claim is None:
-                inline = read_claim_spec(source, "resource.k8s.io/v1beta1", f"{p}/source")
-                out.append(PodClaim(name, p, "inline", None, None, inline, None, f"{p}/source"))
-                continue
-        if tmpl is not None:
-            rec = index.templates.get((namespace, tmpl))
-            out.append(_pod_claim(name, p, "template", tmpl, rec, index))
-        elif claim is not None:
-            rec = index.claims.get((namespace, claim))
-            out.append(_pod_claim(name, p, "claim", claim, rec, index))
-        else:
-            out.append(PodClaim(name, p, "invalid", None, None, None, None))
+    for pod_template in pod_templates_of(obj):
+        if pod_template.container:
+            continue
+        pp, spec = pod_template.pointer, pod_template.spec
+        for i, raw in enumerate(as_list(spec.get("resourceClaims"))):
+            entry = as_map(raw)
+            p = f"{pp}/resourceClaims/{i}"
+            name = as_str(entry.get("name")) or ""
+            tmpl = as_str(entry.get("resourceClaimTemplateName")) or None
+            claim = as_str(entry.get("resourceClaimName")) or None
+            source = entry.get("source")
+            if tmpl is None and claim is None and isinstance(source, Mapping):
+                # The pre-1.31 `source` wrapper: it held one of the two names, or (as some guides
+                # show) an inline claim spec that was never part of the API.
+                tmpl = as_str(source.get("resourceClaimTemplateName")) or None
+                claim = as_str(source.get("resourceClaimName")) or None
+                if tmpl is None and claim is None:
+                    inline = read_claim_spec(source, "resource.k8s.io/v1beta1", f"{p}/source")
+                    out.append(PodClaim(name, p, "inline", None, None, inline, None, f"{p}/source"))
+                    continue
+            if tmpl is not None:
+                rec = index.templates.get((namespace, tmpl))
+                out.append(_pod_claim(name, p, "template", tmpl, rec, index))
+            elif claim is not None:
+                rec = index.claims.get((namespace, claim))
+                out.append(_pod_claim(name, p, "claim", claim, rec, index))
+            else:
+                out.append(PodClaim(name, p, "invalid", None, None, None, None))
     return out
 
 

@@ -293,8 +293,8 @@ def _build(
     if kind == "GpuQuotaPolicy":
         budgets = tuple(
             QuotaBudget(
-                scope="namespace" if "namespace" in b else "team",
-                name=b.get("namespace") or b["team"],
+                scope="namespace" if "namespace" in b else "team" if "team" in b else "default",
+                name=b.get("namespace") or b.get("team") or "*",
                 device_classes=dict(b.get("deviceClasses", {})),
                 gpu_equivalents=float(b["gpuEquivalents"]) if "gpuEquivalents" in b else None,
                 claims=b.get("claims"),

@@ -235,7 +235,7 @@ class QuotaBudget:
     its own budget); scope "team": `name` is a team label value (`*` = each team), summed over
     every namespace carrying that team label."""
 
-    scope: str  # "namespace" | "team"
+    scope: str  # "namespace" | "team" | "default" (namespaces no other budget of the policy covers)
     name: str
     device_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_equivalents: float | None = None

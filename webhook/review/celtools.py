@@ -81,6 +81,13 @@ def _match_report(expression: str, devices: list[Device]) -> list[str]:
 
 def explain_paths(paths: Sequence[str], *, inventory: str | None, namespace: str, fmt: str) -> str:
     """The engine's explanations for every claim and workload request in `paths`."""
+    return explain_report(paths, inventory=inventory, namespace=namespace, fmt=fmt)[0]
+
+
+def explain_report(
+    paths: Sequence[str], *, inventory: str | None, namespace: str, fmt: str
+) -> tuple[str, bool]:
+    """(the explanations as text or JSON, whether some request CANNOT be allocated)."""
     from webhook.engine.explain import explain
 
     inv = load_inventory_file(inventory)
@@ -89,11 +96,12 @@ def explain_paths(paths: Sequence[str], *, inventory: str | None, namespace: str
     except InputError as exc:
         raise ReviewError(str(exc)) from None
     explanations = explain(inputs.objects, inv, namespace)
+    blocked = any(e.satisfiable is False for e in explanations)
     if fmt == "json":
-        return json.dumps([e.to_json() for e in explanations], indent=2, ensure_ascii=False) + "\n"
+        return json.dumps([e.to_json() for e in explanations], indent=2, ensure_ascii=False) + "\n", blocked
     if not explanations:
-        return "no claims, claim templates or workloads with resource claims in the input\n"
+        return "no claims, claim templates or workloads with resource claims in the input\n", False
     blocks = [e.render() for e in explanations]
     if inv.is_empty:
         blocks.append("(no --inventory: device matches were not checked)")
-    return "\n\n".join(blocks) + "\n"
+    return "\n\n".join(blocks) + "\n", blocked

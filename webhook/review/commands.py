@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -76,14 +78,18 @@ def cmd_review(args: argparse.Namespace) -> int:
                 inventory=args.inventory,
                 namespace=args.namespace,
                 progress=progress,
+                cluster_state=args.cluster_state,
             )
-            text = diff.render(impact, args.format, color=to_stdout and _use_color(sys.stdout))
+            text = diff.render(
+                impact, args.format, color=to_stdout and _use_color(sys.stdout), root=repo_root(args.root)
+            )
             err = _write(text, args.output, "review")
             if err is not None:
                 return err
             return EXIT_FINDINGS if impact.newly_denied else EXIT_OK
         from webhook.review.pipeline import review
 
+        t0 = time.monotonic()
         reviewed = review(
             paths,
             policies=args.policies,
@@ -91,15 +97,33 @@ def cmd_review(args: argparse.Namespace) -> int:
             inventory=args.inventory,
             namespace=args.namespace,
             progress=progress,
+            cluster_state=args.cluster_state,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
     result = reviewed.result
+    result.root = repo_root(args.root)
+    result.elapsed = time.monotonic() - t0
     text = render(result, args.format, color=to_stdout and _use_color(sys.stdout))
     err = _write(text, args.output, "review")
     if err is not None:
         return err
     return EXIT_FINDINGS if result.report.denied else EXIT_OK
+
+
+def repo_root(explicit: str | None) -> str:
+    """The directory report paths are relative to: --root, else the git top-level of the working
+    directory, else the working directory."""
+    if explicit:
+        return os.path.abspath(explicit)
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return os.getcwd()
+    top = out.stdout.strip()
+    return os.path.abspath(top) if out.returncode == 0 and top else os.getcwd()
 
 
 # --------------------------------------------------------------------------- test
@@ -181,13 +205,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from webhook.review import celtools
 
     try:
-        text = celtools.explain_paths(
+        text, blocked = celtools.explain_report(
             args.paths, inventory=args.inventory, namespace=args.namespace, fmt=args.format
         )
     except ReviewError as exc:
         return _fail("explain", str(exc))
     sys.stdout.write(text)
-    return EXIT_OK
+    # Exit 1 when a request CANNOT be allocated, so a CI step running explain fails on it.
+    return EXIT_FINDINGS if blocked else EXIT_OK
 
 
 # --------------------------------------------------------------------------- registration
@@ -223,6 +248,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", "-f", choices=FORMATS, default="text")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     p.add_argument("--base", metavar="REF", help="git ref to compare with: report only verdicts that changed")
+    p.add_argument(
+        "--cluster-state",
+        metavar="FILE",
+        help="namespace labels as admission sees them: `kubectl get namespaces -o yaml` output "
+        "(Namespace objects among the inputs override it)",
+    )
+    p.add_argument(
+        "--root",
+        metavar="DIR",
+        help="repository root that SARIF, github and junit paths are relative to (default: git top-level)",
+    )
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
 

@@ -359,8 +359,12 @@ def impact(
     inventory: str | None,
     namespace: str = "default",
     progress: Progress | None = None,
+    cluster_state: str | None = None,
 ) -> Impact:
     from webhook.review.inputs import InputError, read_paths
+    from webhook.review.pipeline import load_cluster_state
+
+    labels = load_cluster_state(cluster_state)
 
     paths = list(paths) or ["."]
     if "-" in paths:
@@ -381,7 +385,10 @@ def impact(
     except InputError as exc:
         raise ReviewError(str(exc)) from None
     head = Reviewed(
-        evaluate_inputs(head_inputs, head_policies, inv, namespace=namespace, progress=progress), head_inputs
+        evaluate_inputs(
+            head_inputs, head_policies, inv, namespace=namespace, progress=progress, namespace_labels=labels
+        ),
+        head_inputs,
     )
 
     with tempfile.TemporaryDirectory(prefix="draguard-base-") as tmp:
@@ -407,7 +414,10 @@ def impact(
 
             base_inputs = base_inputs or Inputs()
             base_rev = Reviewed(
-                evaluate_inputs(base_inputs, base_policies, inv, namespace=namespace), base_inputs
+                evaluate_inputs(
+                    base_inputs, base_policies, inv, namespace=namespace, namespace_labels=labels
+                ),
+                base_inputs,
             )
             head_policy_dir = (cwd / policies) if policies else None
             pchanges = policy_changes(base_policy_dir, head_policy_dir, policies or "")
@@ -510,7 +520,7 @@ def render_markdown(imp: Impact) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(imp: Impact, fmt: str, *, color: bool = False) -> str:
+def render(imp: Impact, fmt: str, *, color: bool = False, root: str | None = None) -> str:
     """Text, JSON and Markdown describe the changes; SARIF, JUnit and GitHub annotate the findings
     this change introduces (newly denied, new warnings, changed rewrites) so CI flags only those."""
     if fmt == "text":
@@ -534,5 +544,7 @@ def render(imp: Impact, fmt: str, *, color: bool = False) -> str:
         objects=head.objects,
         ignored=head.ignored,
         title=f"draguard review (changes since {imp.base_ref})",
+        root=root,
+        elapsed=head.elapsed,
     )
     return renderers()[fmt](sub)

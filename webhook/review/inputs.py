@@ -402,8 +402,8 @@ def walk(root: Path, exclude: Sequence[Path] = ()) -> Iterator[Path]:
         if path.resolve() in excluded:
             continue
         if entry.is_dir():
-            if is_kustomization_dir(path):
-                yield path
+            if is_kustomization_dir(path) or (path / "Chart.yaml").is_file():
+                yield path  # built (kustomize) or rendered (helm) as a whole
             else:
                 yield from walk(path, exclude)
         elif entry.name.endswith(YAML_SUFFIXES):
@@ -449,7 +449,7 @@ def read_paths(
     `exclude` lists paths skipped while walking directories (the policy directory and the
     inventory file), never when named explicitly.
     """
-    from webhook.review import kustomize  # local: kustomize imports this module
+    from webhook.review import helm, kustomize  # local: both import this module
 
     result = Inputs()
     for raw in paths:
@@ -463,12 +463,17 @@ def read_paths(
             if is_kustomization_dir(path):
                 result.extend(kustomize.build(path))
                 continue
+            if helm.is_chart_dir(path):
+                result.extend(helm.render(path))
+                continue
             items = list(walk(path, exclude))
             referenced = _referenced_kustomizations([i for i in items if i.is_dir()])
             for item in items:
                 if item.is_dir() and item.resolve() in referenced:
                     continue  # built as part of the overlay that uses it
-                if item.is_dir():
+                if item.is_dir() and helm.is_chart_dir(item) and not is_kustomization_dir(item):
+                    result.extend(helm.render(item))
+                elif item.is_dir():
                     result.extend(kustomize.build(item))
                 else:
                     result.extend(read_file(item))

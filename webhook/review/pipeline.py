@@ -77,6 +77,55 @@ def load_inventory_file(path: str | None) -> Inventory:
         raise ReviewError(str(exc)) from None
 
 
+def namespace_labels_of(objs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Labels of the Namespace objects among `objs` (List items included), as admission's cache has
+    them, with the `kubernetes.io/metadata.name` label the API server sets on every namespace."""
+    out: dict[str, dict[str, str]] = {}
+    stack = list(objs)
+    while stack:
+        o = stack.pop()
+        if not isinstance(o, Mapping):
+            continue
+        if isinstance(o.get("items"), list) and str(o.get("kind") or "").endswith("List"):
+            stack.extend(o["items"])
+            continue
+        meta = o.get("metadata")
+        if o.get("kind") != "Namespace" or not isinstance(meta, Mapping):
+            continue
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        raw = meta.get("labels")
+        labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        labels.setdefault("kubernetes.io/metadata.name", name)
+        out[name] = labels
+    return out
+
+
+def load_cluster_state(path: str | None) -> dict[str, dict[str, str]]:
+    """Namespace labels from a cluster snapshot (`kubectl get ns -o yaml`, or any file of objects)."""
+    if not path:
+        return {}
+    from webhook.review.inputs import load_data, read_text
+
+    p = Path(path)
+    if not p.is_file():
+        raise ReviewError(
+            f"{path}: cluster state file not found (fix: kubectl get namespaces -o yaml > {path})"
+        )
+    try:
+        docs = load_data(read_text(p, str(path)), str(path))
+    except InputError as exc:
+        raise ReviewError(f"cluster state {exc}") from None
+    found = namespace_labels_of([d for d in docs if isinstance(d, Mapping)])
+    if docs and not found:
+        raise ReviewError(
+            f"{path}: no Namespace objects in the cluster state file; fix: pass the output of "
+            "`kubectl get namespaces -o yaml`"
+        )
+    return found
+
+
 def object_ref(item: SourceObject) -> ObjectRef:
     meta = item.obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
@@ -115,14 +164,19 @@ def evaluate_inputs(
     *,
     namespace: str = "default",
     progress: Progress | None = None,
+    namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ReviewResult:
+    """Evaluate like admission: namespace labels come from the cluster state given, with the
+    Namespace objects among the inputs over them (the pull request's own labels win)."""
     from webhook.engine.evaluate import evaluate
 
     n = len(inputs.objects)
     if progress is not None and n > PROGRESS_THRESHOLD:
         progress.say(f"evaluating {n} documents from {len(set(inputs.files))} files")
     t0 = time.monotonic()
-    report = evaluate(inputs.objects, policies, inventory, Context(default_namespace=namespace))
+    labels = {**(namespace_labels or {}), **namespace_labels_of([o.obj for o in inputs.objects])}
+    ctx = Context(default_namespace=namespace, namespace_labels=labels)
+    report = evaluate(inputs.objects, policies, inventory, ctx)
     if progress is not None and n > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
         progress.say(f"evaluated {n} documents in {dt:.1f}s ({n / dt if dt else n:.0f}/s)")
@@ -143,6 +197,7 @@ def review(
     namespace: str = "default",
     progress: Progress | None = None,
     stdin: Any = None,
+    cluster_state: str | None = None,
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
     policy_set = load_policy_set(policies, required=policies_required)
@@ -159,7 +214,10 @@ def review(
         raise ReviewError(str(exc)) from None
     if progress is not None and len(inputs.objects) > PROGRESS_THRESHOLD:
         progress.say(f"read {len(inputs.objects)} documents from {len(set(inputs.files))} files")
-    result = evaluate_inputs(inputs, policy_set, inv, namespace=namespace, progress=progress)
+    labels = load_cluster_state(cluster_state)
+    result = evaluate_inputs(
+        inputs, policy_set, inv, namespace=namespace, progress=progress, namespace_labels=labels
+    )
     return Reviewed(result, inputs)
 
 

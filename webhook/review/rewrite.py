@@ -262,13 +262,49 @@ def _dump(y: YAML, data: Any) -> str:
     return buf.getvalue()
 
 
-def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
-    """The migrated text of one file and notes about what could not be migrated."""
-    from webhook.dra.workloads import pod_spec_of
-    from webhook.engine.migration import plan_workload
+def _namespace_of(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) and ns else None
+
+
+def _merge(plans: Sequence[Any]) -> Any:
+    """One plan for a workload with several pod templates: patches concatenated (their paths are
+    disjoint), templates once each."""
+    import dataclasses
+
+    if len(plans) == 1:
+        return plans[0]
+    templates: dict[str, Any] = {}
+    for p in plans:
+        for t in p.templates:
+            templates.setdefault(t["metadata"]["name"], t)
+    return dataclasses.replace(
+        plans[0],
+        uses=[u for p in plans for u in p.uses],
+        edits=[e for p in plans for e in p.edits],
+        unmapped=[u for p in plans for u in p.unmapped],
+        patch=[op for p in plans for op in p.patch],
+        templates=list(templates.values()),
+    )
+
+
+def rewrite_text(
+    text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None,
+    tiers: Any = None,
+) -> tuple[str, list[str]]:
+    """The migrated text of one file and notes about what could not be migrated.
+
+    `placed` (object key -> file) holds the objects of every file in this run: a template that
+    exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
+    """
+    from webhook.dra.workloads import pod_spec_of, pod_templates_of
+    from webhook.engine.migration import plan_pod_spec
 
     chunks = split_documents(text)
-    present = _existing(chunks)
+    present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
+    for key in _existing(chunks):
+        present.setdefault(key, shown)
     out: list[Chunk] = []
     notes: list[str] = []
     for chunk in chunks:
@@ -278,9 +314,21 @@ def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
             continue
         # Indentation styles differ between documents pasted into one file: follow each one's.
         y = _yaml(chunk.body)
-        plan = plan_workload(data, policy)
-        if plan is None:
+        allowed = None
+        if tiers is not None:
+            from webhook.engine.rules.migrate import tier_allowed
+
+            meta = data.get("metadata") if isinstance(data.get("metadata"), Mapping) else {}
+            ns = str((meta or {}).get("namespace") or "default")
+            allowed = tier_allowed(tiers, data, ns, None)
+        plans = [p for p in (
+            plan_pod_spec(data, t.pointer, t.spec, policy, namespace=_namespace_of(data), allowed=allowed,
+                          rewrite=False)
+            for t in pod_templates_of(data) if not t.container
+        )]  # fmt: skip
+        if not plans:
             continue
+        plan = _merge(plans)
         for use in plan.unmapped:
             notes.append(
                 f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}: "
@@ -299,8 +347,12 @@ def rewrite_text(text: str, shown: str, policy: Any) -> tuple[str, list[str]]:
             meta = tmpl.get("metadata", {})
             key = (str(tmpl.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name")))
             if key in present:
+                if present[key] != shown:
+                    notes.append(
+                        f"{shown}: {_ref(data)} uses ResourceClaimTemplate {key[2]}, kept in {present[key]}"
+                    )
                 continue
-            present.add(key)
+            present[key] = shown
             if not out[-1].body.endswith("\n"):
                 out[-1] = Chunk(out[-1].separator, out[-1].body + "\n")
             out.append(Chunk("---\n", _dump(y, _to_ruamel(tmpl))))
@@ -524,11 +576,24 @@ def migrate_paths(
         policy = migration_policy(policies, policies_required, strategy, mig)
     except ReviewError:
         raise
+    # The tier policies next to it: the rewrite picks a class they allow for each workload.
+    tiers = load_policy_set(policies, required=False) if policies else None
     outcome = MigrateOutcome()
     diffs: list[str] = []
     extended = policy.strategy.value == "extended-resource"
     needs: dict[str, str] = legacy_class_needs(texts, policy, outcome.notes) if extended else {}
     served: set[str] = set()
+    # Objects already in any of the files: a generated template is written once, in the first file
+    # that needs it (or not at all when one of the files has it).
+    placed: dict[tuple[str, str, str], str] = {}
+    for f in files:
+        if not extended and f.suffix != ".json" and "kind:" in texts[f]:
+            try:
+                keys = _existing(split_documents(texts[f]))
+            except Exception:  # unreadable: the per-file parse below reports it with its line
+                continue
+            for key in keys:
+                placed.setdefault(key, display_path(f))
     for f in files:
         shown = display_path(f)
         text = texts[f]
@@ -549,7 +614,7 @@ def migrate_paths(
                 parse_text(text, shown)
             except InputError as exc:
                 raise RewriteError(str(exc)) from None
-            new, notes = rewrite_text(text, shown, policy)
+            new, notes = rewrite_text(text, shown, policy, placed, tiers)
             outcome.notes.extend(notes)
         if new == text:
             continue

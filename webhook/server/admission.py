@@ -140,9 +140,16 @@ def _kind_of(req: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def is_checked(group: str, version: str, kind: str) -> bool:
-    if (group, kind) in POD_KINDS:
+    if (group, kind) in POD_KINDS or is_workload_crd(group, kind):
         return True
     return group == DRA_GROUP and kind in DRA_KINDS and version in ALL_RESOURCE_VERSIONS
+
+
+def is_workload_crd(group: str, kind: str) -> bool:
+    """A workload CRD whose pod templates draguard knows (webhook/dra/workloads.py CRD_POD_TEMPLATES)."""
+    from webhook.dra.workloads import CRD_POD_TEMPLATES
+
+    return (group, kind) in CRD_POD_TEMPLATES
 
 
 def _one_line(text: str) -> str:

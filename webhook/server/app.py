@@ -63,6 +63,9 @@ class ServeOptions:
     watch_stale_after: float = 60.0
     inject_ca_bundle: str | None = None  # keep this CA bundle in the webhook configurations' caBundle
     webhook_config: str = "draguard"
+    # Exact budgets across replicas (webhook/server/ledger.py); None: budgets from this replica's caches.
+    quota_ledger_namespace: str | None = None
+    quota_timeout: float = 1.5
 
 
 _LABEL_KINDS = frozenset({k for _g, k in admission.POD_KINDS} | admission.DRA_KINDS | {"unknown"})
@@ -166,6 +169,7 @@ class Webhook:
         self.cache: Any = None
         self.lookup_http: Any = None  # set with the caches; None without a cluster (--no-watch)
         self.rebuilder: Any = None
+        self.ledger: Any = None
         self.tls: Any = None
         self.site: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -394,6 +398,12 @@ class Webhook:
         outcome = admission.review(endpoint, request, snap, self.cel_rate.allowance(scope), looked)
         if outcome.cel_bytes:
             self.cel_rate.charge(scope, outcome.cel_bytes)
+        if endpoint == "validate" and self.ledger is not None:
+            group = self.ledger.group_for(request, snap)
+            if group is not None:
+                # The quota ledger's wait on the API server, bounded by --quota-timeout.
+                outcome = await self.ledger.admit(group, request, snap, outcome)
+                cache = None  # this verdict depends on the ledger, not on the snapshot alone
         if endpoint == "validate" and self.rebuilder is not None:
             # An admitted template/claim/class: visible to this caller's next request before
             # the watch has it.
@@ -607,6 +617,18 @@ class Webhook:
         self.rebuilder = Rebuilder(self.cache, self.metrics, publish, lambda: self.snapshot.policies)
         self.cache.start()
         self.rebuilder.start()
+        if self.opts.quota_ledger_namespace:
+            from webhook.server.ledger import QuotaLedger
+
+            self.ledger = QuotaLedger(
+                http,
+                self.opts.quota_ledger_namespace,
+                timeout=self.opts.quota_timeout,
+                claims=lambda: self.cache.objects("resourceclaims"),
+                snapshot=lambda: self.snapshot,
+                synced=lambda: self.caches_synced,
+            )
+            self._tasks.append(asyncio.create_task(self.ledger.run()))
 
     async def _policy_loop(self) -> None:
         while True:

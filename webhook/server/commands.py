@@ -113,6 +113,20 @@ def register(sub: Any) -> None:
         action="store_true",
         help="evaluate every request, even byte-identical repeats under unchanged policies and caches",
     )
+    p.add_argument(
+        "--quota-ledger-namespace",
+        default="draguard-quota",
+        metavar="NS",
+        help="namespace of the quota ledgers that keep budgets exact across replicas ('' = off: each "
+        "replica checks budgets against its own caches)",
+    )
+    p.add_argument(
+        "--quota-timeout",
+        type=float,
+        default=1.5,
+        metavar="SECONDS",
+        help="longest a claim create waits on the quota ledger before it is denied (default 1.5)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 
@@ -222,6 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         review_cache=not args.no_review_cache,
         inject_ca_bundle=args.inject_ca_bundle,
         webhook_config=args.webhook_config,
+        quota_ledger_namespace=args.quota_ledger_namespace or None,
+        quota_timeout=args.quota_timeout,
     )
     try:
         return asyncio.run(serve(opts))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from functools import partial
+from typing import Any
 
 from driver.schema import DRIVER_NAME
 from webhook.cel.lint import lint_selector
@@ -66,18 +67,42 @@ def _line(item: SourceObject, sel: Selector, issue_line: int | None) -> int | No
     return base
 
 
+def _issues(rc: RuleContext, expression: str, devices: Sequence[Device] | None) -> Any:
+    # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
+    # many claims) lints the same way, so its issues are computed once per inventory.
+    return rc.inventory.cached(
+        ("cel-lint", expression, devices is not None),
+        partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME),
+    )
+
+
+_BROKEN = frozenset({"cel/syntax", "cel/type", "cel/limits"})
+# For a request naming a class that does not exist, its selectors' matches and guard mean nothing.
+_UNKNOWN_CLASS_SKIPS = frozenset({"cel/driver-guard", "cel/no-match"})
+
+
+def _class_guards_driver(rc: RuleContext, class_name: str | None, devices: Sequence[Device] | None) -> bool:
+    """Whether the class's own selectors pin `device.driver`. The scheduler evaluates a request's
+    selectors only on devices the class selected, so such a class guards every request naming it."""
+    cls = rc.index.classes.get(class_name or "") or rc.inventory.classes.get(class_name or "")
+    if cls is None:
+        return False
+    for sel in cls.selectors:
+        checks = {i.check for i in _issues(rc, sel.expression, devices)}
+        if "cel/driver-guard" not in checks and not checks & _BROKEN:
+            return True
+    return False
+
+
 def _lint(
     item: SourceObject, rc: RuleContext, policy: CelLintPolicy, selectors: Sequence[Selector],
-    devices: Sequence[Device] | None,
+    devices: Sequence[Device] | None, skip: frozenset[str] = frozenset(),
 ) -> Iterable[Finding]:
     for sel in selectors:
-        # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
-        # many claims) lints the same way, so its issues are computed once per inventory.
-        issues = rc.inventory.cached(
-            ("cel-lint", sel.expression, devices is not None),
-            partial(lint_selector, sel.expression, devices=devices, driver=DRIVER_NAME),
-        )
+        issues = _issues(rc, sel.expression, devices)
         for issue in issues:
+            if issue.check in skip:
+                continue
             if rc.ctx.admission and issue.check in API_SERVER_CHECKS:
                 # The API server validated this selector before calling the webhook: a compile,
                 # type or cost finding here is draguard disagreeing with it, never a reason to deny.
@@ -115,10 +140,17 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
         return
     policy = _policy_for(rc, rc.namespace(item))
     for req in read[0].requests:
-        for _cls, selectors, _mode, _count, _ptr in req.alternatives():
+        for cls, selectors, _mode, _count, _ptr in req.alternatives():
             # Matched against the whole inventory: whether class and request selectors together
-            # leave any device is structure/unsatisfiable's question.
-            yield from _lint(item, rc, policy, selectors, all_devices)
+            # leave any device is structure/unsatisfiable's question (it also names an unknown class,
+            # once). The driver guard belongs to the class when the class has one.
+            skip: frozenset[str] = frozenset()
+            known = bool(cls) and (cls in rc.index.classes or cls in rc.inventory.classes)
+            if cls and not known and (rc.inventory.classes or rc.index.classes):
+                skip = _UNKNOWN_CLASS_SKIPS  # structure/unsatisfiable says the class does not exist
+            elif selectors and _class_guards_driver(rc, cls, all_devices):
+                skip = frozenset({"cel/driver-guard"})
+            yield from _lint(item, rc, policy, selectors, all_devices, skip)
 
 
 RULES = (FunctionRule("cel/", _check),)

@@ -8,15 +8,16 @@ limit and instead requires a DeviceClass that serves the resource name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.objects import esc
-from webhook.dra.workloads import pod_spec_of
+from webhook.dra.workloads import pod_templates_of
 from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
 from webhook.engine.rules.base import FunctionRule, RuleContext
-from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy
+from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
 
 RULE_ID = "migrate/legacy-gpu"
 _VERSION_ORDER = ("v1", "v1beta2", "v1beta1")
@@ -37,6 +38,29 @@ def _policy_for(rc: RuleContext, namespace: str, labels: Mapping[str, str] | Non
         if p.scope.applies(namespace, labels):
             return p
     return None
+
+
+def tier_allowed(
+    policies: PolicySet, obj: Mapping[str, Any], namespace: str, labels: Mapping[str, str] | None
+) -> Callable[[str], bool] | None:
+    """Which DeviceClasses the tier policies let this workload use (None: no restriction), so the
+    rewrite picks a class that /validate then allows instead of one the tier rule denies."""
+    if not policies.tier:
+        return None
+    from webhook.engine.rules.tier import workload_facts
+
+    facts = workload_facts(obj)
+    if facts is None:
+        return None
+    tiers = []
+    for pol in policies.tier:
+        if pol.scope.applies(namespace, labels):
+            cls = pol.classify(facts)
+            if cls is not None:
+                tiers.append(cls.tier)
+    if not tiers:
+        return None
+    return lambda device_class: all(t.allows(device_class) for t in tiers)
 
 
 def claim_api_version(policy: MigrationPolicy, served: frozenset[str]) -> str:
@@ -61,10 +85,15 @@ def _what(use: LegacyUse) -> str:
 
 
 def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
-    found = pod_spec_of(item.obj)
-    if found is None:
-        return
-    pointer, podspec = found
+    # Every pod template: a workload CRD (PyTorchJob, JobSet, ...) may have several.
+    for tmpl in pod_templates_of(item.obj):
+        if not tmpl.container:
+            yield from _check_template(item, rc, tmpl.pointer, tmpl.spec)
+
+
+def _check_template(
+    item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any]
+) -> Iterable[Finding]:
     uses = find_legacy(podspec, pointer)
     if not uses:
         return
@@ -80,6 +109,7 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
     plan = plan_pod_spec(
         item.obj, pointer, podspec, policy, namespace=namespace,
         api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
+        allowed=tier_allowed(rc.policies, item.obj, namespace, labels),
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from webhook.core.findings import Finding
 from webhook.core.source import SourceObject
-from webhook.dra.objects import as_map, as_str, claim_spec_of
-from webhook.dra.workloads import containers_of, pod_spec_of, replicas_of
+from webhook.dra.objects import as_map, claim_spec_of
+from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import QuotaCalculator, inventory_calculator, team_scope
+from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
+from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
-from webhook.policy.model import GpuQuotaPolicy, QuotaBudget, glob_match
+from webhook.policy.model import GpuQuotaPolicy, glob_match
 
 RULE_PREFIX = "quota/"
 IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -63,29 +65,6 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     return calc
 
 
-# GPU-equivalents of demands already seen: devices -> (calculator, value). Entries hold their
-# calculator, so a hit is only taken for the very calculator (and inventory) it came from; a new
-# calculator empties the table, so at most one old inventory stays referenced from here.
-_GE: dict[tuple[tuple[str, int], ...], tuple[QuotaCalculator, Fraction]] = {}
-_GE_OWNER: list[QuotaCalculator] = []
-_GE_LIMIT = 1024
-
-
-def _gpu_equivalents(calc: QuotaCalculator, devices: Mapping[str, int]) -> Fraction:
-    """`calc.gpu_equivalents(devices)`, remembered: Fraction arithmetic is slow on the request path,
-    and workloads repeat the same few (class, count) demands."""
-    key = tuple(devices.items())
-    hit = _GE.get(key)
-    if hit is not None and hit[0] is calc:
-        return hit[1]
-    value = calc.gpu_equivalents(devices)
-    if len(_GE) >= _GE_LIMIT or not _GE_OWNER or _GE_OWNER[0] is not calc:
-        _GE.clear()
-        _GE_OWNER[:] = [calc]
-    _GE[key] = (calc, value)
-    return value
-
-
 def _extended_class(rc: RuleContext, resource: str) -> str | None:
     """The DeviceClass that serves an extended resource through DRA (KEP-5004), if any."""
     if resource.startswith(IMPLICIT_CLASS_PREFIX):
@@ -106,54 +85,75 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
         d = Demand(claims=1, pointer=f"{ptr}/devices/requests")
         for cls, n in calc.claim_demand(spec).items():
             d.add(cls, n, f"{n} (claim)")
-        d.gpu_equivalents = _gpu_equivalents(calc, d.devices)
+        d.gpu_equivalents = calc.claim_gpu_equivalents(spec)
         return d
-    found = pod_spec_of(obj)
-    if found is None:
+    templates = pod_templates_of(obj)
+    if not templates:
         return None
-    pod_ptr, podspec = found
-    pods = replicas_of(obj)
-    if obj.get("kind") == "DaemonSet":
-        # One pod per node: count the GPU nodes the inventory knows (1 without an inventory).
-        pods = max(len(rc.inventory.nodes()), 1)
-    unit = "pod" if pods == 1 else "pods"
-    d = Demand(pods=pods, pointer="/spec/replicas" if "replicas" in as_map(obj.get("spec")) else pod_ptr)
-    for pc in rc.pod_claims(item):
-        if pc.kind != "template" or pc.spec is None:
-            # A shared ResourceClaim is charged once, as its own object; an inline `source` spec
-            # is dropped by the API server (structure/inline-source reports it).
-            continue
-        d.claims += pods
-        for cls, n in calc.claim_demand(pc.spec).items():
-            d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target})")
-    extended = False
-    for cref in containers_of(pod_ptr, podspec):
-        limits = as_map(as_map(cref.container.get("resources")).get("limits"))
-        for res, raw in limits.items():
-            ext_cls = _extended_class(rc, str(res))
-            count = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-            if count is None and isinstance(raw, str) and raw.isdigit():
-                count = int(raw)
-            if ext_cls is None or not count:
+    spec_map = as_map(obj.get("spec"))
+    d = Demand(pointer="/spec/replicas" if "replicas" in spec_map else templates[0].pointer)
+    claims = rc.pod_claims(item)
+    ge = Fraction(0)
+    total_pods = 0
+    for tmpl in templates:
+        pods = tmpl.replicas
+        if obj.get("kind") == "DaemonSet":
+            # One pod per node: count the GPU nodes the inventory knows (1 without an inventory).
+            pods = max(len(rc.inventory.nodes()), 1)
+        total_pods += pods
+        unit = "pod" if pods == 1 else "pods"
+        where = "" if len(templates) == 1 else f" in {tmpl.pointer}"
+        for pc in claims:
+            if not pc.pointer.startswith(f"{tmpl.pointer}/resourceClaims/"):
                 continue
-            extended = True
-            cname = as_str(cref.container.get("name")) or "?"
-            d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res} in {cname})")
-    if extended:
-        d.claims += pods  # the scheduler creates one claim per pod for extended resources
-    d.gpu_equivalents = _gpu_equivalents(calc, d.devices)
+            if pc.kind != "template" or pc.spec is None:
+                # A shared ResourceClaim is charged once, as its own object; an inline `source` spec
+                # is dropped by the API server (structure/inline-source reports it).
+                continue
+            d.claims += pods
+            for cls, n in calc.claim_demand(pc.spec).items():
+                d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target}){where}")
+            ge += calc.claim_gpu_equivalents(pc.spec) * pods
+        extended = False
+        # Effective amounts (max of init containers vs sum of app containers), as the scheduler and
+        # the device plugin count them: an init container's GPUs are reused by the app containers.
+        for res, count in sorted(effective_amounts(tmpl.spec).items()):
+            ext_cls = _extended_class(rc, res)
+            if ext_cls is not None:
+                extended = True
+                d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res}){where}")
+                ge += calc.class_fraction(ext_cls) * count * pods
+            elif is_legacy_resource(res):
+                cls, frac = _legacy_class(rc, res, tmpl.spec, calc)
+                d.add(cls, count * pods, f"{pods} {unit} x {count} ({res}, device plugin){where}")
+                ge += frac * count * pods
+        if extended:
+            d.claims += pods  # the scheduler creates one claim per pod for extended resources
+    d.pods = total_pods
+    d.gpu_equivalents = ge
     return d
 
 
-def _applies(b: QuotaBudget, pol: GpuQuotaPolicy, namespace: str,
-             labels: Mapping[str, str] | None) -> str | None:
-    """The usage scope a budget charges for this namespace, or None when it does not apply."""
-    if b.scope == "namespace":
-        return namespace if glob_match(b.name, namespace) else None
-    team = (labels or {}).get(pol.team_label)
-    if team and (b.name == "*" or glob_match(b.name, team)):
-        return team_scope(team)
-    return None
+def _legacy_class(rc: RuleContext, resource: str, podspec: Mapping[str, Any],
+                  calc: QuotaCalculator) -> tuple[str, Fraction]:
+    """The DeviceClass a device-plugin resource is charged to, and GPU-equivalents per device.
+
+    The class is the one the MigrationPolicy maps it to (what its migration would ask for), so a
+    workload costs the same budget before and after it migrates; unmapped, the resource name itself.
+    """
+    labels = node_labels_of(podspec)
+    for pol in rc.policies.migration:
+        m = pol.mapping_for(resource, labels)
+        if m is not None:
+            profile = mig_profile_of(resource)
+            frac = mig_fraction(profile) if profile else None
+            return m.device_class, frac if frac is not None else calc.class_fraction(m.device_class)
+    profile = mig_profile_of(resource)
+    frac = mig_fraction(profile) if profile else None
+    return resource, frac if frac is not None else Fraction(1)
+
+
+_applies = budget_applies
 
 
 def _used(usage: QuotaUsage, scope: str, pattern: str) -> int:
@@ -178,7 +178,7 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
             scope = _applies(b, pol, namespace, labels)
             if scope is None:
                 continue
-            where = f"{'namespace' if b.scope == 'namespace' else 'team'} {scope.removeprefix('team:')}"
+            where = f"{'team' if scope.startswith('team:') else 'namespace'} {scope.removeprefix('team:')}"
             for pattern, limit in b.device_classes.items():
                 want = sum(n for c, n in demand.devices.items() if glob_match(pattern, c))
                 if want == 0:

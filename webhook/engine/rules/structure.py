@@ -27,6 +27,7 @@ from webhook.dra.objects import (
     as_list,
     as_map,
     as_str,
+    claim_problems,
     claim_spec_of,
     claim_template,
     dra_version,
@@ -485,7 +486,21 @@ def check_admin_access(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
             )
 
 
+# -- structure/invalid -------------------------------------------------------------------------
+
+
+def check_invalid(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
+    """A claim or template the API server rejects (validation or kubectl's strict field check)."""
+    for p in claim_problems(item.obj):
+        yield rc.finding(
+            item, "structure/invalid", Severity.ERROR, Mode.ENFORCE,
+            f"the API server rejects this {item.obj.get('kind')}: {p.field}: {p.message}",
+            fix=f"correct {p.field} ({item.obj.get('apiVersion')})", pointer=p.pointer,
+        )
+
+
 RULES = (
+    FunctionRule("structure/invalid", check_invalid),
     FunctionRule("structure/inline-source", check_inline_source),
     FunctionRule("structure/undeclared-claim", check_undeclared_claim),
     FunctionRule("structure/deprecated-version", check_deprecated_version),

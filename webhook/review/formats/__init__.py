@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from webhook.core.findings import Finding, Mode, ObjectRef, Report
 
@@ -28,9 +30,30 @@ class ReviewResult:
     ignored: int = 0
     # Set by `--base`: a one-line note on what the report was compared with.
     title: str = "draguard review"
+    # The repository root (absolute): SARIF, annotations and JUnit name files relative to it, as
+    # code scanning and test reporters resolve them. None: paths as the reader gave them.
+    root: str | None = None
+    # Seconds the review took (JUnit `time`).
+    elapsed: float = 0.0
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.report.findings, key=finding_sort_key)
+
+    def repo_path(self, file: str) -> str | None:
+        """`file` relative to the repository root with forward slashes; None when it lies outside
+        the root (or is not a file, like `<stdin>`)."""
+        return repo_path(file, self.root)
+
+
+def repo_path(file: str, root: str | None) -> str | None:
+    if not file or file.startswith("<"):
+        return None
+    if root is None:
+        return None if os.path.isabs(file) else PurePosixPath(file.replace("\\", "/")).as_posix()
+    full = os.path.normpath(os.path.join(os.getcwd(), file))
+    if not (full == root or full.startswith(root.rstrip(os.sep) + os.sep)):
+        return None
+    return PurePosixPath(os.path.relpath(full, root).replace(os.sep, "/")).as_posix()
 
 
 def finding_sort_key(f: Finding) -> tuple[str, int, str, str, str]:
@@ -52,6 +75,8 @@ RULE_HELP: dict[str, str] = {
     "cel/unsupported": "A selector uses CEL the API server accepts but draguard's runtime cannot check.",
     "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
     "`draguard migrate` rewrites it to a DRA claim.",
+    "structure/invalid": "The API server rejects this claim or template (wrong shape for its apiVersion, "
+    "missing deviceClassName, bad count, duplicate names); the message names the field.",
     "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",
     "structure/undeclared-claim": "A container names a claim missing from the pod's `spec.resourceClaims`.",
     "structure/deprecated-version": "The object uses a `resource.k8s.io` version the cluster does not serve.",

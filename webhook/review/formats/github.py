@@ -19,18 +19,52 @@ def escape_property(value: str) -> str:
     return escape_data(value).replace(":", "%3A").replace(",", "%2C")
 
 
+ANNOTATIONS_PER_KIND = 10
+"""GitHub shows at most 10 error, 10 warning and 10 notice annotations per step (50 per job) and
+drops the rest silently (actions/toolkit docs/problem-matchers.md)."""
+
+
 def render(result: ReviewResult) -> str:
+    findings = result.sorted_findings()
+    by_kind: dict[Mode, list[int]] = {}
+    for i, f in enumerate(findings):
+        by_kind.setdefault(f.mode, []).append(i)
+    # Over the limit: the first 9 of a kind are annotations and the 10th says how many more there
+    # are; every finding is still printed to the log below, so none is lost.
+    annotated: set[int] = set()
+    overflow: dict[Mode, int] = {}
+    for mode, idx in by_kind.items():
+        keep = idx if len(idx) <= ANNOTATIONS_PER_KIND else idx[: ANNOTATIONS_PER_KIND - 1]
+        annotated.update(keep)
+        if len(idx) > len(keep):
+            overflow[mode] = len(idx) - len(keep)
     out: list[str] = []
-    for f in result.sorted_findings():
-        props: list[str] = []
-        if f.file and not f.file.startswith("<"):
-            props.append(f"file={escape_property(f.file)}")
-            if f.line:
-                props.append(f"line={f.line}")
-        props.append(f"title={escape_property(f'{f.rule} ({f.mode.value})')}")
+    rest: list[str] = []
+    for i, f in enumerate(findings):
+        where = result.repo_path(f.file) if f.file else None
         message = f"{f.object}: {f.message}"
         if f.fix:
             message += f"\nfix: {f.fix}"
+        if i not in annotated:
+            loc = f"{where}:{f.line}: " if where and f.line else f"{where}: " if where else ""
+            rest.append(f"{loc}{f.mode.value}: [{f.rule}] {' '.join(message.split())}")
+            continue
+        props: list[str] = []
+        if where:
+            props.append(f"file={escape_property(where)}")
+            if f.line:
+                props.append(f"line={f.line}")
+        props.append(f"title={escape_property(f'{f.rule} ({f.mode.value})')}")
         out.append(f"::{_COMMAND[f.mode]} {','.join(props)}::{escape_data(message)}")
+    for mode, n in overflow.items():
+        kind = {Mode.ENFORCE: "errors", Mode.WARN: "warnings", Mode.AUDIT: "notices"}[mode]
+        out.append(
+            f"::{_COMMAND[mode]} title={escape_property('draguard: more findings')}::"
+            + escape_data(f"{n} more {kind} than GitHub annotates per step; this step's log lists them all")
+        )
+    if rest:
+        out.append(f"::group::draguard: {len(rest)} findings not annotated (GitHub's per-step limit)")
+        out.extend(rest)
+        out.append("::endgroup::")
     out.append(summary_line(result))
     return "\n".join(out) + "\n"

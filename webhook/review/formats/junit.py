@@ -1,4 +1,7 @@
-"""JUnit XML: one test suite per file, one test case per object × rule; enforce findings fail."""
+"""JUnit XML: one test suite per file, one test case per object and rule that fired on it (one
+passing case for an object nothing fired on). Enforce findings fail; warnings are `skipped` with
+their message, which GitLab and GitHub's JUnit reporters show (GitLab drops `system-out` of passing
+cases); audit findings are `system-out` of a passing case."""
 
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ def _key(file: str | None, kind: str, name: str) -> tuple[str, str, str]:
     return (file or "<input>", kind, name)
 
 
+def _line(f: Finding, where: str) -> str:
+    return f"{where}:{f.line}: {f.message}" + (f"\nfix: {f.fix}" if f.fix else "")
+
+
 def render(result: ReviewResult) -> str:
     findings = result.sorted_findings()
-    # Every rule that fired in this run is a test for every object: an object it did not fire
-    # on passes it.
-    rules = sorted({f.rule for f in findings})
     by_object: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
     for f in findings:
         by_object[_key(f.file, f.object.kind, f.object.name)].append(f)
@@ -34,45 +38,54 @@ def render(result: ReviewResult) -> str:
     for o in objects:
         files[o.file or "<input>"].append(o)
 
+    n_cases = sum(max(len({f.rule for f in by_object.get(_key(o.file, o.ref.kind, o.ref.name), [])}), 1)
+                  for o in objects)  # fmt: skip
+    per_case = result.elapsed / n_cases if n_cases else 0.0
     root = ET.Element("testsuites", name=result.title)
-    total = failures = 0
+    total = failures = skipped = 0
     for file in sorted(files):
-        suite = ET.SubElement(root, "testsuite", name=file)
-        s_tests = s_fail = 0
+        shown = result.repo_path(file) or file
+        suite = ET.SubElement(root, "testsuite", name=shown, file=shown)
+        s_tests = s_fail = s_skip = 0
         for o in files[file]:
             mine = by_object.get(_key(o.file, o.ref.kind, o.ref.name), [])
-            for rule in rules or ["draguard"]:
-                case = ET.SubElement(suite, "testcase", name=f"{o.ref} {rule}", classname=file)
-                s_tests += 1
+            rules: list[str | None] = [*dict.fromkeys(f.rule for f in mine)] or [None]
+            for rule in rules:
                 hits = [f for f in mine if f.rule == rule]
+                line = next((f.line for f in hits if f.line), o.line)
+                case = ET.SubElement(
+                    suite, "testcase", name=f"{o.ref} {rule}" if rule else str(o.ref), classname=shown,
+                    file=shown, time=f"{per_case:.6f}",
+                )  # fmt: skip
+                if line:
+                    case.set("line", str(line))
+                s_tests += 1
                 enforced = [f for f in hits if f.mode is Mode.ENFORCE]
+                warned = [f for f in hits if f.mode is Mode.WARN]
+                rest = [f for f in hits if f not in enforced and f not in (warned if not enforced else ())]
                 if enforced:
                     s_fail += 1
-                    first = enforced[0]
-                    fail = ET.SubElement(case, "failure", message=first.message, type=rule)
-                    fail.text = (
-                        "\n".join(
-                            f"{f.file}:{f.line}: {f.message}" + (f"\nfix: {f.fix}" if f.fix else "")
-                            for f in enforced
-                        )
-                        + f"\n({rule_help(rule)})"
-                    )
-                others = [f for f in hits if f.mode is not Mode.ENFORCE]
-                if others:
+                    fail = ET.SubElement(case, "failure", message=enforced[0].message, type=str(rule))
+                    fail.text = "\n".join(_line(f, shown) for f in enforced) + f"\n({rule_help(str(rule))})"
+                elif warned:
+                    s_skip += 1
+                    skip = ET.SubElement(case, "skipped", message=f"warning: {warned[0].message}")
+                    skip.text = "\n".join(_line(f, shown) for f in warned) + f"\n({rule_help(str(rule))})"
+                if rest:
                     out = ET.SubElement(case, "system-out")
-                    out.text = "\n".join(
-                        f"{f.mode.value}: {f.file}:{f.line}: {f.message}"
-                        + (f" (fix: {f.fix})" if f.fix else "")
-                        for f in others
-                    )
+                    out.text = "\n".join(f"{f.mode.value}: {_line(f, shown)}" for f in rest)
         suite.set("tests", str(s_tests))
         suite.set("failures", str(s_fail))
         suite.set("errors", "0")
-        suite.set("skipped", "0")
+        suite.set("skipped", str(s_skip))
+        suite.set("time", f"{per_case * s_tests:.6f}")
         total += s_tests
         failures += s_fail
+        skipped += s_skip
     root.set("tests", str(total))
     root.set("failures", str(failures))
     root.set("errors", "0")
+    root.set("skipped", str(skipped))
+    root.set("time", f"{result.elapsed:.6f}")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from webhook import __version__
 from webhook.core.findings import Mode
@@ -14,9 +16,15 @@ SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Mode.ENFORCE: "error", Mode.WARN: "warning", Mode.AUDIT: "note"}
 
 
-def _uri(file: str) -> str:
-    # SARIF URIs use forward slashes; relative ones resolve against the checkout (%SRCROOT%).
-    return PurePosixPath(file.replace("\\", "/")).as_posix()
+def _artifact(result: ReviewResult, file: str) -> dict[str, Any] | None:
+    """An artifactLocation: relative to the repository root (%SRCROOT%) when the file is inside it,
+    else an absolute `file:` URI (SARIF1004 forbids absolute paths with a uriBaseId)."""
+    if file.startswith("<"):
+        return None
+    rel = result.repo_path(file)
+    if rel is not None:
+        return {"uri": quote(rel), "uriBaseId": "%SRCROOT%"}
+    return {"uri": Path(os.path.abspath(file)).as_uri()}
 
 
 def render(result: ReviewResult) -> str:
@@ -55,8 +63,9 @@ def render(result: ReviewResult) -> str:
             "message": {"text": f"{f.object}: {text}"},
             "properties": {"mode": f.mode.value, "severity": f.severity.value, "object": f.object.to_json()},
         }
-        if f.file and not f.file.startswith("<"):
-            location: dict[str, Any] = {"artifactLocation": {"uri": _uri(f.file), "uriBaseId": "%SRCROOT%"}}
+        artifact = _artifact(result, f.file) if f.file else None
+        if artifact is not None:
+            location: dict[str, Any] = {"artifactLocation": artifact}
             if f.line:
                 location["region"] = {"startLine": f.line}
             res["locations"] = [{"physicalLocation": location}]
@@ -77,9 +86,7 @@ def render(result: ReviewResult) -> str:
                 },
                 "originalUriBaseIds": {"%SRCROOT%": {"description": {"text": "the repository root"}}},
                 "artifacts": [
-                    {"location": {"uri": _uri(p), "uriBaseId": "%SRCROOT%"}}
-                    for p in sorted(set(result.files))
-                    if not p.startswith("<")
+                    {"location": a} for a in (_artifact(result, p) for p in sorted(set(result.files))) if a
                 ],
                 "results": results,
                 "properties": {**s, "ignored": result.ignored},

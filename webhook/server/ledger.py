@@ -1,0 +1,519 @@
+"""Exact GPU budgets across replicas: a usage ledger per budget group, written with optimistic concurrency.
+
+Each replica's caches lag the API server (watch delay, debounce, reconnects), so budgets checked
+against them alone let concurrent creates on different replicas overshoot. For a ResourceClaim
+CREATE in a namespace that some GpuQuotaPolicy budget covers, the validating path therefore
+decides against a ledger kept in the API server, as Kubernetes' ResourceQuota admission does with
+`status.used`:
+
+- one ConfigMap per budget group (a team when the namespace has a team label, else the namespace)
+  in the ledger namespace, `data.claims` a JSON map `namespace/name -> charge`;
+- the verdict is the engine's, with the ledger's sum as the usage; an allowed claim is added to the
+  ledger by an update carrying the read `resourceVersion` (409 Conflict: read again, decide again);
+- concurrent requests for one group on one replica share one read and one write (a batch), so a
+  burst costs a few round trips per replica, not one per request;
+- a background pass reconciles each ledger with the watched claims: entries of claims that are
+  gone (checked with a GET) are dropped, a reservation whose create never happened (no claim after
+  `ttl` seconds, default 10: the validating webhook times out after 3 s, so a create allowed in
+  time is persisted long before) expires, claims created while draguard was not asked are added.
+
+The request path waits on the API server here: a claim is decided within `timeout` seconds (default
+1.5 s) or denied with a message to retry; a ledger write already under way then finishes within
+WRITE_TIMEOUT (1 s), so the answer comes within 2.5 s, inside the validating webhook's 3 s. Its
+cost: per batch one GET and one PUT of the group's ConfigMap, repeated on conflicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+from webhook.dra.objects import as_map, as_str, claim_spec_of
+from webhook.engine.context import QuotaUsage
+from webhook.engine.quota import ClaimCharge, budget_group, charge_of, inventory_calculator, team_labels_of
+from webhook.engine.quota import usage_from_charges as _usage_from_charges
+from webhook.server import admission
+from webhook.server.admission import Outcome, Snapshot
+from webhook.server.caches import ApiError, KubeHttp
+
+log = logging.getLogger("draguard.ledger")
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT = "draguard-quota-ledger"
+GROUP_ANNOTATION = "draguard.io/budget-group"
+DATA_KEY = "claims"
+MAX_LEDGER_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB
+MAX_BATCH = 256
+CHECKS_PER_PASS = 64
+# One ledger read or write. A request is decided within --quota-timeout; a write already under way
+# then finishes within this, so the answer comes before the validating webhook's 3 s timeout.
+WRITE_TIMEOUT = 1.0  # GETs of vanished claims per ledger per reconcile pass
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """What one admitted claim charges; `uid` is empty until its claim has been seen."""
+
+    devices: Mapping[str, int]
+    gpu: Fraction
+    reserved: float
+    uid: str = ""
+
+    def to_json(self) -> list[Any]:
+        return [dict(sorted(self.devices.items())), [self.gpu.numerator, self.gpu.denominator],
+                round(self.reserved, 3), self.uid]  # fmt: skip
+
+
+def decode(text: str | None) -> dict[str, LedgerEntry]:
+    """The ledger's entries; entries that are not well formed are dropped (and logged)."""
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        log.warning("quota ledger is not JSON; starting it afresh")
+        return {}
+    out: dict[str, LedgerEntry] = {}
+    for key, val in raw.items() if isinstance(raw, dict) else ():
+        try:
+            devs, (num, den), reserved, uid = val
+            out[str(key)] = LedgerEntry(
+                {str(k): int(v) for k, v in devs.items()},
+                Fraction(int(num), int(den)),
+                float(reserved),
+                str(uid),
+            )
+        except (TypeError, ValueError, AttributeError, ZeroDivisionError):
+            log.warning("quota ledger entry unreadable; dropped", extra={"object": str(key)[:200]})
+    return out
+
+
+def encode(entries: Mapping[str, LedgerEntry]) -> str:
+    return json.dumps({k: e.to_json() for k, e in sorted(entries.items())}, separators=(",", ":"))
+
+
+_NAME_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def ledger_name(group: str) -> str:
+    """A valid, stable ConfigMap name for a group (`team:ml` -> `draguard-quota-team-ml-<hash>`)."""
+    readable = _NAME_BAD.sub("-", group.lower().replace(":", "-")).strip("-")[:40].strip("-")
+    digest = hashlib.sha256(group.encode()).hexdigest()[:10]
+    return f"draguard-quota-{readable}-{digest}"
+
+
+def usage_of(entries: Mapping[str, LedgerEntry], labels: Mapping[str, Mapping[str, str]],
+             team_labels: list[str], skip: str | None = None) -> QuotaUsage:
+    """Usage per scope from a ledger's entries (the scopes of the group's namespaces)."""
+    charges = [
+        ClaimCharge(key.partition("/")[0] or "default", e.devices, e.gpu)
+        for key, e in entries.items() if key != skip
+    ]  # fmt: skip
+    return _usage_from_charges(charges, labels, team_labels)
+
+
+def _add(a: QuotaUsage, b: QuotaUsage) -> QuotaUsage:
+    from webhook.server.usage import add_usage
+
+    return add_usage(a, b)
+
+
+@dataclass
+class _Item:
+    key: str
+    request: Mapping[str, Any]
+    snap: Snapshot
+    future: asyncio.Future[Outcome]
+    deadline: float = 0.0  # monotonic time after which it is no longer decided (denied: retry)
+    writing: bool = False  # decided and part of a write in flight: its answer follows the write's
+
+
+@dataclass
+class _Group:
+    pending: list[_Item] = field(default_factory=list)
+    worker: asyncio.Task[None] | None = None
+
+
+class LedgerError(Exception):
+    """The ledger could not be read or written; the claim is denied (validation fails closed)."""
+
+
+class QuotaLedger:
+    """Reserves claim charges in the API server before the validating webhook allows them."""
+
+    def __init__(
+        self,
+        http: KubeHttp,
+        namespace: str,
+        *,
+        timeout: float = 1.5,
+        ttl: float = 10.0,
+        claims: Callable[[], list[dict[str, Any]]] | None = None,
+        snapshot: Callable[[], Snapshot] | None = None,
+        synced: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.http = http
+        self.namespace = namespace
+        self.timeout = timeout
+        self.ttl = ttl
+        self.claims = claims or (lambda: [])
+        self.snapshot = snapshot
+        self.synced = synced or (lambda: True)
+        self.clock = clock
+        self._groups: dict[str, _Group] = {}
+        self._watched_memo: tuple[Any, dict[str, dict[str, tuple[str, ClaimCharge]]]] | None = None
+        self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0}
+
+    # --- which requests --------------------------------------------------------------------------
+
+    def group_for(self, request: Mapping[str, Any], snap: Snapshot) -> str | None:
+        """The budget group a persisted ResourceClaim CREATE reserves in; None for anything else."""
+        kind = request.get("kind")
+        if not isinstance(kind, Mapping) or kind.get("group") != admission.DRA_GROUP:
+            return None
+        if kind.get("kind") != "ResourceClaim" or request.get("operation") != "CREATE":
+            return None
+        if request.get("dryRun") or request.get("subResource") or snap.policies is None:
+            return None
+        ns = str(request.get("namespace") or "default")
+        return budget_group(snap.policies, ns, snap.namespace_labels.get(ns))
+
+    # --- the request path ------------------------------------------------------------------------
+
+    async def admit(self, group: str, request: Mapping[str, Any], snap: Snapshot, first: Outcome) -> Outcome:
+        """The verdict with the ledger's usage; an allowed claim is in the ledger when this returns."""
+        if first.verdict in ("denied", "error") and not _only_quota(first):
+            return first  # denied for another reason: nothing to reserve
+        meta = as_map(as_map(request.get("object")).get("metadata"))
+        name = as_str(meta.get("name")) or str(request.get("name") or "")
+        if not name:
+            return first  # generateName: the name is unknown until after admission (see docs)
+        if snap.namespace_labels and self.namespace not in snap.namespace_labels:
+            # The watch sees every namespace: no need to ask the API server to learn it is missing.
+            return _denied(first, request, self._missing())
+        loop = asyncio.get_running_loop()
+        item = _Item(f"{request.get('namespace') or 'default'}/{name}", request, snap, loop.create_future(),
+                     deadline=time.monotonic() + self.timeout)  # fmt: skip
+        g = self._groups.setdefault(group, _Group())
+        g.pending.append(item)
+        if g.worker is None or g.worker.done():
+            g.worker = asyncio.create_task(self._work(group, g))
+        try:
+            return await asyncio.wait_for(asyncio.shield(item.future), self.timeout)
+        except TimeoutError:
+            if item.writing:
+                # Reserved and being written: answering "denied" now would leave the reservation
+                # behind for a claim that never comes. The write is bounded by its own timeout.
+                return await item.future
+            self.stats["timeouts"] += 1
+            if item in g.pending:
+                g.pending.remove(item)
+            return _denied(first, request, self._late())
+
+    def _missing(self) -> str:
+        return (f"namespace {self.namespace} for the quota ledgers does not exist; create it (the bundle "
+                "ships it) or run serve with --quota-ledger-namespace ''")  # fmt: skip
+
+    def _late(self) -> str:
+        return (f"the quota ledger could not be updated within {self.timeout:g} s (API server slow or busy); "
+                "retry the request")  # fmt: skip
+
+    async def _work(self, group: str, g: _Group) -> None:
+        loop = asyncio.get_running_loop()
+        while g.pending:
+            batch = g.pending[:MAX_BATCH]
+            del g.pending[: len(batch)]
+            now = time.monotonic()
+            for it in batch:
+                if it.deadline and now > it.deadline:
+                    self.stats["timeouts"] += 1
+                    _resolve(it, _denied_item(it, self._late()))
+            batch = [i for i in batch if not i.future.done()]
+            if not batch:
+                continue
+            try:
+                cm = await loop.run_in_executor(None, self._read, group)
+            except Exception as e:
+                for it in batch:
+                    _resolve(it, _denied_item(it, f"the quota ledger could not be read ({_why(e)})"))
+                continue
+            entries = decode(as_str(as_map(cm.get("data")).get(DATA_KEY)) if cm else None)
+            allowed = self._decide(batch, entries)
+            if not allowed:
+                continue
+            for it, _o in allowed:
+                it.writing = True
+            try:
+                await loop.run_in_executor(None, self._write, group, cm, entries)
+            except ApiError as e:
+                if e.status == 409:  # another replica wrote first: decide these again on a fresh read
+                    self.stats["conflicts"] += 1
+                    for it, _o in allowed:
+                        it.writing = False
+                    g.pending[:0] = [it for it, _o in allowed if not it.future.done()]
+                    continue
+                if e.status == 404:
+                    for it, _o in allowed:
+                        _resolve(it, _denied_item(it, self._missing()))
+                    continue
+                for it, _o in allowed:
+                    _resolve(it, _denied_item(it, f"the quota ledger could not be written ({_why(e)})"))
+                continue
+            except Exception as e:
+                for it, _o in allowed:
+                    _resolve(it, _denied_item(it, f"the quota ledger could not be written ({_why(e)})"))
+                continue
+            for it, out in allowed:
+                _resolve(it, out)
+
+    def _decide(self, batch: list[_Item], entries: dict[str, LedgerEntry]) -> list[tuple[_Item, Outcome]]:
+        """Decide each request in order against the ledger, adding the allowed ones to `entries`."""
+        allowed: list[tuple[_Item, Outcome]] = []
+        now = self.clock()
+        usage: QuotaUsage | None = None
+        for it in batch:
+            snap = it.snap
+            labels = snap.namespace_labels
+            teams = team_labels_of(snap.policies)
+            if usage is None or it.key in entries:
+                usage = usage_of(entries, labels, teams, skip=it.key)
+            out = admission.review("validate", it.request, replace(snap, usage=usage))
+            if out.verdict in ("denied", "error"):
+                _resolve(it, out)
+                continue
+            charge = _charge(it, snap)
+            if charge is None:
+                _resolve(it, out)
+                continue
+            entries[it.key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now)
+            usage = _add(usage, _usage_from_charges([charge], labels, teams))
+            allowed.append((it, out))
+        return allowed
+
+    # --- API calls (in a thread) -------------------------------------------------------------------
+
+    def _path(self, name: str = "") -> str:
+        base = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        return f"{base}/{name}" if name else base
+
+    def _read(self, group: str) -> dict[str, Any] | None:
+        self.stats["reads"] += 1
+        try:
+            return self.http.get_json(self._path(ledger_name(group)), timeout=WRITE_TIMEOUT)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _write(self, group: str, cm: Mapping[str, Any] | None, entries: Mapping[str, LedgerEntry]) -> None:
+        text = encode(entries)
+        if len(text) > MAX_LEDGER_BYTES:
+            raise LedgerError(f"ledger of {group} would exceed {MAX_LEDGER_BYTES // 1024} KiB")
+        self.stats["writes"] += 1
+        if cm is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": ledger_name(group),
+                    "namespace": self.namespace,
+                    "labels": {COMPONENT_LABEL: COMPONENT, "app.kubernetes.io/managed-by": "draguard"},
+                    "annotations": {GROUP_ANNOTATION: group},
+                },
+                "data": {DATA_KEY: text},
+            }
+            # A create racing another replica's create answers 409 too: read again, decide again.
+            self.http.request_json("POST", self._path(), body=body, timeout=WRITE_TIMEOUT)
+            return
+        meta = as_map(cm.get("metadata"))
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": meta.get("name"),
+                "namespace": self.namespace,
+                # The precondition: the update fails with 409 if anyone wrote since our read.
+                "resourceVersion": meta.get("resourceVersion"),
+                "labels": meta.get("labels") or {},
+                "annotations": meta.get("annotations") or {},
+            },
+            "data": {DATA_KEY: text},
+        }
+        self.http.request_json("PUT", self._path(str(meta.get("name"))), body=body, timeout=WRITE_TIMEOUT)
+
+    # --- reconciliation (background) ----------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """One pass over every ledger and the watched claims; returns the ledgers rewritten.
+
+        Blocking (API calls): run it in a thread. Never shrinks a ledger on the word of a lagging
+        watch alone: an entry leaves only when a GET says its claim is gone (or a reservation's
+        create never happened within `ttl`).
+        """
+        if self.snapshot is None or not self.synced():
+            return 0
+        snap = self.snapshot()
+        if snap.policies is None:
+            return 0
+        listed = self.http.get_json(
+            self._path(), [("labelSelector", f"{COMPONENT_LABEL}={COMPONENT}")], timeout=10.0
+        )
+        ledgers: dict[str, dict[str, Any]] = {}
+        for cm in listed.get("items") or []:
+            group = as_str(as_map(as_map(cm.get("metadata")).get("annotations")).get(GROUP_ANNOTATION))
+            if group:
+                ledgers[group] = cm
+        watched = self._watched(snap)
+        written = 0
+        for group in sorted(set(ledgers) | set(watched)):
+            cm = ledgers.get(group)
+            try:
+                if self._reconcile_one(group, cm, watched.get(group, {}), snap):
+                    written += 1
+            except ApiError as e:
+                if e.status != 409:  # 409: an admission wrote meanwhile; the next pass sees it
+                    log.warning(
+                        "quota ledger reconcile failed", extra={"group": group, "reason": str(e)[:200]}
+                    )
+        return written
+
+    def _watched(self, snap: Snapshot) -> dict[str, dict[str, tuple[str, ClaimCharge]]]:
+        """Watched claims per budget group: (uid, charge) by `namespace/name`. Worked out again only
+        when the claims, namespace labels, policies or devices changed since the last pass."""
+        claims = self.claims()
+        # The memo holds the objects themselves, so an identity match cannot be a reused address.
+        key = (claims, snap.namespace_labels, snap.policies, snap.inventory.devices, snap.inventory.classes)
+        memo = self._watched_memo
+        if memo is not None and len(memo[0][0]) == len(claims) and all(
+            a is b for a, b in zip(memo[0][1:], key[1:], strict=True)
+        ) and all(a is b for a, b in zip(memo[0][0], claims, strict=True)):
+            return memo[1]
+        calc = inventory_calculator(snap.inventory)
+        watched: dict[str, dict[str, tuple[str, ClaimCharge]]] = {}
+        for obj in claims:
+            meta = as_map(obj.get("metadata"))
+            ns = as_str(meta.get("namespace")) or "default"
+            group = budget_group(snap.policies, ns, snap.namespace_labels.get(ns))
+            charge = _charge_obj(obj, calc) if group is not None else None
+            if group is None or charge is None:
+                continue
+            watched.setdefault(group, {})[f"{ns}/{as_str(meta.get('name'))}"] = (
+                as_str(meta.get("uid")) or "", charge
+            )
+        self._watched_memo = (key, watched)
+        return watched
+
+    def _reconcile_one(self, group: str, cm: dict[str, Any] | None,
+                       watched: Mapping[str, tuple[str, ClaimCharge]], snap: Snapshot) -> bool:
+        entries = decode(as_str(as_map(cm.get("data")).get(DATA_KEY)) if cm else None)
+        now = self.clock()
+        new = dict(entries)
+        check: list[str] = []
+        for key, e in entries.items():
+            w = watched.get(key)
+            if w is not None:
+                if e.uid != w[0]:
+                    new[key] = LedgerEntry(dict(w[1].devices), w[1].gpu_equivalents, e.reserved, w[0])
+            elif e.uid or now - e.reserved > self.ttl:
+                check.append(key)
+        for key, (uid, charge) in watched.items():
+            if key not in entries:
+                new[key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now, uid)
+        calc = inventory_calculator(snap.inventory)
+        for key in check[:CHECKS_PER_PASS]:
+            ns, _, name = key.partition("/")
+            try:
+                obj = self.http.get_json(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+                                         timeout=5.0)  # fmt: skip
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                self.stats["expired" if not entries[key].uid else "released"] += 1
+                new.pop(key, None)
+                continue
+            uid = as_str(as_map(obj.get("metadata")).get("uid")) or ""
+            found = _charge_obj({**obj, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}, calc)
+            if found is None or budget_group(snap.policies, ns, snap.namespace_labels.get(ns)) != group:
+                new.pop(key, None)
+            elif entries[key].uid != uid or not entries[key].uid:
+                reserved = entries[key].reserved
+                new[key] = LedgerEntry(dict(found.devices), found.gpu_equivalents, reserved, uid)
+        if new == entries or (cm is None and not new):
+            return False
+        self._write(group, cm, new)
+        return True
+
+    async def run(self, interval: float = 1.0) -> None:
+        """Reconcile every `interval` seconds until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await loop.run_in_executor(None, self.reconcile)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("quota ledger reconcile failed", extra={"reason": _why(e)})
+
+
+def _only_quota(o: Outcome) -> bool:
+    deny = [f for f in o.findings if f.mode.value == "enforce"]
+    return bool(deny) and all(f.rule.startswith("quota/") for f in deny)
+
+
+def _charge(it: _Item, snap: Snapshot) -> ClaimCharge | None:
+    version = str(as_map(it.request.get("kind")).get("version") or "v1")
+    obj = admission.prepare_object(it.request, admission.DRA_GROUP, version, "ResourceClaim")
+    return _charge_obj(obj, inventory_calculator(snap.inventory)) if obj is not None else None
+
+
+def _charge_obj(obj: Mapping[str, Any], calc: Any) -> ClaimCharge | None:
+    read = claim_spec_of(obj) if obj.get("kind") else claim_spec_of(
+        {**obj, "kind": "ResourceClaim", "apiVersion": obj.get("apiVersion") or "resource.k8s.io/v1"}
+    )
+    if read is None:
+        return None
+    ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
+    return charge_of(ns, read[0], calc)
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:200]
+
+
+def _resolve(it: _Item, out: Outcome) -> None:
+    if not it.future.done():
+        it.future.set_result(out)
+
+
+def _denied_item(it: _Item, reason: str) -> Outcome:
+    return _denied(None, it.request, reason)
+
+
+def _denied(first: Outcome | None, request: Mapping[str, Any], reason: str) -> Outcome:
+    uid = str(request.get("uid") or "")
+    ns = str(request.get("namespace") or "")
+    name = str(request.get("name") or "")
+    msg = f"draguard denied ResourceClaim {ns}/{name} (quota/ledger): {reason}"
+    return Outcome(
+        response={
+            "uid": uid,
+            "allowed": False,
+            "status": {"code": 403, "reason": "Forbidden", "message": msg},
+        },
+        kind="ResourceClaim",
+        operation="CREATE",
+        verdict="denied",
+        findings=list(first.findings) if first is not None else [],
+        namespace=ns,
+        name=name,
+    )
