@@ -264,8 +264,8 @@ class CaBundleInjector:
         self._stop.set()
 
 
-def start_injector(kubeconfig: str | None, bundle_path: str, config_name: str) -> CaBundleInjector:
-    """The injector `draguard serve --inject-ca-bundle FILE` runs, started."""
+def make_injector(kubeconfig: str | None, bundle_path: str, config_name: str) -> CaBundleInjector:
+    """An injector talking to the cluster of `kubeconfig` (in-cluster config when None), not started."""
     from kubernetes import client
 
     from webhook.server.caches import KubeHttp
@@ -279,6 +279,11 @@ def start_injector(kubeconfig: str | None, bundle_path: str, config_name: str) -
         else:
             adm.patch_validating_webhook_configuration(name, ops)
 
-    inj = CaBundleInjector(http, patch, bundle_path, config_name)
+    return CaBundleInjector(http, patch, bundle_path, config_name)
+
+
+def start_injector(kubeconfig: str | None, bundle_path: str, config_name: str) -> CaBundleInjector:
+    """The injector `draguard serve --inject-ca-bundle FILE` runs, started."""
+    inj = make_injector(kubeconfig, bundle_path, config_name)
     inj.start()
     return inj

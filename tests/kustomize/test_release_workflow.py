@@ -1,0 +1,59 @@
+"""The release workflow: actionlint (the Go module, tools/actionlint) finds nothing, and the workflow
+builds both architectures from the Containerfile, attaches an SBOM and signs the pushed digest."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kbundle import REPO
+
+from tests.gotool import go_tool
+
+WORKFLOWS = REPO / ".github" / "workflows"
+
+
+def _lint(*paths: Path) -> subprocess.CompletedProcess[str]:
+    # shellcheck/pyflakes integration off: they are separate programs this machine need not have.
+    return subprocess.run(
+        [str(go_tool("actionlint")), "-shellcheck=", "-pyflakes=", *map(str, paths)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_actionlint_passes_every_workflow() -> None:
+    files = sorted(WORKFLOWS.glob("*.y*ml"))
+    assert files
+    res = _lint(*files)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        (WORKFLOWS / "release.yml")
+        .read_text()
+        .replace("steps.build.outputs.digest", "steps.bild.outputs.digest")
+    )
+    res = _lint(bad)
+    assert res.returncode == 1 and "bild" in res.stdout, res.stdout
+
+
+def _steps() -> list[dict[str, Any]]:
+    doc = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
+    return list(doc["jobs"]["image"]["steps"])
+
+
+def test_release_builds_both_architectures_with_sbom_and_signs_the_digest() -> None:
+    steps = _steps()
+    build = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action@"))
+    assert build["with"]["file"] == "Containerfile" and (REPO / "Containerfile").is_file()
+    assert build["with"]["platforms"] == "linux/amd64,linux/arm64"
+    assert build["with"]["sbom"] is True and build["with"]["push"] is True
+    sign = next(s for s in steps if "cosign sign" in str(s.get("run", "")))
+    assert "${IMAGE}@${DIGEST}" in sign["run"], "sign the pushed digest, never a tag"
+    assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
+    perms = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]["image"]["permissions"]
+    assert perms["id-token"] == "write" and perms["packages"] == "write"
