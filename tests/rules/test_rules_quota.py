@@ -449,3 +449,20 @@ def test_quota_render_says_what_it_leaves_out() -> None:
     by_ns = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in rendered}
     assert by_ns["scratch"] == {"count/resourceclaims.resource.k8s.io": "32"}
     assert by_ns["team-a"]["gpu.nvidia.com-a100.deviceclass.resource.k8s.io/devices"] == "8"
+
+
+def test_only_gpu_driver_devices_count_as_gpu_equivalents() -> None:
+    """A budget in GPU-equivalents counts GPUs: a class of another driver's devices (a NIC, an FPGA)
+    charges no GPU-equivalents, while a MIG slice and a full GPU charge their fractions."""
+    from fractions import Fraction
+
+    from webhook.dra.device import Device
+    from webhook.engine.quota import device_fraction
+
+    def dev(driver: str, **attrs: str) -> Device:
+        return Device(driver=driver, pool="p", name="d", node="n", attributes={driver: attrs}, capacity={})
+
+    assert device_fraction(dev("gpu.nvidia.com", productName="NVIDIA H100 80GB HBM3")) == 1
+    mig = dev("gpu.nvidia.com", type="mig", profile="3g.20gb", productName="NVIDIA A100-SXM4-40GB")
+    assert device_fraction(mig) == Fraction(3, 7)
+    assert device_fraction(dev("nic.example.com", model="cx7")) == 0

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from driver.schema import DRIVER_NAME
 from webhook.core.findings import Mode
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
@@ -73,7 +74,10 @@ def mig_fraction(profile: str, product: str | None = None) -> Fraction | None:
 
 
 def device_fraction(device: Device) -> Fraction:
-    """GPU-equivalents of one device: 1 for a full GPU, the slice fraction for a MIG device."""
+    """GPU-equivalents of one device: 1 for a full GPU, the slice fraction for a MIG device, 0 for a
+    device of another driver (a NIC or an FPGA is no GPU; its class is still counted in devices)."""
+    if device.driver != DRIVER_NAME:
+        return Fraction(0)
     attrs = device.attributes.get(device.driver, {})
     profile = attrs.get("profile")
     if attrs.get("type") == "mig" or isinstance(profile, str):
