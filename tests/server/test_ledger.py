@@ -7,7 +7,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from webhook.engine.quota import budget_group
@@ -35,6 +35,8 @@ def test_a_damaged_ledger_drops_only_the_bad_entries() -> None:
 
 
 @given(st.text(min_size=1, max_size=300))
+@example("0" * 38)  # the longest readable part once fit exactly 64 characters
+@example(":::")  # nothing readable is left
 def test_ledger_names_are_valid_and_distinct(group: str) -> None:
     name = ledger_name(group)
     assert len(name) <= 63 and _DNS_SUBDOMAIN.match(name), name

@@ -105,9 +105,11 @@ _NAME_BAD = re.compile(r"[^a-z0-9-]+")
 
 def ledger_name(group: str) -> str:
     """A valid, stable ConfigMap name for a group (`team:ml` -> `draguard-quota-team-ml-<hash>`)."""
-    readable = _NAME_BAD.sub("-", group.lower().replace(":", "-")).strip("-")[:40].strip("-")
     digest = hashlib.sha256(group.encode()).hexdigest()[:10]
-    return f"draguard-quota-{readable}-{digest}"
+    # 63 characters at most, so the name also fits in a label value.
+    room = 63 - len("draguard-quota--") - len(digest)
+    readable = _NAME_BAD.sub("-", group.lower().replace(":", "-")).strip("-")[:room].strip("-")
+    return f"draguard-quota-{readable}-{digest}" if readable else f"draguard-quota-{digest}"
 
 
 def usage_of(entries: Mapping[str, LedgerEntry], labels: Mapping[str, Mapping[str, str]],
