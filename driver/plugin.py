@@ -16,7 +16,14 @@ import grpc
 
 from driver.devices import DriverDevice
 from driver.proto import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2
-from driver.registration import RegistrationServicer, SocketPaths, socket_paths
+from driver.registration import (
+    HEALTH_VERSIONS,
+    SUPPORTED_VERSIONS,
+    RegistrationServicer,
+    SocketPaths,
+    check_socket_paths,
+    socket_paths,
+)
 from driver.state import ClaimRef, DeviceState
 
 log = logging.getLogger("draguard.driver.plugin")
@@ -28,7 +35,7 @@ DRA_SERVICES = {
 }
 
 
-HEALTH_SERVICES = {"v1": "v1.DRAResourceHealth", "v1alpha1": "v1alpha1.DRAResourceHealth"}
+HEALTH_SERVICES = dict(zip(("v1", "v1alpha1"), HEALTH_VERSIONS, strict=True))
 
 
 class HealthFeed:
@@ -79,11 +86,15 @@ class HealthServicer:
 
     def _message(self, state: list[tuple[str, str | None]]) -> Any:
         pb, now = self.pb, int(time.time())
+        # The kubelet turns a device Unknown when no report came within this timeout; its default
+        # (30 s) equals the resend interval, so a steady device could flicker to Unknown.
+        timeout = int(3 * self.feed.resend)
         resp = pb.NodeWatchResourcesResponse()
         for name, why in state:
             resp.devices.add(
                 device=pb.DeviceIdentifier(pool_name=self.feed.pool, device_name=name),
                 health=pb.UNHEALTHY if why else pb.HEALTHY, last_updated_time=now, message=(why or "")[:1024],
+                health_check_timeout_seconds=timeout,
             )  # fmt: skip
         return resp
 
@@ -176,7 +187,9 @@ class PluginServer:
         self.health = health
         self.driver_name = driver_name
         self.paths: SocketPaths = socket_paths(plugin_dir, registry_dir, driver_name, pod_uid)
-        self.registration = RegistrationServicer(driver_name, str(self.paths.dra))
+        check_socket_paths(self.paths)
+        versions = SUPPORTED_VERSIONS + (HEALTH_VERSIONS if health is not None else ())
+        self.registration = RegistrationServicer(driver_name, str(self.paths.dra), versions)
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
 

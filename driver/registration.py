@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,12 @@ from driver.proto import pluginregistration_pb2 as reg_pb2
 log = logging.getLogger("draguard.driver.registration")
 
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # newest first: kubelet takes the first it knows
+# The optional health service is advertised in the same list: kubelet 1.37 opens the health stream
+# only for a plugin whose registration names one of these (its pickHealthService).
+HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 PLUGIN_TYPE = "DRAPlugin"
+# sun_path is 108 bytes on Linux, its terminating NUL included.
+MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,23 @@ def socket_paths(plugin_dir: str | Path, registry_dir: str | Path, driver_name: 
             Path(registry_dir) / f"{driver_name}-{pod_uid}-reg.sock", Path(plugin_dir) / f"dra-{pod_uid}.sock"
         )
     return SocketPaths(Path(registry_dir) / f"{driver_name}-reg.sock", Path(plugin_dir) / "dra.sock")
+
+
+class SocketPathError(ValueError):
+    """A socket path the kernel cannot bind (too long for sun_path)."""
+
+
+def check_socket_paths(paths: SocketPaths) -> None:
+    """Refuse, naming the path, its length and the setting to change, a socket path over the limit."""
+    for path, setting in ((paths.dra, "--plugin-dir"), (paths.registration, "--registry-dir")):
+        n = len(os.fsencode(path))
+        if n > MAX_SOCKET_PATH:
+            raise SocketPathError(
+                f"unix socket path {path} is {n} bytes; Linux allows at most {MAX_SOCKET_PATH} "
+                f"(sun_path is 108 bytes with its terminating NUL). Shorten {setting} (the kubelet's "
+                "default /var/lib/kubelet/plugins and plugins_registry fit; a kubelet --root-dir "
+                "moves them) or use a shorter --pod-uid"
+            )
 
 
 REGISTRATION_SERVICE = "pluginregistration.Registration"

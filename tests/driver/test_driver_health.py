@@ -376,8 +376,14 @@ async def test_kubelet_health_stream_reports_an_xid_on_the_dra_socket(short_dir:
     server = PluginServer(state, driver_name="gpu.nvidia.com", plugin_dir=short_dir / "plugins",
                           registry_dir=short_dir / "registry", health=feed)  # fmt: skip
     await server.start()
+    kubelet = Kubelet(server.paths.registration)
     try:
-        async with grpc.aio.insecure_channel(f"unix://{server.paths.dra}") as ch:
+        # Kubelet 1.37 opens the health stream only for a plugin whose registration names the service.
+        info = await kubelet.register()
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth",
+        ]  # fmt: skip
+        async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as ch:
             watch = ch.unary_stream(
                 f"/{HEALTH_SERVICES[version]}/NodeWatchResources",
                 request_serializer=pb.NodeWatchResourcesRequest.SerializeToString,
@@ -386,6 +392,8 @@ async def test_kubelet_health_stream_reports_an_xid_on_the_dra_socket(short_dir:
             stream = watch(pb.NodeWatchResourcesRequest(), timeout=30)
             first = await stream.read()
             assert len(first.devices) == 8 and {d.health for d in first.devices} == {pb.HEALTHY}
+            # Longer than the resend interval: a steady device never turns Unknown between reports.
+            assert {d.health_check_timeout_seconds for d in first.devices} == {90}
             assert {d.device.pool_name for d in first.devices} == {NODE}
             assert state.nvml is not None
             tracker.xid(state.nvml.lib.gpus[1].uuid, 79)
@@ -398,6 +406,7 @@ async def test_kubelet_health_stream_reports_an_xid_on_the_dra_socket(short_dir:
             assert len(update.devices) == 8 and all(d.last_updated_time > 0 for d in update.devices)
             stream.cancel()
     finally:
+        await kubelet.close()
         await server.stop(0)
 
 
