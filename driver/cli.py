@@ -346,12 +346,17 @@ async def run_driver(args: argparse.Namespace) -> int:
     from driver.metrics import DriverMetrics
     from driver.nvml import NvmlCallError, NvmlUnavailable
     from driver.plugin import HealthFeed, PluginServer
+    from driver.registration import SocketPathError, check_socket_paths, socket_paths
     from driver.slices import SlicePublisher, SlicePublishError, SliceValidationError
     from driver.state import DeviceState, KubeClaimReader
 
     metrics = DriverMetrics()
     plugin_dir = args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}"
     check_writable(plugin_dir, args.registry_dir, args.cdi_root)
+    try:  # before any work: grpc would only fail at bind, with no word on which setting to change
+        check_socket_paths(socket_paths(plugin_dir, args.registry_dir, args.driver_name, args.pod_uid))
+    except SocketPathError as exc:
+        raise DriverStartError(str(exc)) from None
     nvml, node, devices, layout = _inventory(args, metrics, plugin_dir)
     try:
         publisher = SlicePublisher.from_kubeconfig(

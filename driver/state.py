@@ -118,6 +118,10 @@ class RecoveryReport:
     checkpoint_quarantined: str | None = None
 
 
+def _names(devices: Sequence[PreparedDevice]) -> str:
+    return ",".join(d.device_name for d in devices) or "(none)"
+
+
 def _get(obj: Any, *path: str) -> Any:
     for p in path:
         if not isinstance(obj, Mapping):
@@ -184,8 +188,11 @@ class DeviceState:
             self.metrics.prepare.labels(result="error" if outcome.error else "success").inc()
             if outcome.error:
                 self.metrics.errors.labels(operation="prepare").inc()
+        took = (time.perf_counter() - start) * 1000
         if outcome.error:
-            log.warning("prepare %s: %s", ref, outcome.error)
+            log.warning("prepare %s failed after %.1f ms: %s", ref, took, outcome.error)
+        else:
+            log.info("prepared claim %s: devices %s in %.1f ms", ref, _names(outcome.devices), took)
         return outcome
 
     def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
@@ -448,12 +455,14 @@ class DeviceState:
         """
         start = time.perf_counter()
         error = ""
+        released: list[PreparedDevice] | None = None
         try:
             with self.checkpoint.locked():
                 claims = self.checkpoint.load()
                 self.fault("before-unprepare")
                 entry = claims.pop(ref.uid, None)
                 if entry is not None:
+                    released = entry.devices
                     self._reset_settings(ref.uid, entry, claims)
                     self.checkpoint.save(claims)
                 self.fault("after-unprepare-checkpoint")
@@ -468,6 +477,13 @@ class DeviceState:
             self.metrics.unprepare.labels(result="error" if error else "success").inc()
             if error:
                 self.metrics.errors.labels(operation="unprepare").inc()
+        took = (time.perf_counter() - start) * 1000
+        if error:
+            log.warning("unprepare %s failed after %.1f ms: %s", ref, took, error)
+        elif released is None:
+            log.info("unprepared claim %s: nothing was prepared for it (%.1f ms)", ref, took)
+        else:
+            log.info("unprepared claim %s: devices %s in %.1f ms", ref, _names(released), took)
         return error
 
     # --- start-up --------------------------------------------------------------------------------

@@ -82,3 +82,34 @@ def test_run_with_unreadable_kubeconfig():
     p = run("run", "--sim", "h100-8x-nvlink", "--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig")
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "Kubernetes configuration" in p.stderr
+
+
+def test_run_with_a_socket_path_over_the_unix_limit_names_the_path_the_limit_and_the_fix(tmp_path: Path):
+    """A plugin directory deep enough that `dra-<podUID>.sock` exceeds sun_path: refused at start."""
+    plugins = tmp_path / ("p" * 60) / "gpu.nvidia.com"
+    pod_uid = "0f6c1d2e-8a3b-4c5d-9e7f-112233445566"
+    sock = plugins / f"dra-{pod_uid}.sock"
+    assert len(str(sock)) > 107
+    p = run(
+        "run", "--sim", "h100-8x-nvlink", "--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig",
+        "--plugin-dir", str(plugins), "--registry-dir", str(tmp_path / "reg"),
+        "--cdi-root", str(tmp_path / "cdi"), "--pod-uid", pod_uid,
+    )  # fmt: skip
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"unix socket path {sock} is {len(str(sock))} bytes" in p.stderr
+    assert "at most 107" in p.stderr and "Shorten --plugin-dir" in p.stderr
+    # Refused before anything else: not the kubeconfig error that would come next.
+    assert "Kubernetes configuration" not in p.stderr
+    assert not list(plugins.glob("*.sock"))
+
+
+def test_a_long_registry_dir_names_its_own_setting(tmp_path: Path):
+    reg = tmp_path / ("r" * 90)
+    p = run(
+        "run", "--sim", "h100-8x-nvlink", "--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig",
+        "--plugin-dir", str(tmp_path / "p"), "--registry-dir", str(reg), "--cdi-root", str(tmp_path / "cdi"),
+    )  # fmt: skip
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert (
+        f"unix socket path {reg}/gpu.nvidia.com-reg.sock" in p.stderr and "Shorten --registry-dir" in p.stderr
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,37 @@ async def test_prepare_then_unprepare(plugin, claims, short_dir, version):
     # Unprepare again (kubelet retries): still fine.
     resp = await kubelet.unprepare(claim, version=version)
     assert resp.claims["uid-1"].error == ""
+
+
+async def test_prepare_and_unprepare_log_one_info_line_each(plugin, claims, caplog):
+    """An operator reading the driver's log sees each claim come and go: which, what, how long."""
+    _server, kubelet = plugin
+    await kubelet.register()
+    claim = claims.add(make_claim("train", "uid-log", [("gpu", "gpu-2"), ("gpu", "gpu-5")]))
+    with caplog.at_level(logging.INFO, logger="draguard.driver.state"):
+        assert (await kubelet.prepare(claim)).claims["uid-log"].error == ""
+        assert (await kubelet.unprepare(claim)).claims["uid-log"].error == ""
+        assert (await kubelet.unprepare(claim)).claims["uid-log"].error == ""
+    lines = [r for r in caplog.records if r.name == "draguard.driver.state"]
+    assert [r.levelno for r in lines] == [logging.INFO] * 3, [r.getMessage() for r in lines]
+    prepared, unprepared, again = (r.getMessage() for r in lines)
+    claim_ref = r"claim default/train \(uid-log\): "
+    assert re.fullmatch(r"prepared " + claim_ref + r"devices gpu-2,gpu-5 in \d+\.\d ms", prepared)
+    assert re.fullmatch(r"unprepared " + claim_ref + r"devices gpu-2,gpu-5 in \d+\.\d ms", unprepared)
+    assert re.fullmatch(r"unprepared " + claim_ref + r"nothing was prepared for it \(\d+\.\d ms\)", again)
+
+
+async def test_a_refused_prepare_logs_a_warning_with_the_reason(plugin, claims, caplog):
+    _server, kubelet = plugin
+    await kubelet.register()
+    claim = claims.add(make_claim("ghost", "uid-ghost", [("gpu", "gpu-404")]))
+    with caplog.at_level(logging.INFO, logger="draguard.driver.state"):
+        err = (await kubelet.prepare(claim)).claims["uid-ghost"].error
+    assert err
+    [rec] = [r for r in caplog.records if r.name == "draguard.driver.state"]
+    assert rec.levelno == logging.WARNING
+    message = rec.getMessage()
+    assert message.startswith("prepare default/ghost (uid-ghost) failed after ") and err in message
 
 
 async def test_cdi_spec_has_required_fields(plugin, claims, short_dir):
