@@ -42,26 +42,53 @@ def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
     return base if ci is None else base + 1 + ci
 
 
-def _smi(sim: SimulatedNvml) -> str:
-    rows = "\n".join(
-        f"{g.index}|{g.uuid}|{g.name}" + "".join(f"\n{g.index}|{m.uuid}|MIG {m.profile}" for m in g.migs)
-        for g in sim.gpus
-    )
+def _smi(sim: SimulatedNvml, dev_root: Path | None) -> str:
+    """The script: a GPU or MIG device is listed only when NVIDIA_VISIBLE_DEVICES names it (or is
+    unset / `all`) and its device nodes are there: in the simulated root's dev/ (`dev_root`) where
+    that exists (the host), else in /dev (a claim's container). `dev_root` None: the root has no
+    nodes (laid out without root), nothing is checked."""
+    rows = []
+    for g in sim.gpus:
+        nodes = f"nvidiactl nvidia{g.minor}"
+        rows.append(f"{g.index}|{g.uuid}|{g.name}|{nodes}")
+        for m in g.migs:
+            minors = (cap_minor(g.minor, m.gi_id), cap_minor(g.minor, m.gi_id, m.ci_id))
+            caps = " ".join(f"nvidia-caps/nvidia-cap{c}" for c in minors)
+            rows.append(f"{g.index}|{m.uuid}|MIG {m.profile}|{nodes} {caps}")
+    check = "1" if dev_root is not None else "0"
     return f"""#!/bin/sh
-# Simulated nvidia-smi (draguard driver/sim): answers `-L` and the default view from the topology;
-# lists only what NVIDIA_VISIBLE_DEVICES names when it is set to UUIDs.
+# Simulated nvidia-smi (draguard driver/sim): answers `-L` and the default view from the topology.
+# Like the real one it shows only devices it can reach: those NVIDIA_VISIBLE_DEVICES names (when it
+# lists UUIDs) whose device nodes exist as character devices.
 DRIVER={shlex.quote(sim.driver_version)}
-ROWS={shlex.quote(rows)}
-echo "$ROWS" | while IFS='|' read -r idx uuid name; do
+SIMDEV={shlex.quote(str(dev_root or ""))}
+CHECK={check}
+ROWS={shlex.quote(chr(10).join(rows))}
+# On the host the simulated root's dev/ holds the nodes; in a container only /dev does.
+DEV=/dev
+[ -d "$SIMDEV" ] && DEV=$SIMDEV
+reachable() {{
+  [ "$CHECK" = 1 ] || return 0
+  for n in $1; do
+    [ -c "$DEV/$n" ] || return 1
+  done
+}}
+LISTED=$(echo "$ROWS" | while IFS='|' read -r idx uuid name nodes; do
   case ",${{NVIDIA_VISIBLE_DEVICES:-all}}," in
     *,all,*|*",$uuid,"*) ;;
     *) continue ;;
   esac
+  reachable "$nodes" || continue
   case "$name" in
     MIG*) echo "  $name Device (UUID: $uuid)" ;;
     *) echo "GPU $idx: $name (UUID: $uuid)" ;;
   esac
-done
+done)
+if [ -z "$LISTED" ]; then
+  echo "No devices were found"
+  exit 6
+fi
+echo "$LISTED"
 [ "$1" = "-L" ] || echo "NVIDIA-SMI (simulated)   Driver Version: $DRIVER"
 exit 0
 """
@@ -97,11 +124,8 @@ def make_driver_root(dest: str | Path, sim: SimulatedNvml, *, device_nodes: bool
             p.symlink_to(target)
     bindir = root / "usr/bin"
     bindir.mkdir(parents=True, exist_ok=True)
-    (bindir / "nvidia-smi").write_text(_smi(sim))
     for name in BINARIES:
         (bindir / name).write_text(f"#!/bin/sh\necho 'simulated {name} {version}'\n")
-    for p in bindir.iterdir():
-        p.chmod(0o755)
     fw = root / "lib/firmware/nvidia" / version
     fw.mkdir(parents=True, exist_ok=True)
     for name in FIRMWARE:
@@ -123,6 +147,7 @@ def make_driver_root(dest: str | Path, sim: SimulatedNvml, *, device_nodes: bool
                 text = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
                 (d / "access").write_text(text)
     nodes: list[str] = []
+    wanted: list[tuple[str, int, int]] = []
     if device_nodes:
         wanted = [("nvidiactl", NVIDIA_MAJOR, 255), ("nvidia-uvm", UVM_MAJOR, 0)]
         wanted += [(f"nvidia{g.minor}", NVIDIA_MAJOR, g.minor) for g in sim.gpus]
@@ -134,6 +159,11 @@ def make_driver_root(dest: str | Path, sim: SimulatedNvml, *, device_nodes: bool
         for name, major, minor in wanted:
             if _mknod(root / "dev" / name, major, minor):
                 nodes.append(f"/dev/{name}")
+    # Written after the nodes: it checks them only where they could be made (mknod needs root).
+    made_all = device_nodes and len(nodes) == len(wanted)
+    (bindir / "nvidia-smi").write_text(_smi(sim, root / "dev" if made_all else None))
+    for p in bindir.iterdir():
+        p.chmod(0o755)
     info: dict[str, object] = {
         "driverVersion": version,
         "devRoot": str(root),

@@ -235,6 +235,31 @@ def test_simulated_nvidia_smi_from_the_driver_root_lists_visible_gpus(short_dir:
     ]
 
 
+def test_simulated_nvidia_smi_shows_only_devices_whose_nodes_it_can_reach(short_dir: Path) -> None:
+    """Like the real one, it lists what it can open: a GPU without its node, a MIG device without
+    its capability node, are not there; with nothing reachable it says so and exits 6."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod of the simulated device nodes needs root")
+    sim = load_topology("a100-4x-mig")
+    make_driver_root(short_dir / "root", sim)
+    smi, dev = str(short_dir / "root/usr/bin/nvidia-smi"), short_dir / "root/dev"
+    mig_a, mig_b = sim.gpus[1].migs
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": f"{mig_a.uuid},{mig_b.uuid}"}
+
+    def listed() -> tuple[int, list[str]]:
+        p = subprocess.run([smi, "-L"], env=env, capture_output=True, text=True, timeout=10)
+        return p.returncode, p.stdout.splitlines()
+
+    assert listed() == (
+        0,
+        [f"  MIG 3g.20gb Device (UUID: {mig_a.uuid})", f"  MIG 3g.20gb Device (UUID: {mig_b.uuid})"],
+    )
+    (dev / f"nvidia-caps/nvidia-cap{cap_minor(1, mig_b.gi_id, mig_b.ci_id)}").unlink()
+    assert listed() == (0, [f"  MIG 3g.20gb Device (UUID: {mig_a.uuid})"])
+    (dev / "nvidia1").unlink()
+    assert listed() == (6, ["No devices were found"])
+
+
 def test_a_spec_with_a_node_that_vanished_is_rejected_by_the_cdi_library(short_dir: Path) -> None:
     """The check is real: the library refuses a spec whose device node no longer exists."""
     w, devs = writer(short_dir, "h100-8x-nvlink")
