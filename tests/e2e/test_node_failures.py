@@ -9,17 +9,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tests.e2e.helpers import Kubectl, wait_for
+from tests.e2e.helpers import Kubectl, cdi_specs_for, start_claim_pod, wait_for
 from webhook.dev import scenarios
 from webhook.dev.cluster import LocalCluster
-
-
-def _claim(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any]:
-    return kubectl.get("resourceclaim", name, ns)
-
-
-def _specs_for(cluster: LocalCluster, uid: str) -> list[str]:
-    return [p.name for p in cluster.containerd_paths().cdi.glob("*.json") if uid in p.name]
 
 
 def _checkpointed(cluster: LocalCluster, uid: str) -> bool:
@@ -46,7 +38,7 @@ def test_kubelet_and_driver_killed_during_prepare_leave_nothing_prepared(
     assert applied.returncode == 0, applied.stderr
 
     def reserved() -> dict[str, Any] | None:
-        c = _claim(kubectl, ns, "victim-gpu")
+        c = kubectl.get("resourceclaim", "victim-gpu", ns)
         return c if c.get("status", {}).get("reservedFor") else None
 
     # Allocated and reserved for the pod: the kubelet is now preparing it (or about to).
@@ -59,21 +51,14 @@ def test_kubelet_and_driver_killed_during_prepare_leave_nothing_prepared(
     cluster.restart_kubelet()
 
     def released() -> bool:
-        return not _specs_for(cluster, uid) and not _checkpointed(cluster, uid)
+        return not cdi_specs_for(cluster, uid) and not _checkpointed(cluster, uid)
 
     wait_for(
         released, "the deleted pod's claim unprepared after the restart (no CDI spec, no checkpoint)", 90
     )
 
-    applied = kubectl.apply(scenarios.claim_pod(ns, "next", scenarios.A100, 4, workload_image, real_node))
-    assert applied.returncode == 0, applied.stderr
-
-    def running() -> dict[str, Any] | None:
-        p = kubectl.get("pod", "next", ns)
-        assert p["status"].get("phase") not in ("Failed", "Succeeded"), json.dumps(p["status"])
-        return p if p["status"].get("phase") == "Running" else None
-
-    wait_for(running, "a new pod with all four GPUs Running", 120)
+    # All four GPUs: it runs only once none stays held for the deleted pod.
+    start_claim_pod(kubectl, ns, "next", scenarios.A100, 4, workload_image, real_node, timeout=120)
     seen = kubectl.ok("logs", "-n", ns, "next")
     (line,) = [ln for ln in seen.splitlines() if ln.startswith("device nodes: ")]
     nodes = set(line.removeprefix("device nodes: ").split())

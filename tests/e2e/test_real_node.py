@@ -12,34 +12,19 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
 
-from tests.e2e.helpers import Kubectl, wait_for
+from tests.e2e.helpers import (
+    Kubectl,
+    cdi_specs_for,
+    claim_uid,
+    exec_in,
+    published_devices,
+    running_pod,
+    start_claim_pod,
+    wait_for,
+)
 from webhook.dev import network, scenarios
 from webhook.dev.cluster import LocalCluster
-
-
-def _running(kubectl: Kubectl, ns: str, name: str, timeout: float = 90.0) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        pod = kubectl.get("pod", name, ns)
-        phase = pod["status"].get("phase")
-        assert phase not in ("Failed", "Succeeded"), json.dumps(pod["status"], indent=1)
-        return pod if phase == "Running" else None
-
-    return dict(wait_for(check, f"pod {ns}/{name} Running", timeout=timeout))
-
-
-def _exec(kubectl: Kubectl, ns: str, pod: str, script: str) -> str:
-    return kubectl.ok("exec", "-n", ns, pod, "--", "sh", "-c", script)
-
-
-def _published_devices(kubectl: Kubectl, node: str) -> dict[str, dict[str, Any]]:
-    slices = kubectl.items("resourceslices", None, "--field-selector", f"spec.nodeName={node}")
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
-
-
-def claim_name_uid(kubectl: Kubectl, ns: str, claim: str) -> str:
-    return str(kubectl.get("resourceclaim", claim, ns)["metadata"]["uid"])
 
 
 def test_node_is_ready_with_gpu_labels_and_no_taint(kubectl: Kubectl, real_node: str) -> None:
@@ -72,34 +57,33 @@ def test_migrated_legacy_pod_runs_and_sees_exactly_its_gpus(
     wait_for(rewritten_in_dry_run, "the webhook to see the new namespace's migrate label", timeout=20)
     applied = kubectl.apply(pod_yaml)
     assert applied.returncode == 0, applied.stderr
-    pod = _running(kubectl, ns, "gpu-training-legacy")
+    pod = running_pod(kubectl, ns, "gpu-training-legacy")
     assert pod["spec"]["nodeName"] == real_node
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     results = kubectl.get("resourceclaim", claim_name, ns)["status"]["allocation"]["devices"]["results"]
     assert len(results) == 2
-    published = _published_devices(kubectl, real_node)
+    published = published_devices(kubectl, real_node)
     uuids = {published[r["device"]]["attributes"]["uuid"]["string"] for r in results}
     minors = {int(r["device"].removeprefix("gpu-")) for r in results}
 
-    env = _exec(kubectl, ns, "gpu-training-legacy", "printenv NVIDIA_VISIBLE_DEVICES")
+    env = exec_in(kubectl, ns, "gpu-training-legacy", "printenv NVIDIA_VISIBLE_DEVICES")
     assert set(env.strip().split(",")) == uuids
-    devs = _exec(kubectl, ns, "gpu-training-legacy", "ls -1 /dev").split()
+    devs = exec_in(kubectl, ns, "gpu-training-legacy", "ls -1 /dev").split()
     gpu_nodes = {d for d in devs if d.removeprefix("nvidia").isdigit()}
     assert gpu_nodes == {f"nvidia{m}" for m in minors}, devs
-    kinds = _exec(
+    kinds = exec_in(
         kubectl, ns, "gpu-training-legacy", "for d in /dev/nvidia*; do stat -c '%n %F %t:%T' $d; done"
     )
     for line in kinds.strip().splitlines():
         assert "character special file" in line, kinds
 
     # Whatever else the driver's CDI spec for this claim mounts is there, with the host's content.
-    uid = claim_name_uid(kubectl, ns, claim_name)
-    [spec_file] = [p for p in cluster.containerd_paths().cdi.glob("*.json") if uid in p.name]
+    [spec_file] = cdi_specs_for(cluster, claim_uid(kubectl, ns, claim_name))
     spec = json.loads(spec_file.read_text())
     mounts = [m for d in spec["devices"] for m in d["containerEdits"].get("mounts") or []]
     mounts += spec.get("containerEdits", {}).get("mounts") or []
     for m in mounts:
-        out = _exec(kubectl, ns, "gpu-training-legacy", f"test -e {m['containerPath']} && echo present")
+        out = exec_in(kubectl, ns, "gpu-training-legacy", f"test -e {m['containerPath']} && echo present")
         assert out.strip() == "present", m
 
     logs = kubectl.ok("logs", "-n", ns, "gpu-training-legacy")
@@ -114,14 +98,11 @@ def test_deleting_the_pod_unprepares_its_devices(
     workload_image: str,
 ) -> None:
     ns = namespace("run-delete")
-    applied = kubectl.apply(scenarios.claim_pod(ns, "a100-pod", scenarios.A100, 1, workload_image, real_node))
-    assert applied.returncode == 0, applied.stderr
-    _running(kubectl, ns, "a100-pod")
-    uid = claim_name_uid(kubectl, ns, "a100-pod-gpu")
-    cdi = cluster.containerd_paths().cdi
-    assert [p for p in cdi.glob("*.json") if uid in p.name]
+    start_claim_pod(kubectl, ns, "a100-pod", scenarios.A100, 1, workload_image, real_node)
+    uid = claim_uid(kubectl, ns, "a100-pod-gpu")
+    assert cdi_specs_for(cluster, uid)
     kubectl.ok("delete", "pod", "-n", ns, "a100-pod", "--wait=true", "--timeout=60s")
-    wait_for(lambda: not [p for p in cdi.glob("*.json") if uid in p.name], "the claim's CDI spec removed")
+    wait_for(lambda: not cdi_specs_for(cluster, uid), "the claim's CDI spec removed")
 
 
 def test_pods_reach_the_api_server_through_the_kubernetes_service(
@@ -130,7 +111,7 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service(
     ns = namespace("run-incluster")
     applied = kubectl.apply(scenarios.shell_pod(ns, "client", workload_image, real_node))
     assert applied.returncode == 0, applied.stderr
-    _running(kubectl, ns, "client")
+    running_pod(kubectl, ns, "client")
     # In-cluster config as every client library reads it: the Service's env vars, token and CA.
     script = (
         "import json, os, ssl, urllib.request\n"
@@ -172,7 +153,7 @@ spec:
 """
     assert kubectl.apply(svc).returncode == 0
     assert kubectl.apply(scenarios.shell_pod(ns, "client", workload_image, real_node)).returncode == 0
-    _running(kubectl, ns, "client")
+    running_pod(kubectl, ns, "client")
     ip = kubectl.get("service", "nothing-behind", ns)["spec"]["clusterIP"]
     net = cluster.net
     assert net is not None
@@ -242,8 +223,8 @@ spec:
 """
     assert kubectl.apply(server + "---\n" + svc).returncode == 0
     assert kubectl.apply(scenarios.shell_pod(ns, "client", workload_image, real_node)).returncode == 0
-    _running(kubectl, ns, "web")
-    _running(kubectl, ns, "client")
+    running_pod(kubectl, ns, "web")
+    running_pod(kubectl, ns, "client")
     ip = kubectl.get("service", "web", ns)["spec"]["clusterIP"]
     get = f"import urllib.request as u; print(u.urlopen('http://{ip}/index.html', timeout=5).read().decode())"
 

@@ -41,10 +41,22 @@ def topology_path(topology: str) -> Path:
     return topo if topo.is_absolute() else REPO_ROOT / "driver" / "sim" / "topologies" / topology
 
 
+def nvml_events_path(cluster: LocalCluster, node: str) -> Path:
+    """The JSON-lines file the node's simulated NVML reads XID and lost-GPU events from.
+
+    Append `{"uuid": U, "xid": N}` or `{"lost": U}` lines; the driver reads the whole file again
+    when it restarts, so truncate it first to start healthy.
+    """
+    return cluster.paths.root / "nvml-events" / f"{node}.jsonl"
+
+
 def start_driver(cluster: LocalCluster, node: str, topology: str, dirs: DriverDirs, timeout: float) -> None:
     """A simulated-NVML driver for `node`; waits until it has published its ResourceSlices."""
     for d in (dirs.plugins, dirs.registry, dirs.cdi):
         d.mkdir(parents=True, exist_ok=True)
+    events = nvml_events_path(cluster, node)
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.touch()
     name = f"driver-{node}"
     cluster.spawn(
         name,
@@ -58,7 +70,7 @@ def start_driver(cluster: LocalCluster, node: str, topology: str, dirs: DriverDi
             "--cdi-root", str(dirs.cdi),
             "--metrics-port", "0",
         ),
-        env={"PYTHONPATH": str(REPO_ROOT)},
+        env={"PYTHONPATH": str(REPO_ROOT), "DRAGUARD_NVML_SIM_EVENTS": str(events)},
     )  # fmt: skip
     kube = cluster.kube()
     path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"

@@ -354,10 +354,18 @@ class LocalCluster(Supervisor):
         plugins, registry = kubelet.plugin_dirs(net)
         return DriverDirs(plugins / addons.DRIVER_NAME, registry, self.containerd_paths().cdi)
 
-    def start_real_node_driver(self, timeout: float = 120.0) -> None:
-        """The real node's driver on the host: the kubelet's plugin directories, containerd's CDI dir."""
+    def start_real_node_driver(self, timeout: float = 120.0, topology: str | None = None) -> None:
+        """The real node's driver on the host: the kubelet's plugin directories, containerd's CDI dir.
+
+        `topology` replaces the node's simulated GPUs for this run of the driver only (a later call
+        without it goes back to the node's own).
+        """
         node = self.state["real_node"]
-        addons.start_driver(self, node["name"], node["topology"], self.real_node_driver_dirs(), timeout)
+        dirs = self.real_node_driver_dirs()
+        addons.start_driver(self, node["name"], topology or node["topology"], dirs, timeout)
+
+    def nvml_events_path(self, node: str) -> Path:
+        return addons.nvml_events_path(self, node)
 
     def start_webhook(self, policies: Path, timeout: float = 60.0) -> None:
         addons.start_webhook(self, policies, timeout)

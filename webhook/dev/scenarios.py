@@ -51,9 +51,12 @@ spec:
 """
 
 
-def claim_pod(ns: str, name: str, device_class: str, count: int, image: str, node: str) -> str:
-    """A pod with its own claim (`<name>-gpu`) for `count` devices, on `node`, printing its GPUs."""
-    pod, container = _runs_on(node, image, SHOW_GPUS)
+def claim_pod(
+    ns: str, name: str, device_class: str, count: int, image: str, node: str, command: str = SHOW_GPUS
+) -> str:
+    """A pod with its own claim (`<name>-gpu`) for `count` devices, on `node`, printing its GPUs
+    (or running `command`)."""
+    pod, container = _runs_on(node, image, command)
     return f"""\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
