@@ -22,9 +22,9 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from webhook.cel import _native, phantom, typecheck, unsupported
+from webhook.cel import _native, fold, phantom, typecheck, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -46,6 +46,9 @@ _ENTRY_OVERHEAD = 32 * 1024
 COST_MARGIN = 1.5
 """draguard's cost estimate is at most this much above Kubernetes' (measured on the differential
 corpus: 1.1-1.35x on comprehensions); only an estimate above the limit by more is a rejection."""
+UNROLL_COST = 2000
+"""Above this estimated cost a constant comprehension may exceed the runtime's iteration budget
+(a few thousand steps), so it is evaluated ahead, element by element (`fold.unroll_constants`)."""
 _LOCATION = re.compile(r"<input>:(\d+):(\d+):")
 _STANDARD_DOMAINS = frozenset({"gpu.nvidia.com", "resource.kubernetes.io"})
 
@@ -199,6 +202,11 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             collapsed = phantom.collapse_parentheses(expression)
             if collapsed != expression:
                 return _compile_uncached(collapsed)
+            folded = fold.fold_deep(expression)
+            if folded is not None:
+                # Deep constant parts evaluated piece by piece; the rest is compiled as usual.
+                result = _compile_uncached(folded)
+                return replace(result, expression=expression) if isinstance(result, CompiledSelector) else result
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
@@ -290,6 +298,14 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             f"up to {COST_MARGIN}x above the API server's)", "1.31",
             "the API server decides; nesting fewer comprehensions keeps it well inside the limit",
         )
+    if analysis.cost > UNROLL_COST:
+        unrolled = fold.unroll_constants(expression)
+        if unrolled is not None:
+            # Constant comprehensions beyond the runtime's iteration budget, evaluated element by
+            # element; lint keeps the user's text, positions and analysis.
+            result = _compile_uncached(unrolled)
+            if isinstance(result, CompiledSelector):
+                return replace(result, expression=expression, ast=ast, analysis=analysis)
     evaluated = native
     rewritten = phantom.rewrite(expression, ast)
     if rewritten is not None and rewritten != expression:
