@@ -206,7 +206,9 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             if folded is not None:
                 # Deep constant parts evaluated piece by piece; the rest is compiled as usual.
                 result = _compile_uncached(folded)
-                return replace(result, expression=expression) if isinstance(result, CompiledSelector) else result
+                if isinstance(result, CompiledSelector):
+                    return replace(result, expression=expression)
+                return result
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
@@ -308,6 +310,8 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
                 return replace(result, expression=expression, ast=ast, analysis=analysis)
     evaluated = native
     rewritten = phantom.rewrite(expression, ast)
+    if rewritten is not None:
+        rewritten = fold.pin_literals(rewritten) or rewritten
     if rewritten is not None and rewritten != expression:
         try:
             evaluated = _native.compile_expression(rewritten)
@@ -317,6 +321,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
         # Not rewritable (source positions off): fall back to empty maps for the domains it names.
         domains = {a.domain for a in analysis.accesses}
         domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
+        pinned = fold.pin_literals(expression)
+        if pinned is not None:
+            with contextlib.suppress(_native.CompileFailure):
+                native = _native.compile_expression(pinned)
         return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
     return CompiledSelector(expression, evaluated, ast, analysis, frozenset())
 

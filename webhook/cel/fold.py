@@ -17,10 +17,11 @@ Pure: the runtime is reached only through `webhook.cel._native`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from webhook.cel import _native, typecheck
+from webhook.cel import _native, library, typecheck
 from webhook.cel.ast import decode_checked
 
 FOLD_DEPTH = 12
@@ -596,3 +597,75 @@ def _elements(text: str, node: Node, pieces: _Pieces, env: dict[str, object]) ->
             raise _Unfoldable(f"a range element of type {item_kind}")
         out.append(item)
     return out
+
+
+# ---- quantities Kubernetes holds as decimals ---------------------------------------------------------
+
+_SIMPLE_STRING = re.compile(r"""^(?:'([^'\\\n]*)'|"([^"\\\n]*)")$""")
+_HELD_AS_DECIMAL = {"isInteger": "__draguard_decimalIsInteger", "asInteger": "__draguard_decimalAsInteger"}
+
+
+def pin_literals(text: str) -> str | None:
+    """`text` rewritten where a literal means something else in Kubernetes than in the runtime, or
+    None when nothing changes:
+
+    - `quantity('<literal>').isInteger()` / `.asInteger()` follow Kubernetes' representation of
+      that literal (see `library.int64_form`): draguard's quantities carry only their exact value
+      (so that `==` compares values, as in Kubernetes), but where the quantity is written as a
+      literal its representation is known;
+    - a map literal that repeats a key keeps the last entry, as cel-go does (the runtime fails).
+    """
+    if "Integer" not in text and "{" not in text:
+        return None  # the common case, without parsing
+    root = parse(text)
+    if root is None:
+        return None
+    edits: list[tuple[int, int, str]] = []
+    for node in root.walk():
+        if node.kind == "map":
+            edits.extend(_duplicate_keys(text, node))
+            continue
+        if node.kind != "call" or node.name not in _HELD_AS_DECIMAL or len(node.children) != 1:
+            continue
+        target = node.children[0]
+        if target.kind != "call" or target.name != "quantity" or len(target.children) != 1:
+            continue
+        arg = target.children[0]
+        found = _SIMPLE_STRING.match(text[arg.start:arg.end])
+        if found is None:
+            continue
+        valid, as_int = library.int64_form(found.group(1) if found.group(1) is not None else found.group(2))
+        if not valid or as_int is not None:
+            continue
+        name_at = text.find(node.name, target.end, node.end)
+        if name_at >= 0:
+            edits.append((name_at, name_at + len(node.name), _HELD_AS_DECIMAL[node.name]))
+    if not edits:
+        return None
+    out = text
+    for start, end, new in sorted(edits, reverse=True):
+        out = out[:start] + new + out[end:]
+    return out
+
+
+def _duplicate_keys(text: str, node: Node) -> list[tuple[int, int, str]]:
+    """Edits dropping the earlier entries of a repeated literal key (only literal values go)."""
+    entries = list(zip(node.children[0::2], node.children[1::2], strict=True))
+    keys: list[str | None] = []
+    for key, _ in entries:
+        source = text[key.start:key.end]
+        found = _SIMPLE_STRING.match(source)
+        if found is not None:
+            keys.append("s:" + (found.group(1) if found.group(1) is not None else found.group(2)))
+        elif key.kind == "lit" and re.fullmatch(r"[0-9]+|true|false", source):
+            keys.append("v:" + source)
+        else:
+            keys.append(None)
+    edits: list[tuple[int, int, str]] = []
+    for index, ((key, value), name) in enumerate(zip(entries, keys, strict=True)):
+        if name is None or name not in keys[index + 1:] or value.kind != "lit":
+            continue
+        # From the key to the start of the next entry's key: "k: v, ".
+        end = entries[index + 1][0].start
+        edits.append((key.start, end, ""))
+    return edits
