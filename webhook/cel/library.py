@@ -365,8 +365,11 @@ def int64_form(text: str) -> tuple[bool, int | None]:
     return True, value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
 
 
-def _held_as_decimal(_q: object) -> int:
-    raise LibraryError("cannot convert value to integer")
+def _held_as_decimal(value: object) -> int:
+    q = _as_quantity(value, "asInteger")
+    q.as_integer()  # the usual error when it is no int64 at all
+    raise LibraryError(f"cannot convert value to integer: {q} is held as a decimal by Kubernetes "
+                       "(a fraction, a negative scale such as 1000m, or too many digits for its suffix)")
 
 
 _OFFSET_FUNCTIONS: tuple[FunctionSpec, ...] = (
