@@ -35,6 +35,8 @@ class ReviewResult:
     root: str | None = None
     # Seconds the review took (JUnit `time`).
     elapsed: float = 0.0
+    # The Kubernetes release selectors were judged for (`--kubernetes-version`); None: not said.
+    kubernetes_version: str | None = None
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.report.findings, key=finding_sort_key)
@@ -73,6 +75,8 @@ RULE_HELP: dict[str, str] = {
     "cel/limits": "A CEL selector exceeds the API server's cost or length limits.",
     "cel/driver-guard": "A selector reads a driver's attributes without checking `device.driver` first.",
     "cel/unsupported": "A selector uses CEL the API server accepts but draguard's runtime cannot check.",
+    "cel/version": "A selector uses a CEL function or device field the target Kubernetes release does not "
+    "accept yet.",
     "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
     "`draguard migrate` rewrites it to a DRA claim.",
     "structure/invalid": "The API server rejects this claim or template (wrong shape for its apiVersion, "
