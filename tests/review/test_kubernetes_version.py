@@ -105,3 +105,75 @@ def test_unknown_release_is_a_usage_error(draguard: Callable[..., Run], tmp_path
     assert run.code == 2
     assert "unsupported Kubernetes version '1.30': draguard knows 1.34, 1.35, 1.36, 1.37" in run.err
     assert "Traceback" not in run.err
+
+
+# ---- DRA fields the target release drops on create ------------------------------------------------
+
+CLAIM_WITH_GATED_FIELDS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "gated", "namespace": "default"},
+    "spec": {"devices": {
+        "requests": [
+            {"name": "a", "exactly": {
+                "deviceClassName": "gpu.nvidia.com",
+                "tolerations": [{"key": "gpu.nvidia.com/xid", "operator": "Exists"}],
+                "capacity": {"requests": {"memory": "10Gi"}},
+            }},
+            {"name": "b", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu.nvidia.com",
+                 "derivedAttributes": [{"name": "x"}]},
+            ]},
+        ],
+        "constraints": [{"requests": ["a"], "distinctAttribute": "gpu.nvidia.com/uuid"}],
+    }},
+}
+CLASS_WITH_EXTENDED_RESOURCE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu-er"},
+    "spec": {"extendedResourceName": "example.com/gpu",
+             "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+}
+
+
+def _dropped(objs: list[dict[str, object]], release: str | None, *,
+             admission: bool = False) -> dict[str, str]:
+    from webhook.core.source import SourceObject
+    from webhook.dra.inventory import Inventory
+    from webhook.engine.context import Context
+    from webhook.engine.evaluate import evaluate
+    from webhook.policy.model import PolicySet
+
+    report = evaluate([SourceObject(o) for o in objs], PolicySet.empty(), Inventory.empty(),
+                      Context(kubernetes_version=release, admission=admission), rule_modules=("release",))
+    return {f.message.split(":")[0]: f.message for f in report.findings
+            if f.rule == "structure/dropped-field"}
+
+
+def test_gated_fields_are_reported_for_releases_that_drop_them() -> None:
+    old = _dropped([CLAIM_WITH_GATED_FIELDS, CLASS_WITH_EXTENDED_RESOURCE], "1.35")
+    assert set(old) == {
+        "spec.devices.requests[0].exactly.tolerations", "spec.devices.requests[0].exactly.capacity",
+        "spec.devices.requests[1].firstAvailable[0].derivedAttributes",
+        "spec.devices.constraints[0].distinctAttribute", "spec.extendedResourceName",
+    }
+    assert "needs the DRADeviceTaints feature gate (alpha and off in 1.33-1.35, beta and on from 1.36" in \
+        old["spec.devices.requests[0].exactly.tolerations"]
+    # From 1.36 only DRADerivedAttributes (alpha in 1.37) is still off by default.
+    for release in ("1.36", "1.37"):
+        assert set(_dropped([CLAIM_WITH_GATED_FIELDS, CLASS_WITH_EXTENDED_RESOURCE], release)) == {
+            "spec.devices.requests[1].firstAvailable[0].derivedAttributes"}
+
+
+def test_templates_are_read_at_their_inner_spec() -> None:
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t", "namespace": "default"},
+                "spec": {"spec": CLAIM_WITH_GATED_FIELDS["spec"]}}
+    assert "spec.spec.devices.requests[0].exactly.tolerations" in _dropped([template], "1.34")
+
+
+def test_no_release_or_admission_reports_nothing() -> None:
+    assert _dropped([CLAIM_WITH_GATED_FIELDS], None) == {}
+    # At admission the API server has already dropped what its gates do not allow.
+    assert _dropped([CLAIM_WITH_GATED_FIELDS], "1.34", admission=True) == {}

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
 from webhook.cel.issues import CelIssue
 from webhook.core.findings import Severity
+from webhook.dra.releases import DEFAULT, SUPPORTED, parse_version, release_key
 
-SUPPORTED = ("1.34", "1.35", "1.36", "1.37")
-"""Kubernetes releases `review --kubernetes-version` knows (the differential test runs 1.37)."""
-DEFAULT = SUPPORTED[-1]
-"""The newest release the project tests; what review assumes unless told."""
+__all__ = ["CHECK", "DEFAULT", "SUPPORTED", "parse_version", "version_issues"]
 
 CHECK = "cel/version"
 
@@ -54,22 +52,6 @@ DEVICE_FIELDS: dict[str, Since] = {
 _SHOWN = {"@sortByAssociatedKeys": "sortBy"}
 
 
-def parse_version(text: str) -> str:
-    """`1.34`, `v1.34` or `1.34.2` -> `1.34`; ValueError naming the supported releases otherwise."""
-    raw = text.strip().removeprefix("v")
-    parts = raw.split(".")
-    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-        minor = f"{int(parts[0])}.{int(parts[1])}"
-        if minor in SUPPORTED:
-            return minor
-    raise ValueError(f"unsupported Kubernetes version {text!r}: draguard knows {', '.join(SUPPORTED)}")
-
-
-def _key(release: str) -> tuple[int, int]:
-    major, minor = release.split(".")
-    return int(major), int(minor)
-
-
 def _is_device(node: Expr | None) -> bool:
     return node is not None and node.kind == IDENT and node.name == "device"
 
@@ -77,7 +59,7 @@ def _is_device(node: Expr | None) -> bool:
 def version_issues(ast: CheckedAst, release: str) -> list[CelIssue]:
     """What an API server of `release` (default feature gates) rejects in this selector: one
     `cel/version` error per function or field it does not know yet, at its first use."""
-    wanted = _key(release)
+    wanted = release_key(release)
     seen: set[str] = set()
     out: list[CelIssue] = []
     for node in sorted(ast.nodes(), key=lambda n: ast.positions.get(n.id, 0)):
@@ -89,7 +71,7 @@ def version_issues(ast: CheckedAst, release: str) -> list[CelIssue]:
         elif node.kind == SELECT and _is_device(node.operand) and node.field in DEVICE_FIELDS:
             name, since = node.field, DEVICE_FIELDS[node.field]
             label = f"field device.{name}"
-        if since is None or _key(since.release) <= wanted or name in seen:
+        if since is None or release_key(since.release) <= wanted or name in seen:
             continue
         seen.add(name)
         line, column = ast.location(node.id)

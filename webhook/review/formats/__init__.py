@@ -84,6 +84,8 @@ RULE_HELP: dict[str, str] = {
     "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",
     "structure/undeclared-claim": "A container names a claim missing from the pod's `spec.resourceClaims`.",
     "structure/deprecated-version": "The object uses a `resource.k8s.io` version the cluster does not serve.",
+    "structure/dropped-field": "A DRA field the target Kubernetes release drops on create (its feature gate "
+    "is off by default).",
     "structure/unsatisfiable": "No node of the inventory can satisfy the request (class, count, selectors).",
     "structure/interconnect": "A multi-GPU request has no constraint keeping the GPUs on one NVLink domain.",
     "structure/admin-access": "adminAccess needs the namespace label "
