@@ -125,3 +125,18 @@ def test_int64_form_follows_parse_quantity(text: str, form: int | None) -> None:
     from webhook.cel.library import int64_form
 
     assert int64_form(text) == (True, form)
+
+
+def test_unrolling_at_admission_spends_the_request_budget() -> None:
+    from webhook.cel.env import compile_budget
+
+    heavy = f"{R100}.exists(x, {R100}.exists(y, x + y == 199))"
+    with compile_budget(evaluations=5) as budget:
+        assert verdict(heavy) == "undecided"  # the unroll ran out of the request's evaluations
+        assert budget.refused >= 1 and budget.evaluations <= 0
+    # The cut-short compile was not cached: with the budget for it, the answer is Kubernetes'.
+    assert verdict(heavy) == "no"
+    with compile_budget() as budget:
+        clear_cache()
+        assert verdict(heavy) == "no"
+        assert budget.evaluations < 5000 - 100  # one per element of the outer list, at least

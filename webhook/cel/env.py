@@ -307,7 +307,16 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "the API server decides; nesting fewer comprehensions keeps it well inside the limit",
         )
     if analysis.cost > UNROLL_COST:
-        unrolled = fold.unroll_constants(expression)
+        # Each piece is one evaluation of the request's budget (at admission), so a selector cannot
+        # make a request evaluate more than it could by matching devices.
+        budget = _budget.get()
+        done = fold.unroll_constants(expression, None if budget is None else max(budget.evaluations, 0))
+        if budget is not None:
+            budget.evaluations -= done.pieces
+            if done.exhausted:
+                budget.refused += 1
+                _uncacheable.set(True)  # a later request (or review) may have the budget for it
+        unrolled = done.text
         if unrolled is not None:
             # Constant comprehensions beyond the runtime's iteration budget, evaluated element by
             # element; lint keeps the user's text, positions and analysis.
@@ -352,6 +361,7 @@ class Budget:
 
 
 _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
+_uncacheable: contextvars.ContextVar[bool] = contextvars.ContextVar("cel_uncacheable", default=False)
 
 
 @contextlib.contextmanager
@@ -409,10 +419,15 @@ def compile_or_issue(expression: str) -> CompiledSelector | CelIssue:
             budget.refused += 1
             return _over_budget(expression)
         budget.left -= size
-    result = _compile_uncached(expression)
+    token = _uncacheable.set(False)
+    try:
+        result = _compile_uncached(expression)
+        partial = _uncacheable.get()
+    finally:
+        _uncacheable.reset(token)
     weight = entry_bytes(expression, result)
-    if weight > CACHE_BYTES // 8:
-        return result  # never one entry for an eighth of the cache
+    if weight > CACHE_BYTES // 8 or partial:
+        return result  # never one entry for an eighth of the cache, nor one the budget cut short
     with _cache_lock:
         old = _cache.pop(expression, None)
         if old is not None:

@@ -400,9 +400,14 @@ Outcome = tuple[str, str]
 class _Pieces:
     """Counts native evaluations against MAX_PIECES."""
 
-    def __init__(self) -> None:
-        self.left = MAX_PIECES
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_PIECES if limit is None else min(limit, MAX_PIECES)
+        self.left = self.limit
         self.compiled: dict[str, _native.NativeExpression] = {}
+
+    @property
+    def used(self) -> int:
+        return self.limit - max(self.left, 0)
 
     def compile(self, text: str) -> _native.NativeExpression:
         hit = self.compiled.get(text)
@@ -512,13 +517,23 @@ def fold_deep(text: str) -> str | None:
 
 # ---- comprehensions over the iteration budget ------------------------------------------------------------
 
-def unroll_constants(text: str) -> str | None:
+@dataclass(slots=True)
+class Unrolled:
+    """What `unroll_constants` did: the new text (None: nothing changed), the pieces it evaluated,
+    and whether it stopped for lack of pieces (a larger allowance might have succeeded)."""
+
+    text: str | None
+    pieces: int
+    exhausted: bool
+
+
+def unroll_constants(text: str, limit: int | None = None) -> Unrolled:
     """`text` with each constant comprehension that exceeds the runtime's iteration budget replaced
-    by its value, computed one element at a time; None when there is none (or it cannot be done)."""
+    by its value, computed one element at a time, within `limit` pieces (at most MAX_PIECES)."""
     root = parse(text)
     if root is None:
-        return None
-    pieces = _Pieces()
+        return Unrolled(None, 0, exhausted=False)
+    pieces = _Pieces(limit)
     changed = False
 
     def visit(node: Node) -> str:
@@ -536,8 +551,8 @@ def unroll_constants(text: str) -> str | None:
     try:
         out = visit(root)
     except (_Unfoldable, RecursionError):
-        return None
-    return out if changed else None
+        return Unrolled(None, pieces.used, exhausted=pieces.left < 0)
+    return Unrolled(out if changed else None, pieces.used, exhausted=False)
 
 
 def _outcome(kind: str, value: object) -> Outcome:
