@@ -140,3 +140,13 @@ def test_unrolling_at_admission_spends_the_request_budget() -> None:
         clear_cache()
         assert verdict(heavy) == "no"
         assert budget.evaluations < 5000 - 100  # one per element of the outer list, at least
+
+
+def test_folding_at_admission_spends_the_request_budget() -> None:
+    from webhook.cel.env import compile_budget
+
+    deep = " + ".join(["1"] * 200) + " == 200"
+    with compile_budget(evaluations=2) as budget:
+        assert verdict(deep) == "cel/unsupported"
+        assert budget.refused >= 1
+    assert verdict(deep) == "selects"

@@ -21,7 +21,7 @@ import contextvars
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from webhook.cel import _native, fold, phantom, typecheck, unsupported
@@ -180,6 +180,19 @@ def _constant_call_error(ast: CheckedAst) -> str | None:
     return None
 
 
+def _spend(work: Callable[[str, int | None], fold.Unrolled], expression: str) -> str | None:
+    """Run a fold with the request's evaluation budget (at admission): each piece it evaluates is one
+    device evaluation, so a selector cannot make a request do more work than matching could."""
+    budget = _budget.get()
+    done = work(expression, None if budget is None else max(budget.evaluations, 0))
+    if budget is not None:
+        budget.evaluations -= done.pieces
+        if done.exhausted:
+            budget.refused += 1
+            _uncacheable.set(True)  # a later request (or review) may have the budget for it
+    return done.text
+
+
 def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
@@ -203,7 +216,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             collapsed = phantom.collapse_parentheses(expression)
             if collapsed != expression:
                 return _compile_uncached(collapsed)
-            folded = fold.fold_deep(expression)
+            folded = _spend(fold.fold_deep, expression)
             if folded is not None:
                 # Deep constant parts evaluated piece by piece; the rest is compiled as usual.
                 result = _compile_uncached(folded)
@@ -309,14 +322,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     if analysis.cost > UNROLL_COST:
         # Each piece is one evaluation of the request's budget (at admission), so a selector cannot
         # make a request evaluate more than it could by matching devices.
-        budget = _budget.get()
-        done = fold.unroll_constants(expression, None if budget is None else max(budget.evaluations, 0))
-        if budget is not None:
-            budget.evaluations -= done.pieces
-            if done.exhausted:
-                budget.refused += 1
-                _uncacheable.set(True)  # a later request (or review) may have the budget for it
-        unrolled = done.text
+        unrolled = _spend(fold.unroll_constants, expression)
         if unrolled is not None:
             # Constant comprehensions beyond the runtime's iteration budget, evaluated element by
             # element; lint keeps the user's text, positions and analysis.

@@ -477,8 +477,19 @@ def _scalar(value: object) -> str:
 _CHEAP = frozenset({"lit", "list", "map", "index", "unary", "binary", "ternary", "select"})
 
 
-def fold_deep(text: str) -> str | None:
-    """`text` with its deep constant sub-expressions replaced by their values, or None.
+@dataclass(slots=True)
+class Unrolled:
+    """What `unroll_constants` did: the new text (None: nothing changed), the pieces it evaluated,
+    and whether it stopped for lack of pieces (a larger allowance might have succeeded)."""
+
+    text: str | None
+    pieces: int
+    exhausted: bool
+
+
+def fold_deep(text: str, limit: int | None = None) -> Unrolled:
+    """`text` with its deep constant sub-expressions replaced by their values (`.text`, None when
+    nothing could be folded), within `limit` pieces (at most MAX_PIECES).
 
     For a selector the runtime refuses as too deeply nested. Only call-free pieces are folded, so
     the API server's cost estimate of the whole stays what draguard computes for the folded text
@@ -486,8 +497,8 @@ def fold_deep(text: str) -> str | None:
     """
     root = parse(text)
     if root is None:
-        return None
-    pieces = _Pieces()
+        return Unrolled(None, 0, exhausted=False)
+    pieces = _Pieces(limit)
     depth: dict[int, int] = {}
     cheap: dict[int, bool] = {}
 
@@ -511,21 +522,11 @@ def fold_deep(text: str) -> str | None:
     try:
         out = visit(root)
     except (_Unfoldable, RecursionError):
-        return None
-    return out if out != text else None
+        return Unrolled(None, pieces.used, exhausted=pieces.left < 0)
+    return Unrolled(out if out != text else None, pieces.used, exhausted=False)
 
 
 # ---- comprehensions over the iteration budget ------------------------------------------------------------
-
-@dataclass(slots=True)
-class Unrolled:
-    """What `unroll_constants` did: the new text (None: nothing changed), the pieces it evaluated,
-    and whether it stopped for lack of pieces (a larger allowance might have succeeded)."""
-
-    text: str | None
-    pieces: int
-    exhausted: bool
-
 
 def unroll_constants(text: str, limit: int | None = None) -> Unrolled:
     """`text` with each constant comprehension that exceeds the runtime's iteration budget replaced
