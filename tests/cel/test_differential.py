@@ -8,7 +8,6 @@ it is not. Every disagreement left must be one of the documented reasons in docs
 
 from __future__ import annotations
 
-import re
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -23,24 +22,19 @@ from tests.gotool import go_tool
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "cel.md"
 
-AGREEMENT_FLOOR = 0.97
-"""Measured 97.5 % with cel-expr-python 0.1.3 (see docs/cel.md); a drop below this is a regression."""
+AGREEMENT_FLOOR = 0.995
+"""Measured 99.68 % with cel-expr-python 0.1.3 (see docs/cel.md); a drop below this is a regression."""
 
 
 def _contains(*needles: str) -> Callable[[Pair], bool]:
     return lambda p: any(n in p.case.selector for n in needles)
 
 
-# Reasons a pair may disagree, each with its anchor in docs/cel.md (`{#reason-id}` headings).
+# Reasons a pair may disagree, each with its anchor in docs/cel.md (`{#reason-id}` headings). Every
+# one is draguard saying "cannot tell" (cel/unsupported, or its runtime gave up), never a verdict.
 REASONS: dict[str, Callable[[Pair], bool]] = {
-    "runtime-nesting": lambda p: p.draguard == "unsupported" and "levels of nesting" in p.dg_detail,
-    "iteration-budget": lambda p: p.draguard == "undecided" and "Iteration budget" in p.dg_detail,
-    "cost-margin": lambda p: p.draguard == "unsupported" and "near the limit" in p.dg_detail,
     "map-comprehensions": lambda p: p.draguard == "unsupported" and "transformMap" in p.dg_detail,
-    "quantity-representation": lambda p: bool(re.search(r"quantity\('1[PE]i'\)\.(isInteger|asInteger)",
-                                                        p.case.selector)),
-    "duplicate-map-keys": lambda p: "duplicate key" in p.dg_detail,
-    "format-exponent": _contains("'%e'.format"),
+    "format-exponent": lambda p: p.draguard == "unsupported" and "%e" in p.dg_detail,
 }
 
 
@@ -73,8 +67,22 @@ def test_no_false_rejections(pairs: list[Pair]) -> None:
 def test_agrees_with_kubernetes(pairs: list[Pair]) -> None:
     agree = sum(p.agrees for p in pairs)
     rate = agree / len(pairs)
-    print(f"\nCEL agreement with Kubernetes v1.37.2: {agree}/{len(pairs)} = {100 * rate:.2f} %")
+    unknown = sum(p.draguard in ("unsupported", "undecided") for p in pairs)
+    wrong = sum(not p.agrees and p.draguard not in ("unsupported", "undecided") for p in pairs)
+    classes = Counter(_reason(p) or "unexplained" for p in pairs if not p.agrees)
+    print(f"\nCEL agreement with Kubernetes v1.37.2: {agree}/{len(pairs)} = {100 * rate:.2f} %; "
+          f"draguard cannot tell on {unknown} pairs, gives a different verdict on {wrong}")
+    for reason, count in classes.most_common():
+        print(f"  {reason}: {count} pairs")
     assert rate >= AGREEMENT_FLOOR, f"{100 * rate:.2f} % < {100 * AGREEMENT_FLOOR:.1f} %"
+
+
+def test_no_wrong_verdicts(pairs: list[Pair]) -> None:
+    # Where draguard answers (rejects / selects / does not select), it is Kubernetes' answer; what
+    # it cannot evaluate exactly it reports as unknown.
+    wrong = [(p.case.selector[:120], DEVICES[p.device].name, p.kubernetes, p.draguard) for p in pairs
+             if not p.agrees and p.draguard not in ("unsupported", "undecided")]
+    assert not wrong, wrong[:10]
 
 
 def test_every_disagreement_is_documented(pairs: list[Pair]) -> None:

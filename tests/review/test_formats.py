@@ -36,7 +36,8 @@ def test_format_matches_golden(fmt: str, draguard: Callable[..., Run], in_fixtur
 
 def test_json_has_exactly_the_documented_shape(draguard: Callable[..., Run], in_fixtures: Path) -> None:
     doc = json.loads(draguard(*ARGS, "-f", "json").out)
-    assert set(doc) == {"findings", "summary"}
+    assert set(doc) == {"findings", "summary", "kubernetesVersion"}
+    assert doc["kubernetesVersion"] == "1.37"  # the release selectors were judged for
     assert set(doc["summary"]) == {"objects", "errors", "warnings", "audits"}
     assert doc["summary"]["objects"] == 13
     modes = {f["mode"] for f in doc["findings"]}

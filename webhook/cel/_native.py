@@ -90,6 +90,33 @@ class NativeExpression:
         return True, plain
 
 
+    def evaluate_typed(self, data: dict[str, object]) -> tuple[bool, object]:
+        """Like `evaluate`, but a value comes as `Typed` (the runtime's type name is kept, which
+        plain values lose: a uint reads as an int)."""
+        try:
+            result: Any = self._handle.eval(data=data)
+        except RuntimeError as exc:
+            raise EvaluationAborted(compile_message(str(exc))) from None
+        kind = str(result.type().name())
+        if kind == "ERROR":
+            return False, runtime_message(str(result.value()))
+        items: tuple[tuple[str, object], ...] = ()
+        if kind.startswith("LIST"):
+            items = tuple((str(item.type().name()), item.plain_value()) for item in result.value())
+        return True, Typed(kind, result.plain_value(), items)
+
+
+class Typed:
+    """A runtime value with its type name; `items` are a list's elements, each with its own."""
+
+    __slots__ = ("items", "kind", "plain")
+
+    def __init__(self, kind: str, plain: object, items: tuple[tuple[str, object], ...]) -> None:
+        self.kind = kind
+        self.plain = plain
+        self.items = items
+
+
 def runtime_message(raw: str) -> str:
     """Translate the runtime's status text into cel-go's wording ("no such key: x", ...)."""
     text = _STATUS_PREFIX.sub("", raw.strip())

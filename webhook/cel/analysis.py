@@ -327,6 +327,41 @@ def _string_len(node: Expr) -> int:
     return MAX_STRING
 
 
+# Calls whose cel-go cost is one unit plus their operands when the operands are numbers or bools
+# (equality and ordering of strings and lists are charged by size there).
+_FLAT_CALLS = frozenset({
+    "_+_", "_-_", "_*_", "_/_", "_%_", "-_", "!_", "_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_",
+    "@not_strictly_false", "_&&_", "_||_", "_?_:_",
+})
+_FLAT_TYPES = frozenset({"int", "uint", "double", "bool"})
+
+
+def cost_is_exact(ast: CheckedAst) -> bool:
+    """True when `estimate_cost` is cel-go's estimate exactly: comprehensions over literal lists,
+    literals, variables, and arithmetic, comparisons and logic on numbers and bools.
+
+    Checked against the API server's own estimate on the differential corpus; for anything else
+    the estimate is only an approximation (see COST_MARGIN in env.py).
+    """
+    for node in ast.nodes():
+        if node.kind in (CONST, IDENT):
+            continue
+        if node.kind == LIST:
+            if not all(e.kind == CONST for e in node.elements):
+                return False
+            continue
+        if node.kind == COMPREHENSION:
+            if node.iter_range is None or node.iter_range.kind != LIST or node.iter_var2:
+                return False
+            continue
+        if node.kind != CALL or node.target is not None or node.function not in _FLAT_CALLS:
+            return False
+        if node.function in ("_+_", "_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_") and any(
+                ast.types.get(a.id) not in _FLAT_TYPES for a in node.args):
+            return False
+    return True
+
+
 def estimate_cost(node: Expr, sizes: Mapping[str, int] | None = None) -> int:
     """Static cost estimate in the spirit of Kubernetes' CEL estimator.
 
@@ -347,6 +382,11 @@ def estimate_cost(node: Expr, sizes: Mapping[str, int] | None = None) -> int:
         assert node.operand is not None
         return 1 + estimate_cost(node.operand, scope)
     if kind == CALL:
+        if node.function in ("_&&_", "_||_") and node.target is None:
+            # cel-go charges a logical operator nothing beyond its operands.
+            return sum(estimate_cost(a, scope) for a in node.args)
+        if node.function == "_?_:_" and len(node.args) == 3:
+            return estimate_cost(node.args[0], scope) + max(estimate_cost(a, scope) for a in node.args[1:])
         cost = 1 + sum(estimate_cost(a, scope) for a in node.args)
         if node.target is not None:
             cost += estimate_cost(node.target, scope)

@@ -21,11 +21,11 @@ import contextvars
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
-from webhook.cel import _native, phantom, typecheck, unsupported
-from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse
+from webhook.cel import _native, fold, phantom, typecheck, unsupported
+from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse, cost_is_exact
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
 from webhook.cel.library import cel_type_name, device_data
@@ -46,6 +46,10 @@ _ENTRY_OVERHEAD = 32 * 1024
 COST_MARGIN = 1.5
 """draguard's cost estimate is at most this much above Kubernetes' (measured on the differential
 corpus: 1.1-1.35x on comprehensions); only an estimate above the limit by more is a rejection."""
+UNROLL_COST = 2000
+"""Above this estimated cost a constant comprehension may exceed the runtime's iteration budget
+(a few thousand steps), so it is evaluated ahead, element by element (`fold.unroll_constants`)."""
+_SCIENTIFIC = re.compile(r"%[-+# 0]*[0-9]*(?:\.[0-9]+)?[eE]")
 _LOCATION = re.compile(r"<input>:(\d+):(\d+):")
 _STANDARD_DOMAINS = frozenset({"gpu.nvidia.com", "resource.kubernetes.io"})
 
@@ -176,6 +180,19 @@ def _constant_call_error(ast: CheckedAst) -> str | None:
     return None
 
 
+def _spend(work: Callable[[str, int | None], fold.Unrolled], expression: str) -> str | None:
+    """Run a fold with the request's evaluation budget (at admission): each piece it evaluates is one
+    device evaluation, so a selector cannot make a request do more work than matching could."""
+    budget = _budget.get()
+    done = work(expression, None if budget is None else max(budget.evaluations, 0))
+    if budget is not None:
+        budget.evaluations -= done.pieces
+        if done.exhausted:
+            budget.refused += 1
+            _uncacheable.set(True)  # a later request (or review) may have the budget for it
+    return done.text
+
+
 def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
@@ -199,6 +216,13 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             collapsed = phantom.collapse_parentheses(expression)
             if collapsed != expression:
                 return _compile_uncached(collapsed)
+            folded = _spend(fold.fold_deep, expression)
+            if folded is not None:
+                # Deep constant parts evaluated piece by piece; the rest is compiled as usual.
+                result = _compile_uncached(folded)
+                if isinstance(result, CompiledSelector):
+                    return replace(result, expression=expression)
+                return result
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
@@ -275,9 +299,14 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             f"({unbounded})",
             "compare elements directly (e.g. `x in ['a', 'b']`) instead of building strings or lists",
         )
+    if any(n.kind == "call" and n.function == "format" and n.target is not None and n.target.kind == "const"
+           and isinstance(n.target.value, str) and _SCIENTIFIC.search(n.target.value) for n in ast.nodes()):
+        # cel-go prints %e through golang.org/x/text ("1.234500×10⁰³"); the runtime prints C's form.
+        return unsupported.issue("format() with %e (scientific notation, printed the golang.org/x/text way)",
+                                 "1.31", "compare the number itself, not its formatted text")
     if any(n.kind == "call" and n.function == "cel.@mapInsert" for n in ast.nodes()):
         return unsupported.issue("transformMap/transformMapEntry (two-variable comprehensions)", "1.32")
-    if analysis.cost > MAX_COST * COST_MARGIN:
+    if analysis.cost > MAX_COST * COST_MARGIN or (analysis.cost > MAX_COST and cost_is_exact(ast)):
         return _error(
             "cel/limits",
             f"estimated cost {analysis.cost} exceeds the limit of {MAX_COST}",
@@ -290,8 +319,20 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             f"up to {COST_MARGIN}x above the API server's)", "1.31",
             "the API server decides; nesting fewer comprehensions keeps it well inside the limit",
         )
+    if analysis.cost > UNROLL_COST:
+        # Each piece is one evaluation of the request's budget (at admission), so a selector cannot
+        # make a request evaluate more than it could by matching devices.
+        unrolled = _spend(fold.unroll_constants, expression)
+        if unrolled is not None:
+            # Constant comprehensions beyond the runtime's iteration budget, evaluated element by
+            # element; lint keeps the user's text, positions and analysis.
+            result = _compile_uncached(unrolled)
+            if isinstance(result, CompiledSelector):
+                return replace(result, expression=expression, ast=ast, analysis=analysis)
     evaluated = native
     rewritten = phantom.rewrite(expression, ast)
+    if rewritten is not None:
+        rewritten = fold.pin_literals(rewritten) or rewritten
     if rewritten is not None and rewritten != expression:
         try:
             evaluated = _native.compile_expression(rewritten)
@@ -301,6 +342,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
         # Not rewritable (source positions off): fall back to empty maps for the domains it names.
         domains = {a.domain for a in analysis.accesses}
         domains.update(s for s in analysis.string_constants if "." in s and len(s) <= 253)
+        pinned = fold.pin_literals(expression)
+        if pinned is not None:
+            with contextlib.suppress(_native.CompileFailure):
+                native = _native.compile_expression(pinned)
         return CompiledSelector(expression, native, ast, analysis, frozenset(domains | _STANDARD_DOMAINS))
     return CompiledSelector(expression, evaluated, ast, analysis, frozenset())
 
@@ -322,6 +367,7 @@ class Budget:
 
 
 _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("cel_compile_budget", default=None)
+_uncacheable: contextvars.ContextVar[bool] = contextvars.ContextVar("cel_uncacheable", default=False)
 
 
 @contextlib.contextmanager
@@ -379,10 +425,15 @@ def compile_or_issue(expression: str) -> CompiledSelector | CelIssue:
             budget.refused += 1
             return _over_budget(expression)
         budget.left -= size
-    result = _compile_uncached(expression)
+    token = _uncacheable.set(False)
+    try:
+        result = _compile_uncached(expression)
+        partial = _uncacheable.get()
+    finally:
+        _uncacheable.reset(token)
     weight = entry_bytes(expression, result)
-    if weight > CACHE_BYTES // 8:
-        return result  # never one entry for an eighth of the cache
+    if weight > CACHE_BYTES // 8 or partial:
+        return result  # never one entry for an eighth of the cache, nor one the budget cut short
     with _cache_lock:
         old = _cache.pop(expression, None)
         if old is not None:

@@ -14,6 +14,7 @@ CHECKS = (
     "cel/limits",
     "cel/driver-guard",
     "cel/unsupported",
+    "cel/version",
 )
 
 

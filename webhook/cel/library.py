@@ -13,6 +13,7 @@ declarations.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -307,7 +308,73 @@ def _last_index_of_offset(text: str, sub: str, offset: int) -> int:
     return text.rfind(sub, 0, min(offset, len(text) - len(sub)) + len(sub))
 
 
+# ---- Kubernetes' quantity representation ------------------------------------------------------------
+
+_QUANTITY_TEXT = re.compile(r"^([+-]?)0*([0-9]*)(?:\.([0-9]*))?([a-zA-Z]*[-+]?[0-9]*)$")
+_BINARY_EXP = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_EXP = {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_EXPONENT = re.compile(r"^[eE]([-+]?[0-9]+)$")
+
+
+def int64_form(text: str) -> tuple[bool, int | None]:
+    """How apimachinery's ParseQuantity holds `text`: (valid, the int64 `AsInt64` gives or None).
+
+    ParseQuantity keeps a value as an int64 with a decimal scale only on its fast path (few
+    enough digits, no fraction with a binary suffix, at most nano precision); otherwise it holds
+    an inf.Dec, and `AsInt64` (the CEL library's isInteger/asInteger) refuses those, as it
+    refuses a negative scale (`1000m`), whatever the value.
+    """
+    try:
+        Quantity.parse(text)
+    except ValueError:
+        return False, None
+    if text == "0":
+        return True, 0
+    found = _QUANTITY_TEXT.match(text)
+    if found is None:
+        return True, None
+    sign, num, denom, suffix = found.group(1), found.group(2) or "0", found.group(3) or "", found.group(4)
+    if suffix in _BINARY_EXP:
+        exponent = _BINARY_EXP[suffix]
+        if denom:
+            return True, None
+        # int32(float32(exponent)*3/10) in Go: exact for these multiples of ten.
+        if 15 - len(num) - (exponent * 3) // 10 - 1 < 0:
+            return True, None
+        value, scale = int(num) << exponent, 0
+    else:
+        if suffix in _DECIMAL_EXP:
+            exponent = _DECIMAL_EXP[suffix]
+        elif (exp := _EXPONENT.match(suffix)) is not None:
+            exponent = int(exp.group(1))
+        else:
+            return True, None
+        if 18 - (len(num) + len(denom)) < 0:
+            return True, None
+        scale = exponent - len(denom)
+        if scale < -9:
+            return True, None
+        value = int(num + denom)
+    if value > _INT64_MAX:
+        return True, None
+    if sign == "-":
+        value = -value
+    if scale < 0:
+        return True, None
+    value *= 10**scale
+    return True, value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
+
+
+def _held_as_decimal(value: object) -> int:
+    q = _as_quantity(value, "asInteger")
+    q.as_integer()  # the usual error when it is no int64 at all
+    raise LibraryError(f"cannot convert value to integer: {q} is held as a decimal by Kubernetes "
+                       "(a fraction, a negative scale such as 1000m, or too many digits for its suffix)")
+
+
 _OFFSET_FUNCTIONS: tuple[FunctionSpec, ...] = (
+    _spec("__draguard_decimalIsInteger", ("tagged",), "bool", lambda _q: False, member=True),
+    _spec("__draguard_decimalAsInteger", ("tagged",), "int", _held_as_decimal, member=True),
     _spec("__draguard_indexOf", ("string", "string", "int"), "int", _index_of_offset, member=True),
     _spec("__draguard_lastIndexOf", ("string", "string", "int"), "int", _last_index_of_offset, member=True),
 )

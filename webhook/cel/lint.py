@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from driver import schema
+from webhook.cel import versions
 from webhook.cel.analysis import COMPARISON_SYMBOLS, Access, Comparison
 from webhook.cel.env import CompiledSelector, compile_or_issue
 from webhook.cel.issues import CHECKS, CelIssue
@@ -399,11 +400,14 @@ def lint_selector(
     *,
     devices: Sequence[Device] | None = None,
     driver: str | None = None,
+    kubernetes_version: str | None = None,
 ) -> list[CelIssue]:
     """All issues with one selector expression; never raises for bad input.
 
     `devices`: the inventory to match against (enables `cel/no-match` and evaluation checks).
     `driver`: the bundled driver's configured name, whose attributes follow `driver/schema.py`.
+    `kubernetes_version`: the target release (`1.34`...); functions and fields its API server
+    does not accept yet are `cel/version` errors. None: the newest release draguard follows.
     """
     if not isinstance(expression, str):
         return [CelIssue("cel/syntax", Severity.ERROR,
@@ -416,6 +420,8 @@ def lint_selector(
     if isinstance(compiled, CelIssue):
         return [compiled]
     linter = _Linter(compiled, devices, driver)
+    if kubernetes_version is not None:
+        linter.issues.extend(versions.version_issues(compiled.ast, kubernetes_version))
     linter.check_names()
     linter.check_comparisons()
     linter.check_driver_guard()

@@ -41,3 +41,7 @@ class Context:
     # (kind, namespace, name) admission looked up for this request: "absent" (the API server has no
     # such object) or "unreadable" (the lookup failed or timed out).
     looked_up: Mapping[tuple[str, str, str], Literal["absent", "unreadable"]] = field(default_factory=dict)
+    # The Kubernetes release offline review judges selectors for (`review --kubernetes-version`):
+    # CEL functions and device fields its API server does not accept yet are `cel/version`. None:
+    # the newest release draguard follows (webhook.cel.versions.DEFAULT).
+    kubernetes_version: str | None = None

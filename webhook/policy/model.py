@@ -262,6 +262,7 @@ CEL_CHECKS: tuple[str, ...] = (
     "cel/limits",
     "cel/driver-guard",
     "cel/unsupported",
+    "cel/version",
 )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from webhook.cel import versions
 from webhook.review.formats import FORMATS, ReviewResult, renderers
 from webhook.review.pipeline import DEFAULT_POLICIES, Progress, ReviewError
 
@@ -68,6 +69,10 @@ def cmd_review(args: argparse.Namespace) -> int:
     progress = Progress((args.progress or sys.stderr.isatty()) and not args.no_progress)
     policies_required = args.policies != DEFAULT_POLICIES
     try:
+        version = versions.parse_version(args.kubernetes_version)
+    except ValueError as exc:
+        return _fail("review", str(exc))
+    try:
         if args.base:
             from webhook.review import diff
 
@@ -79,6 +84,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                 namespace=args.namespace,
                 progress=progress,
                 cluster_state=args.cluster_state,
+                kubernetes_version=version,
             )
             text = diff.render(
                 impact, args.format, color=to_stdout and _use_color(sys.stdout), root=repo_root(args.root)
@@ -98,6 +104,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             progress=progress,
             cluster_state=args.cluster_state,
+            kubernetes_version=version,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
@@ -253,6 +260,14 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="namespace labels as admission sees them: `kubectl get namespaces -o yaml` output "
         "(Namespace objects among the inputs override it)",
+    )
+    p.add_argument(
+        "--kubernetes-version",
+        default=versions.DEFAULT,
+        metavar="X.Y",
+        help=f"the cluster's Kubernetes release ({', '.join(versions.SUPPORTED)}; default "
+        f"{versions.DEFAULT}): CEL functions and device fields its API server does not accept yet "
+        "are cel/version errors",
     )
     p.add_argument(
         "--root",

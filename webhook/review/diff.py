@@ -360,6 +360,7 @@ def impact(
     namespace: str = "default",
     progress: Progress | None = None,
     cluster_state: str | None = None,
+    kubernetes_version: str | None = None,
 ) -> Impact:
     from webhook.review.inputs import InputError, read_paths
     from webhook.review.pipeline import load_cluster_state
@@ -386,7 +387,8 @@ def impact(
         raise ReviewError(str(exc)) from None
     head = Reviewed(
         evaluate_inputs(
-            head_inputs, head_policies, inv, namespace=namespace, progress=progress, namespace_labels=labels
+            head_inputs, head_policies, inv, namespace=namespace, progress=progress, namespace_labels=labels,
+            kubernetes_version=kubernetes_version,
         ),
         head_inputs,
     )
@@ -415,7 +417,8 @@ def impact(
             base_inputs = base_inputs or Inputs()
             base_rev = Reviewed(
                 evaluate_inputs(
-                    base_inputs, base_policies, inv, namespace=namespace, namespace_labels=labels
+                    base_inputs, base_policies, inv, namespace=namespace, namespace_labels=labels,
+                    kubernetes_version=kubernetes_version,
                 ),
                 base_inputs,
             )

@@ -165,6 +165,7 @@ def evaluate_inputs(
     namespace: str = "default",
     progress: Progress | None = None,
     namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+    kubernetes_version: str | None = None,
 ) -> ReviewResult:
     """Evaluate like admission: namespace labels come from the cluster state given, with the
     Namespace objects among the inputs over them (the pull request's own labels win)."""
@@ -175,7 +176,7 @@ def evaluate_inputs(
         progress.say(f"evaluating {n} documents from {len(set(inputs.files))} files")
     t0 = time.monotonic()
     labels = {**(namespace_labels or {}), **namespace_labels_of([o.obj for o in inputs.objects])}
-    ctx = Context(default_namespace=namespace, namespace_labels=labels)
+    ctx = Context(default_namespace=namespace, namespace_labels=labels, kubernetes_version=kubernetes_version)
     report = evaluate(inputs.objects, policies, inventory, ctx)
     if progress is not None and n > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
@@ -185,6 +186,7 @@ def evaluate_inputs(
         files=list(dict.fromkeys(inputs.files)),
         objects=[ReviewedObject(object_ref(o), o.file, o.line) for o in inputs.objects],
         ignored=report.ignored + len(inputs.skipped),
+        kubernetes_version=kubernetes_version,
     )
 
 
@@ -198,6 +200,7 @@ def review(
     progress: Progress | None = None,
     stdin: Any = None,
     cluster_state: str | None = None,
+    kubernetes_version: str | None = None,
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
     policy_set = load_policy_set(policies, required=policies_required)
@@ -216,7 +219,8 @@ def review(
         progress.say(f"read {len(inputs.objects)} documents from {len(set(inputs.files))} files")
     labels = load_cluster_state(cluster_state)
     result = evaluate_inputs(
-        inputs, policy_set, inv, namespace=namespace, progress=progress, namespace_labels=labels
+        inputs, policy_set, inv, namespace=namespace, progress=progress, namespace_labels=labels,
+        kubernetes_version=kubernetes_version,
     )
     return Reviewed(result, inputs)
 

@@ -8,7 +8,7 @@ from functools import cache
 
 from webhook.engine.rules.base import Rule
 
-RULE_MODULES: tuple[str, ...] = ("structure", "tier", "migrate", "quota", "cel_lint", "opaque")
+RULE_MODULES: tuple[str, ...] = ("structure", "tier", "migrate", "quota", "cel_lint", "opaque", "release")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@ Each selector (class selectors, request selectors, `firstAvailable` subrequest s
 through `webhook.cel.lint.lint_selector` against the inventory; every issue becomes a finding whose
 rule id is the issue's check. The CelLintPolicy covering the object's namespace decides which
 checks run and in which mode; without one, every check runs in warn mode. At admission the
-API server has already compiled and cost-checked the selector, so `cel/syntax`, `cel/type` and
-`cel/limits` are reported only by offline review.
+API server has already compiled and cost-checked the selector, so `cel/syntax`, `cel/type`,
+`cel/limits` and `cel/version` (for the target release, `Context.kubernetes_version`) are
+reported only by offline review.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from webhook.policy.model import CelLintPolicy
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
 
-API_SERVER_CHECKS = frozenset({"cel/syntax", "cel/type", "cel/limits"})
+API_SERVER_CHECKS = frozenset({"cel/syntax", "cel/type", "cel/limits", "cel/version"})
 """Checks that predict the API server's own create-time validation: offline review only."""
 
 def _policy_for(rc: RuleContext, namespace: str | None) -> CelLintPolicy:
@@ -70,9 +71,10 @@ def _line(item: SourceObject, sel: Selector, issue_line: int | None) -> int | No
 def _issues(rc: RuleContext, expression: str, devices: Sequence[Device] | None) -> Any:
     # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
     # many claims) lints the same way, so its issues are computed once per inventory.
+    version = rc.ctx.kubernetes_version
     return rc.inventory.cached(
-        ("cel-lint", expression, devices is not None),
-        partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME),
+        ("cel-lint", expression, devices is not None, version),
+        partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME, kubernetes_version=version),
     )
 
 

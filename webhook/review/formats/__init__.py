@@ -35,6 +35,8 @@ class ReviewResult:
     root: str | None = None
     # Seconds the review took (JUnit `time`).
     elapsed: float = 0.0
+    # The Kubernetes release selectors were judged for (`--kubernetes-version`); None: not said.
+    kubernetes_version: str | None = None
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.report.findings, key=finding_sort_key)
@@ -73,6 +75,8 @@ RULE_HELP: dict[str, str] = {
     "cel/limits": "A CEL selector exceeds the API server's cost or length limits.",
     "cel/driver-guard": "A selector reads a driver's attributes without checking `device.driver` first.",
     "cel/unsupported": "A selector uses CEL the API server accepts but draguard's runtime cannot check.",
+    "cel/version": "A selector uses a CEL function or device field the target Kubernetes release does not "
+    "accept yet.",
     "migrate/legacy-gpu": "A workload still requests `nvidia.com/gpu` as an extended resource; "
     "`draguard migrate` rewrites it to a DRA claim.",
     "structure/invalid": "The API server rejects this claim or template (wrong shape for its apiVersion, "
@@ -80,6 +84,8 @@ RULE_HELP: dict[str, str] = {
     "structure/inline-source": "The pod uses the inline `resourceClaims[].source` field, removed in 1.31.",
     "structure/undeclared-claim": "A container names a claim missing from the pod's `spec.resourceClaims`.",
     "structure/deprecated-version": "The object uses a `resource.k8s.io` version the cluster does not serve.",
+    "structure/dropped-field": "A DRA field the target Kubernetes release drops on create (its feature gate "
+    "is off by default).",
     "structure/unsatisfiable": "No node of the inventory can satisfy the request (class, count, selectors).",
     "structure/interconnect": "A multi-GPU request has no constraint keeping the GPUs on one NVLink domain.",
     "structure/admin-access": "adminAccess needs the namespace label "

@@ -1,4 +1,4 @@
-"""Machine-readable JSON: `{"findings": [...], "summary": {...}}`."""
+"""Machine-readable JSON: `{"findings": [...], "summary": {...}, "kubernetesVersion": "1.37"}`."""
 
 from __future__ import annotations
 
@@ -12,4 +12,6 @@ def render(result: ReviewResult) -> str:
         "findings": [f.to_json() for f in result.sorted_findings()],
         "summary": result.report.summary(),
     }
+    if result.kubernetes_version:
+        doc["kubernetesVersion"] = result.kubernetes_version
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -48,5 +48,8 @@ def render(result: ReviewResult, *, color: bool = False) -> str:
                 out.append(paint(f"      fix: {fix_lines[0]}", _DIM))
                 out.extend(paint(f"           {line}", _DIM) for line in fix_lines[1:])
         out.append("")
+    if result.kubernetes_version:
+        out.append(paint(f"CEL selectors judged for Kubernetes {result.kubernetes_version} "
+                         "(--kubernetes-version)", _DIM))
     out.append(summary_line(result))
     return "\n".join(out) + "\n"
