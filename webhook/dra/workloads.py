@@ -78,16 +78,17 @@ CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
 }
 CrdTable = Mapping[tuple[str, str], tuple[TemplatePath, ...]]
 
-# The resource (plural) each CRD is served as: what the shipped webhook configuration routes.
-CRD_RESOURCES: Mapping[tuple[str, str], str] = {
-    ("kubeflow.org", "PyTorchJob"): "pytorchjobs",
-    ("jobset.x-k8s.io", "JobSet"): "jobsets",
-    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "leaderworkersets",
-    ("ray.io", "RayCluster"): "rayclusters",
-    ("ray.io", "RayJob"): "rayjobs",
-    ("ray.io", "RayService"): "rayservices",
-    ("trainer.kubeflow.org", "TrainJob"): "trainjobs",
-    ("serving.kserve.io", "InferenceService"): "inferenceservices",
+# The resource (plural) and versions each CRD is served as: what the shipped webhook configurations
+# route (kustomize/base/admission, checked against this table by tests/kustomize).
+CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("kubeflow.org", "PyTorchJob"): ("pytorchjobs", ("v1",)),
+    ("jobset.x-k8s.io", "JobSet"): ("jobsets", ("v1alpha2",)),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): ("leaderworkersets", ("v1",)),
+    ("ray.io", "RayCluster"): ("rayclusters", ("v1",)),
+    ("ray.io", "RayJob"): ("rayjobs", ("v1",)),
+    ("ray.io", "RayService"): ("rayservices", ("v1",)),
+    ("trainer.kubeflow.org", "TrainJob"): ("trainjobs", ("v1alpha1",)),
+    ("serving.kserve.io", "InferenceService"): ("inferenceservices", ("v1beta1",)),
 }
 CRD_KINDS: frozenset[str] = frozenset(kind for _group, kind in CRD_POD_TEMPLATES)
 WORKLOAD_KINDS: frozenset[str] = frozenset(POD_SPEC_PATHS) | CRD_KINDS
