@@ -7,7 +7,6 @@ The one harness for the tests that need a bare API server: the driver's (tests/d
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import socket
@@ -20,10 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from tests import pki
 
 
 def find_bin() -> Path | None:
@@ -41,45 +37,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _cert(
-    subject: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    server: bool = False,
-) -> bytes:
-    now = dt.datetime.now(dt.UTC)
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
-        b = b.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-    if server:
-        from ipaddress import ip_address
-
-        b = b.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    return b.sign(issuer_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 @dataclass
@@ -134,33 +91,20 @@ def start(
     nothing creates ServiceAccounts: `service_account_admission` keeps the plugin that requires them
     (the caller creates the ones its pods use)."""
     base.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "draguard-test-ca")])
+    ca = pki.issue("draguard-test-ca", ca=True)
+    server_cert = pki.issue("kube-apiserver", ca, server=True)
+    admin = pki.issue("admin", ca, organization="system:masters")
+    sa = pki.issue("service-accounts")[0]
     files: dict[str, bytes] = {
-        "ca.crt": _cert(ca_name, ca_key, ca_name, ca_key, ca=True),
-        "ca.key": _pem_key(ca_key),
+        "ca.crt": pki.pem(ca[1]),
+        "ca.key": pki.pem(ca[0]),
+        "server.crt": pki.pem(server_cert[1]),
+        "server.key": pki.pem(server_cert[0]),
+        "admin.crt": pki.pem(admin[1]),
+        "admin.key": pki.pem(admin[0]),
+        "sa.key": pki.pem(sa),
+        "sa.pub": pki.pem(sa.public_key()),
     }
-    for name, subject, server in (
-        ("server", x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]), True),
-        (
-            "admin",
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                ]
-            ),
-            False,
-        ),
-    ):
-        k = ec.generate_private_key(ec.SECP256R1())
-        files[f"{name}.crt"] = _cert(subject, k, ca_name, ca_key, server=server)
-        files[f"{name}.key"] = _pem_key(k)
-    sa = ec.generate_private_key(ec.SECP256R1())
-    files["sa.key"] = _pem_key(sa)
-    files["sa.pub"] = sa.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
     for n, data in files.items():
         (base / n).write_bytes(data)
     etcd_client, etcd_peer, port = _free_port(), _free_port(), _free_port()
