@@ -14,19 +14,7 @@ import pytest
 from tests.e2e.helpers import Kubectl, wait_for
 from webhook.dev.cluster import REPO_ROOT, LocalCluster
 
-MPI_POLICY = """\
-apiVersion: policy.draguard.io/v1alpha1
-kind: WorkloadKindPolicy
-metadata: {name: mpi}
-spec:
-  kinds:
-  - apiGroup: kubeflow.org
-    kind: MPIJob
-    resource: mpijobs
-    templates:
-    - path: spec/mpiReplicaSpecs/*/template/spec
-      replicas: [./replicas]
-"""
+MPI_POLICY = REPO_ROOT / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml"
 
 
 def _crd(plural: str, kind: str, version: str) -> str:
@@ -91,23 +79,26 @@ def _denied(kubectl: Kubectl, manifest: str) -> str:
     return str(wait_for(refused, "the webhook to judge the workload CRD", timeout=30))
 
 
-def test_a_pytorchjob_is_judged_by_its_pod_templates(
-    crds: None, kubectl: Kubectl, namespace: Callable[..., str]
-) -> None:
-    ns = namespace("team")
-    # 3 workers x 8 device-plugin GPUs: 24 GPU-equivalents against the team-* budget of 16.
-    big = _job("kubeflow.org/v1", "PyTorchJob", "pytorchReplicaSpecs", ns, "big", workers=3)
+def _judged(kubectl: Kubectl, ns: str, api: str, kind: str, replicas_key: str) -> str:
+    """3 workers x 8 device-plugin GPUs (24 GPU-equivalents against the team-* budget of 16) are
+    denied by the workload-crds webhook and not stored; 1 worker is admitted and stored. Returns the
+    denial's stderr."""
+    big = _job(api, kind, replicas_key, ns, "big", workers=3)
     stderr = _denied(kubectl, big)
     assert 'admission webhook "workload-crds.validate.draguard.io" denied the request' in stderr
     assert "[quota/team-budgets]" in stderr and "24 GPU-equivalents" in stderr
     assert kubectl.apply(big).returncode != 0
-    assert kubectl.run("get", "pytorchjob", "big", "-n", ns).returncode != 0
-    # Within budget: admitted and stored.
-    small = kubectl.apply(
-        _job("kubeflow.org/v1", "PyTorchJob", "pytorchReplicaSpecs", ns, "small", workers=1)
-    )
+    assert kubectl.run("get", kind.lower(), "big", "-n", ns).returncode != 0
+    small = kubectl.apply(_job(api, kind, replicas_key, ns, "small", workers=1))
     assert small.returncode == 0, small.stderr
-    assert kubectl.get("pytorchjob", "small", ns)["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    assert kubectl.get(kind.lower(), "small", ns)["spec"][replicas_key]["Worker"]["replicas"] == 1
+    return stderr
+
+
+def test_a_pytorchjob_is_judged_by_its_pod_templates(
+    crds: None, kubectl: Kubectl, namespace: Callable[..., str]
+) -> None:
+    _judged(kubectl, namespace("team"), "kubeflow.org/v1", "PyTorchJob", "pytorchReplicaSpecs")
 
 
 @pytest.fixture
@@ -116,7 +107,7 @@ def mpi_routed(cluster: LocalCluster, kubectl: Kubectl, crds: None, tmp_path: Pa
     configuration's workload-crds entry routing mpijobs, as an admin adding a CRD would set them."""
     policies = tmp_path / "policies"
     shutil.copytree(REPO_ROOT / "policies", policies, ignore=shutil.ignore_patterns("tests"))
-    (policies / "workload-kinds.yaml").write_text(MPI_POLICY)
+    shutil.copy(MPI_POLICY, policies / "workload-kinds.yaml")
     shipped = Path(cluster.state["policies"])
     cluster.stop("webhook")
     cluster.start_webhook(policies)
@@ -141,15 +132,8 @@ def mpi_routed(cluster: LocalCluster, kubectl: Kubectl, crds: None, tmp_path: Pa
 def test_a_policy_declared_crd_is_judged_once_routed(
     mpi_routed: None, kubectl: Kubectl, namespace: Callable[..., str]
 ) -> None:
-    ns = namespace("team")
-    big = _job("kubeflow.org/v2beta1", "MPIJob", "mpiReplicaSpecs", ns, "big", workers=3)
-    stderr = _denied(kubectl, big)
-    assert 'admission webhook "workload-crds.validate.draguard.io" denied the request' in stderr
-    assert "[quota/team-budgets]" in stderr and "/spec/mpiReplicaSpecs/Worker/template/spec" in stderr
-    small = kubectl.apply(
-        _job("kubeflow.org/v2beta1", "MPIJob", "mpiReplicaSpecs", ns, "small", workers=1)
-    )
-    assert small.returncode == 0, small.stderr
+    stderr = _judged(kubectl, namespace("team"), "kubeflow.org/v2beta1", "MPIJob", "mpiReplicaSpecs")
+    assert "/spec/mpiReplicaSpecs/Worker/template/spec" in stderr
 
 
 def test_an_unrouted_crd_is_not_judged(crds: None, kubectl: Kubectl, namespace: Callable[..., str]) -> None:

@@ -22,17 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = load_policies(ROOT / "policies")
 HEAD = "apiVersion: policy.draguard.io/v1alpha1\n"
 
-MPIJOB_POLICY = HEAD + """kind: WorkloadKindPolicy
-metadata: {name: mpi}
-spec:
-  kinds:
-  - apiGroup: kubeflow.org
-    kind: MPIJob
-    resource: mpijobs
-    templates:
-    - path: spec/mpiReplicaSpecs/*/template/spec
-      replicas: [./replicas]
-"""
+MPIJOB_POLICY = (ROOT / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml").read_text()
 WITH_MPI = SHIPPED.merged(parse_policy_text(MPIJOB_POLICY, "mpi.yaml"))
 
 

@@ -12,18 +12,7 @@ import yaml
 from tests.review.conftest import Run
 
 SHIPPED = Path(__file__).resolve().parents[2] / "policies"
-KINDS = """\
-apiVersion: policy.draguard.io/v1alpha1
-kind: WorkloadKindPolicy
-metadata: {name: mpi}
-spec:
-  kinds:
-  - apiGroup: kubeflow.org
-    kind: MPIJob
-    templates:
-    - path: spec/mpiReplicaSpecs/*/template/spec
-      replicas: [./replicas]
-"""
+KINDS = (SHIPPED.parent / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml").read_text()
 MPIJOB = """\
 apiVersion: kubeflow.org/v2beta1
 kind: MPIJob
@@ -84,5 +73,5 @@ def test_a_bad_entry_is_a_clear_error(draguard: Callable[..., Run], tmp_path: Pa
     bad = KINDS.replace("replicas: [./replicas]", "replicas: [./replicas]\n      container: yes-please")
     run = draguard("review", str(f), "--policies", _policies(tmp_path, bad))
     assert run.code == 2
-    assert "workload-kinds.yaml:11: spec.kinds[0].templates[0].container" in run.err, run.err
+    assert "workload-kinds.yaml:14: spec.kinds[0].templates[0].container" in run.err, run.err
     assert "Traceback" not in run.err
