@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apiserver import ApiServer, find_bin, start
 from driver_helpers import NODE, make_claim, make_state
 
 from driver.devices import build_devices
 from driver.nvml import open_sim
 from driver.slices import SlicePublisher
 from driver.state import ClaimRef, KubeClaimReader
+from tests.apiserver import ApiServer, find_bin, start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -146,8 +146,9 @@ async def test_driver_run_end_to_end(apiserver, short_dir):
     import time
     import urllib.request
 
-    from apiserver import _free_port
     from driver_helpers import Kubelet
+
+    from tests.apiserver import _free_port
 
     root = Path(__file__).resolve().parents[2]
     port = _free_port()

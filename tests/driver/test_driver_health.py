@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import yaml
-from apiserver import ApiServer, find_bin, start
 from driver_helpers import NODE, InMemoryClaims, Kubelet, make_claim, make_state
 
 from driver.devices import build_devices
@@ -32,6 +31,7 @@ from driver.nvml import open_sim
 from driver.sim import TOPOLOGY_DIR
 from driver.slices import build_slices, validate_slices
 from driver.state import ClaimRef
+from tests.apiserver import ApiServer, find_bin, start
 
 ROOT = Path(__file__).resolve().parents[2]
 

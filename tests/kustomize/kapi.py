@@ -1,14 +1,10 @@
-"""A real etcd + kube-apiserver for the bundle tests (no controller-manager, no scheduler, no nodes).
-
-Binaries come from scripts/build-k8s.sh ($DRAGUARD_K8S_BIN or the build cache).
-"""
+"""The bundle tests' API server: the shared bare etcd + kube-apiserver (tests/apiserver.py) with the
+bundle's namespaces and default ServiceAccounts, driven by kubectl."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,21 +15,7 @@ import pytest
 import yaml
 from kbundle import build, one
 
-
-def _bin_dir() -> Path | None:
-    env = os.environ.get("DRAGUARD_K8S_BIN")
-    root = Path(os.environ.get("DRAGUARD_K8S_CACHE", Path.home() / ".cache" / "draguard" / "k8s"))
-    cands = [Path(env)] if env else sorted(root.glob("*/bin"), reverse=True)
-    for c in cands:
-        if all(os.access(c / b, os.X_OK) for b in ("etcd", "kube-apiserver")):
-            return c
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.apiserver import find_bin, start
 
 
 class Api:
@@ -56,111 +38,19 @@ class Api:
 
 @contextlib.contextmanager
 def api_server() -> Iterator[Api]:
-    """etcd + kube-apiserver (RBAC, service-account tokens) on loopback; skips without the binaries."""
-    bin_dir = _bin_dir()
+    """The shared bare API server (tests/apiserver.py) with the bundle's namespaces; skips without the
+    binaries or kubectl."""
+    bin_dir = find_bin()
     if bin_dir is None or shutil.which("kubectl") is None:
         pytest.skip("etcd/kube-apiserver not built (make k8s, or set DRAGUARD_K8S_BIN) or kubectl missing")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     tmp = Path(tempfile.mkdtemp(prefix="draguard-bundle-api-"))
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (tmp / "sa.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    (tmp / "sa.pub").write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    (tmp / "tokens.csv").write_text("bundle-admin-token,admin,admin,system:masters\n")
-    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = []
     try:
-        etcd_log = open(tmp / "etcd.log", "wb")  # noqa: SIM115 - closed in finally
-        logs.append(etcd_log)
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(bin_dir / "etcd"),
-                    "--data-dir",
-                    str(tmp / "etcd"),
-                    "--listen-client-urls",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--advertise-client-urls",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--listen-peer-urls",
-                    f"http://127.0.0.1:{peer_port}",
-                ],
-                stdout=etcd_log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        api_log = open(tmp / "apiserver.log", "wb")  # noqa: SIM115
-        logs.append(api_log)
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(bin_dir / "kube-apiserver"),
-                    "--etcd-servers",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--secure-port",
-                    str(api_port),
-                    "--bind-address",
-                    "127.0.0.1",
-                    "--cert-dir",
-                    str(tmp / "certs"),
-                    "--token-auth-file",
-                    str(tmp / "tokens.csv"),
-                    "--authorization-mode",
-                    "RBAC",
-                    # Real clusters run with privileged pods allowed; the DRA driver needs it.
-                    "--allow-privileged=true",
-                    "--service-account-key-file",
-                    str(tmp / "sa.pub"),
-                    "--service-account-signing-key-file",
-                    str(tmp / "sa.key"),
-                    "--service-account-issuer",
-                    "https://kubernetes.default.svc",
-                    "--service-cluster-ip-range",
-                    "10.96.0.0/16",
-                ],
-                stdout=api_log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        (tmp / "kubeconfig").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "t",
-                    "clusters": [
-                        {
-                            "name": "t",
-                            "cluster": {
-                                "server": f"https://127.0.0.1:{api_port}",
-                                "insecure-skip-tls-verify": True,
-                            },
-                        }
-                    ],
-                    "users": [{"name": "a", "user": {"token": "bundle-admin-token"}}],
-                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "a"}}],
-                }
-            )
-        )
-        a = Api(tmp / "kubeconfig")
-        deadline = time.monotonic() + 120
-        while a.kubectl("get", "--raw", "/readyz").returncode != 0:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(
-                    "kube-apiserver did not become ready:\n"
-                    + (tmp / "apiserver.log").read_text(errors="replace")[-3000:]
-                )
-            time.sleep(1)
+        server = start(bin_dir, tmp, runtime_config=None, service_account_admission=True)
+    except RuntimeError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.fail(f"kube-apiserver did not become ready: {exc}", pytrace=False)
+    try:
+        a = Api(server.kubeconfig)
         # Namespaced objects need their namespace to exist even in a dry run; create it from the bundle.
         for ns_name in ("draguard-system", "draguard-quota"):
             ns_obj = one(build("eks"), "Namespace", ns_name)
@@ -171,15 +61,7 @@ def api_server() -> Iterator[Api]:
             a.kubectl("-n", ns, "create", "serviceaccount", "default")
         yield a
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs:
-            f.close()
+        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -188,7 +70,8 @@ def sa_kubeconfig(api: Api, sa: str, path: Path, namespace: str = "draguard-syst
     token = api.kubectl("-n", namespace, "create", "token", sa)
     assert token.returncode == 0, token.stderr
     cfg = yaml.safe_load(api.kubeconfig.read_text())
-    cfg["users"] = [{"name": "a", "user": {"token": token.stdout.strip()}}]
+    # Same user name, so the context still refers to it; a token instead of the admin's certificate.
+    cfg["users"] = [{"name": u["name"], "user": {"token": token.stdout.strip()}} for u in cfg["users"]]
     path.write_text(yaml.safe_dump(cfg))
     return path
 

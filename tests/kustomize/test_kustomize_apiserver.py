@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kapi import Api, api_server
+from kapi import Api, api_server, sa_kubeconfig
 from kbundle import KUSTOMIZE, OVERLAYS, build, one
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -169,15 +169,6 @@ sys.exit(a.func(a))
 """
 
 
-def _sa_kubeconfig(api: Api, sa: str, path: Path) -> Path:
-    token = api.kubectl("-n", "draguard-system", "create", "token", sa)
-    assert token.returncode == 0, token.stderr
-    cfg = yaml.safe_load(api.kubeconfig.read_text())
-    cfg["users"] = [{"name": "a", "user": {"token": token.stdout.strip()}}]
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def test_cert_job_identity_issues_secret_and_injects_ca(api: Api, tmp_path: Path) -> None:
     """`draguard certs`, run with exactly the Job's arguments and ServiceAccount, has every right it needs."""
     import base64
@@ -187,7 +178,7 @@ def test_cert_job_identity_issues_secret_and_injects_ca(api: Api, tmp_path: Path
     assert api.apply_kustomization(KUSTOMIZE / "overlays" / "eks").returncode == 0
     job = one(build("eks"), "Job", "draguard-certs")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    kubeconfig = _sa_kubeconfig(api, "draguard-certs", tmp_path / "certs.kubeconfig")
+    kubeconfig = sa_kubeconfig(api, "draguard-certs", tmp_path / "certs.kubeconfig")
     repo = KUSTOMIZE.parent
     for attempt in ("first run", "second run (renewal path)"):
         run = subprocess.run(

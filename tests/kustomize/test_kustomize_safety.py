@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from kbundle import OVERLAYS, Obj, build, containers, find, one
 
+from webhook.dra.workloads import CRD_POD_TEMPLATES, CRD_RESOURCES
+
 EXCLUDED = {"kube-system", "draguard-system"}
 RESOURCE_VERSIONS = {"v1", "v1beta1", "v1beta2"}
 # (group, resource) pairs the validating webhooks must see.
@@ -22,6 +24,8 @@ REQUIRED_RULES = {
     ("resource.k8s.io", "resourceclaims"),
     ("resource.k8s.io", "resourceclaimtemplates"),
     ("resource.k8s.io", "deviceclasses"),
+    # Every workload CRD of the built-in table, so admission judges what review judges.
+    *((group, resource) for (group, _kind), (resource, _versions) in CRD_RESOURCES.items()),
 }
 INJECTOR_VERBS = {"get", "list", "watch", "patch"}
 CREATE_ONLY = {"resourceclaims", "resourceclaimtemplates"}
@@ -77,9 +81,26 @@ def test_webhook_configurations_are_safe(overlay: str) -> None:
                 covered.add((g, res))
                 if g == "resource.k8s.io":
                     assert {vv for gg, vv, rr, _ in _rules(h) if rr == res} == RESOURCE_VERSIONS, res
+                crd = next((vs for (cg, _k), (cr, vs) in CRD_RESOURCES.items() if (cg, cr) == (g, res)), None)
+                if crd is not None:
+                    assert {vv for gg, vv, rr, _ in _rules(h) if (gg, rr) == (g, res)} == set(crd), res
             if cfg["kind"] == "MutatingWebhookConfiguration":
                 assert h["reinvocationPolicy"] == "IfNeeded"
         assert covered == (REQUIRED_RULES if cfg is vwc else REQUIRED_MUTATE_RULES), cfg["kind"]
+
+
+def test_every_workload_crd_of_the_table_is_routed() -> None:
+    assert set(CRD_RESOURCES) == set(CRD_POD_TEMPLATES)
+    want = {(g, r) for (g, _k), (r, _vs) in CRD_RESOURCES.items()}
+    objs = build("gke")
+    # docs/workloads.md patches these entries by index to route a CRD a WorkloadKindPolicy adds.
+    for cfg, index in (("ValidatingWebhookConfiguration", 5), ("MutatingWebhookConfiguration", 3)):
+        hooks = one(objs, cfg, "draguard")["webhooks"]
+        (hook,) = [h for h in hooks if h["name"].startswith("workload-crds.")]
+        assert hooks.index(hook) == index
+        # No matchCondition: a CRD keeps its templates where only the table knows.
+        assert "matchConditions" not in hook
+        assert {(g, r) for g, _v, r, _o in _rules(hook)} == want
 
 
 def test_fail_open_component_switches_only_validation_to_ignore() -> None:

@@ -139,13 +139,37 @@ class WebhookProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def ssl_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.certs / "ca-bundle.crt"))
+    def ssl_context(self, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+        """A client context trusting the server's CA; `cert` (crt, key) is a client certificate."""
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca-bundle.crt"))
+        if cert is not None:
+            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+        return ctx
 
-    def connection(self, timeout: float = 10.0) -> http.client.HTTPSConnection:
+    def connection(
+        self, timeout: float = 10.0, ctx: ssl.SSLContext | None = None
+    ) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
-            "127.0.0.1", self.port, context=self.ssl_context(), timeout=timeout
+            "127.0.0.1", self.port, context=ctx or self.ssl_context(), timeout=timeout
         )
+
+    def post(
+        self, path: str, body: bytes, timeout: float = 20.0, ctx: ssl.SSLContext | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """POST a JSON body: the status and the JSON answer ({} when the answer is not a JSON object)."""
+        conn = self.connection(timeout=timeout, ctx=ctx)
+        try:
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            data = r.read()
+            return r.status, (json.loads(data) if data.startswith(b"{") else {})
+        finally:
+            conn.close()
+
+    def raw_tls(self, timeout: float = 5.0) -> ssl.SSLSocket:
+        """A bare TLS socket to the server (for byte-level abuse: slow or lying clients)."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        return self.ssl_context().wrap_socket(sock, server_hostname="127.0.0.1")
 
     def get(self, path: str) -> tuple[int, bytes]:
         conn = self.connection(timeout=2.0)

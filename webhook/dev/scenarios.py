@@ -6,11 +6,13 @@ Each function takes the namespace to use and returns YAML for `kubectl apply -f 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 DRIVER = "gpu.nvidia.com"
 A100 = "gpu.nvidia.com-a100"
 H100 = "gpu.nvidia.com-h100"
 MIGRATE_LABELS = {"draguard.io/migration-mode": "migrate"}
+PYTORCH = "nvcr.io/nvidia/pytorch:24.01-py3"
 
 
 # What a container of a GPU claim prints first: its GPUs as the driver's CDI spec gave them.
@@ -21,11 +23,69 @@ SHOW_GPUS = (
 )
 
 
-def _runs_on(node: str | None, image: str | None, command: str | None) -> tuple[str, str]:
-    """(pod-spec lines, container lines) that pin a pod to `node` and run `command` in `image`."""
-    pod = f"  nodeSelector:\n    kubernetes.io/hostname: {node}\n" if node else ""
-    container = f"    command: [sh, -c, {json.dumps(command)}]\n" if command else ""
-    return pod, container
+def _requests(device_class: str, count: int, indent: str) -> str:
+    """The `requests` of a claim spec asking `count` devices of `device_class`, at `indent`."""
+    return (
+        f"{indent}requests:\n{indent}- name: gpu\n{indent}  exactly:\n"
+        f"{indent}    deviceClassName: {device_class}\n{indent}    count: {count}\n"
+    )
+
+
+def _head(api: str, kind: str, ns: str, name: str) -> str:
+    """An object's first lines, up to `spec:`."""
+    return f"apiVersion: {api}\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n"
+
+
+def _claim(ns: str, name: str, device_class: str, count: int, constraints: str = "") -> str:
+    """A ResourceClaim `name` for `count` devices of `device_class` (`constraints`: lines under devices)."""
+    head = _head("resource.k8s.io/v1", "ResourceClaim", ns, name)
+    return head + "  devices:\n" + _requests(device_class, count, "    ") + constraints
+
+
+def _template(ns: str, name: str, device_class: str, count: int = 1) -> str:
+    """A ResourceClaimTemplate `name` for `count` devices of `device_class`."""
+    head = _head("resource.k8s.io/v1", "ResourceClaimTemplate", ns, name)
+    return head + "  spec:\n    devices:\n" + _requests(device_class, count, "      ")
+
+
+def pod_manifest(
+    ns: str,
+    name: str,
+    image: str,
+    *,
+    container: str = "main",
+    node: str | None = None,
+    command: str | None = None,
+    argv: Sequence[str] = (),
+    gpus: int = 0,
+    claim: tuple[str, str] | None = None,
+    claim_ref: str = "gpu",
+    restart_never: bool = False,
+) -> str:
+    """One Pod: every scenario's pod is built here.
+
+    `node` pins it; `command` runs through `sh -c`, else `argv` (if any) is the command; `gpus` asks
+    device-plugin GPUs (nvidia.com/gpu); `claim` is (`resourceClaimName` or `resourceClaimTemplateName`,
+    its value) for the claim `claim_ref` the container uses.
+    """
+    lines = _head("v1", "Pod", ns, name).splitlines()
+    if node:
+        lines += ["  nodeSelector:", f"    kubernetes.io/hostname: {node}"]
+    if restart_never:
+        lines.append("  restartPolicy: Never")
+    lines += ["  terminationGracePeriodSeconds: 1", "  containers:"]
+    lines += [f"  - name: {container}", f"    image: {image}"]
+    if command:
+        lines.append(f"    command: [sh, -c, {json.dumps(command)}]")
+    elif argv:
+        lines.append(f"    command: [{', '.join(argv)}]")
+    if gpus:
+        lines += ["    resources:", "      limits:", f"        nvidia.com/gpu: {gpus}"]
+    if claim:
+        key, value = claim
+        lines += ["    resources:", "      claims:", f"      - name: {claim_ref}", "  resourceClaims:",
+                  f"  - name: {claim_ref}", f"    {key}: {value}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def legacy_pod(ns: str, image: str | None = None, node: str | None = None, command: str | None = None) -> str:
@@ -33,22 +93,8 @@ def legacy_pod(ns: str, image: str | None = None, node: str | None = None, comma
 
     `image`, `node` and `command` make it a pod that runs on a real node and prints what it sees.
     """
-    pod, container = _runs_on(node, image, command)
-    return f"""\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: gpu-training-legacy
-  namespace: {ns}
-spec:
-{pod}  terminationGracePeriodSeconds: 1
-  containers:
-  - name: trainer
-    image: {image or "nvcr.io/nvidia/pytorch:24.01-py3"}
-{container}    resources:
-      limits:
-        nvidia.com/gpu: 2
-"""
+    return pod_manifest(ns, "gpu-training-legacy", image or PYTORCH, container="trainer", node=node,
+                        command=command, gpus=2)  # fmt: skip
 
 
 def claim_pod(
@@ -56,75 +102,19 @@ def claim_pod(
 ) -> str:
     """A pod with its own claim (`<name>-gpu`) for `count` devices, on `node`, printing its GPUs
     (or running `command`)."""
-    pod, container = _runs_on(node, image, command)
-    return f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: {name}-gpu
-  namespace: {ns}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {device_class}
-        count: {count}
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-{pod}  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: {image}
-{container}    resources:
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimName: {name}-gpu
-"""
+    ref = ("resourceClaimName", f"{name}-gpu")
+    pod = pod_manifest(ns, name, image, node=node, command=command, claim=ref)
+    return _claim(ns, f"{name}-gpu", device_class, count) + "---\n" + pod
 
 
 def shell_pod(ns: str, name: str, image: str, node: str) -> str:
     """A pod without devices that sleeps, for `kubectl exec` probes."""
-    pod, container = _runs_on(node, image, "exec sleep 3600")
-    return f"""\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-{pod}  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: {image}
-{container}"""
+    return pod_manifest(ns, name, image, node=node, command="exec sleep 3600")
 
 
 def llm_template(ns: str, device_class: str) -> str:
     """A one-GPU ResourceClaimTemplate of `device_class`, named llm-<a100|h100>."""
-    short = device_class.rsplit("-", 1)[-1]
-    return f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: llm-{short}
-  namespace: {ns}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: {device_class}
-          count: 1
-"""
+    return _template(ns, f"llm-{device_class.rsplit('-', 1)[-1]}", device_class)
 
 
 def llm_deployment(ns: str, device_class: str, replicas: int = 2) -> str:
@@ -181,95 +171,26 @@ spec:
 
 def big_a100_claim(ns: str, count: int = 9) -> str:
     """A claim for more A100s than a team-* namespace's budget (8)."""
-    return f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: too-many-a100
-  namespace: {ns}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {A100}
-        count: {count}
-"""
+    return _claim(ns, "too-many-a100", A100, count)
 
 
 def training_claim(
     ns: str, image: str | None = None, node: str | None = None, command: str | None = None
 ) -> str:
     """The article's 4-GPU training claim, with the interconnect attribute the driver really publishes."""
-    pod, container = _runs_on(node, image, command)
-    default_command = "    command: [torchrun, --nproc_per_node=4, train.py]\n"
-    return f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: training-gpu-claim
-  namespace: {ns}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {A100}
-        count: 4
-    constraints:
-    - requests: [gpu]
-      matchAttribute: gpu.nvidia.com/nvlinkDomain
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: distributed-training
-  namespace: {ns}
-spec:
-{pod}  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: trainer
-    image: {image or "nvcr.io/nvidia/pytorch:24.01-py3"}
-{container or default_command}    resources:
-      claims:
-      - name: training-gpus
-  resourceClaims:
-  - name: training-gpus
-    resourceClaimName: training-gpu-claim
-"""
+    constraints = (
+        "    constraints:\n    - requests: [gpu]\n      matchAttribute: gpu.nvidia.com/nvlinkDomain\n"
+    )
+    claim = _claim(ns, "training-gpu-claim", A100, 4, constraints)
+    pod = pod_manifest(ns, "distributed-training", image or PYTORCH, container="trainer", node=node,
+                       command=command, argv=("torchrun", "--nproc_per_node=4", "train.py"),
+                       claim=("resourceClaimName", "training-gpu-claim"), claim_ref="training-gpus",
+                       restart_never=True)  # fmt: skip
+    return claim + "---\n" + pod
 
 
 def plain_gpu_pod(ns: str, name: str = "gpu-pod") -> str:
     """A pod asking one H100 through a claim template (for the webhook-down checks)."""
-    return f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: {name}-h100
-  namespace: {ns}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: {H100}
-          count: 1
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  containers:
-  - name: main
-    image: nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04
-    resources:
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: {name}-h100
-"""
+    pod = pod_manifest(ns, name, "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                       claim=("resourceClaimTemplateName", f"{name}-h100"))
+    return _template(ns, f"{name}-h100", H100) + "---\n" + pod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,8 +76,55 @@ CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
         TemplatePath("spec/explainer", ("spec/explainer/minReplicas",)),
     ),
 }
+CrdTable = Mapping[tuple[str, str], tuple[TemplatePath, ...]]
+
+# The resource (plural) and versions each CRD is served as: what the shipped webhook configurations
+# route (kustomize/base/admission, checked against this table by tests/kustomize).
+CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("kubeflow.org", "PyTorchJob"): ("pytorchjobs", ("v1",)),
+    ("jobset.x-k8s.io", "JobSet"): ("jobsets", ("v1alpha2",)),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): ("leaderworkersets", ("v1",)),
+    ("ray.io", "RayCluster"): ("rayclusters", ("v1",)),
+    ("ray.io", "RayJob"): ("rayjobs", ("v1",)),
+    ("ray.io", "RayService"): ("rayservices", ("v1",)),
+    ("trainer.kubeflow.org", "TrainJob"): ("trainjobs", ("v1alpha1",)),
+    ("serving.kserve.io", "InferenceService"): ("inferenceservices", ("v1beta1",)),
+}
 CRD_KINDS: frozenset[str] = frozenset(kind for _group, kind in CRD_POD_TEMPLATES)
 WORKLOAD_KINDS: frozenset[str] = frozenset(POD_SPEC_PATHS) | CRD_KINDS
+
+# The table in force: the built-in one, or the built-in one extended by WorkloadKindPolicy documents
+# (PolicySet.crd_table). Set around one evaluation with `using_crd_table`; a context variable is local
+# to its thread and asyncio task, so one request's policies never decide another's table.
+_CRD_TABLE: contextvars.ContextVar[CrdTable] = contextvars.ContextVar("crd_table", default=CRD_POD_TEMPLATES)
+
+
+def crd_table() -> CrdTable:
+    """The workload CRD table in force."""
+    return _CRD_TABLE.get()
+
+
+@contextlib.contextmanager
+def using_crd_table(table: CrdTable | None) -> Iterator[None]:
+    """Read workload CRDs through `table` (None: the built-in one) within the block."""
+    token = _CRD_TABLE.set(table if table is not None else CRD_POD_TEMPLATES)
+    try:
+        yield
+    finally:
+        _CRD_TABLE.reset(token)
+
+
+def is_workload_kind(kind: str) -> bool:
+    """A kind whose pod templates draguard reads (built-in, or a CRD of the table in force)."""
+    if kind in WORKLOAD_KINDS:
+        return True
+    table = _CRD_TABLE.get()
+    return table is not CRD_POD_TEMPLATES and any(k == kind for _g, k in table)
+
+
+def is_workload_crd(group: str, kind: str) -> bool:
+    """A workload CRD of the table in force."""
+    return (group, kind) in _CRD_TABLE.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +174,7 @@ def _replicas(obj: Mapping[str, Any], star: Any, paths: tuple[str, ...]) -> int:
 def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
     """The pod templates of a workload CRD in the table; None for other kinds."""
     group = (as_str(obj.get("apiVersion")) or "").rpartition("/")[0]
-    paths = CRD_POD_TEMPLATES.get((group, as_str(obj.get("kind")) or ""))
+    paths = _CRD_TABLE.get().get((group, as_str(obj.get("kind")) or ""))
     if paths is None:
         return None
     out: list[PodTemplate] = []
@@ -161,7 +210,7 @@ def _walk(obj: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any] | 
 
 def pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
     """(JSON pointer, PodSpec) of a workload object, or None for other kinds or a missing spec.
-    For a workload CRD with several pod templates (see CRD_POD_TEMPLATES): the first PodSpec."""
+    For a workload CRD with several pod templates (see crd_table()): the first PodSpec."""
     path = POD_SPEC_PATHS.get(as_str(obj.get("kind")) or "")
     if path is None:
         crd = crd_templates(obj)

@@ -10,7 +10,7 @@ from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import DRA_KINDS
-from webhook.dra.workloads import WORKLOAD_KINDS
+from webhook.dra.workloads import WORKLOAD_KINDS, is_workload_kind, using_crd_table
 from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule, modules
 from webhook.engine.rules.base import RuleContext
@@ -38,6 +38,17 @@ def evaluate(
     Never raises on bad objects: a rule that fails becomes an `internal/<module>` finding on the
     object it failed on. `rule_modules` restricts the run to some rule modules (tests, benches).
     """
+    with using_crd_table(policies.crd_table):
+        return _evaluate(objects, policies, inventory, ctx, rule_modules)
+
+
+def _evaluate(
+    objects: Sequence[SourceObject],
+    policies: PolicySet,
+    inventory: Inventory,
+    ctx: Context | None,
+    rule_modules: tuple[str, ...] | None,
+) -> Report:
     ctx = ctx if ctx is not None else Context()
     items = [o for o in objects if isinstance(o, SourceObject) and isinstance(o.obj, Mapping)]
     report = Report(objects=len(objects))
@@ -50,7 +61,7 @@ def evaluate(
             findings.append(_broken_module(mod))
     for item in items:
         kind = item.obj.get("kind")
-        known = isinstance(kind, str) and kind in KNOWN_KINDS
+        known = isinstance(kind, str) and (kind in KNOWN_KINDS or is_workload_kind(kind))
         if not known:
             report.ignored += 1
         deep = too_deep(item.obj, MAX_DEPTH)

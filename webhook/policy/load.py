@@ -20,6 +20,8 @@ import yaml
 from webhook.core.findings import Mode
 from webhook.core.source import SourceObject
 from webhook.dra import yamlload
+from webhook.dra.objects import DRA_KINDS
+from webhook.dra.workloads import POD_SPEC_PATHS, TemplatePath
 from webhook.policy.model import (
     API_VERSION,
     TEAM_LABEL,
@@ -38,6 +40,8 @@ from webhook.policy.model import (
     QuotaBudget,
     ResourceMapping,
     TierClass,
+    WorkloadKind,
+    WorkloadKindPolicy,
     WorkloadMatch,
 )
 
@@ -341,6 +345,8 @@ def _build(
             source=file,
             line=line,
         )
+    if kind == "WorkloadKindPolicy":
+        return WorkloadKindPolicy(name, _workload_kinds(spec, file, line, lines), file, line)
     # PolicyException (the schema admits nothing else)
     try:
         expires = dt.date.fromisoformat(spec["expires"])
@@ -367,6 +373,55 @@ def _build(
     )
 
 
+def _workload_kinds(
+    spec: Mapping[str, Any], file: str | None, line: int | None, lines: Mapping[str, int] | None
+) -> tuple[WorkloadKind, ...]:
+    out: list[WorkloadKind] = []
+    seen: set[tuple[str, str]] = set()
+
+    def error(path: list[Any], msg: str, fix: str) -> PolicyError:
+        full = ["spec", *path]
+        return PolicyError(file, _line_for(lines, line, full), _field_path(full), msg, fix)
+
+    for i, k in enumerate(spec["kinds"]):
+        group, kind = k["apiGroup"], k["kind"]
+        if kind in POD_SPEC_PATHS or kind in DRA_KINDS:
+            raise error(
+                ["kinds", i, "kind"],
+                f"WorkloadKindPolicy kind {kind!r} is a built-in kind name: draguard reads objects of that "
+                "kind as the built-in one, whatever their group",
+                "only CRDs can be added; built-in workload kinds are read already",
+            )
+        if group.endswith((".k8s.io", ".kubernetes.io")) and not group.endswith(".x-k8s.io"):
+            raise error(
+                ["kinds", i, "apiGroup"],
+                f"WorkloadKindPolicy apiGroup {group!r} is reserved for Kubernetes' own APIs",
+                "name the CRD's own group (as in its apiVersion, without the version)",
+            )
+        if (group, kind) in seen:
+            raise error(
+                ["kinds", i],
+                f"WorkloadKindPolicy lists {group}/{kind} twice",
+                "give each CRD one entry, with all its templates",
+            )
+        seen.add((group, kind))
+        templates: list[TemplatePath] = []
+        for j, t in enumerate(k["templates"]):
+            path: str = t["path"]
+            for n, rep in enumerate(t.get("replicas", ())):
+                if rep.startswith("./") and "*" not in path.split("/"):
+                    raise error(
+                        ["kinds", i, "templates", j, "replicas", n],
+                        f"WorkloadKindPolicy replicas path {rep!r} is relative (./) but the template path "
+                        f"{path!r} has no `*` element to be relative to",
+                        "write the path from the object root (no leading ./)",
+                    )
+            replicas = tuple(t.get("replicas", ()))
+            templates.append(TemplatePath(path, replicas, bool(t.get("container", False))))
+        out.append(WorkloadKind(group, kind, tuple(templates), k.get("resource")))
+    return tuple(out)
+
+
 def parse_policy_documents(
     docs: Iterable[tuple[Mapping[str, Any], str | None, int | None]],
     lines: Mapping[int, Mapping[str, int]] | None = None,
@@ -378,6 +433,7 @@ def parse_policy_documents(
     """
     policies: list[Policy] = []
     seen: dict[tuple[str, str], str] = {}
+    crds: dict[tuple[str, str], str] = {}
     for i, (doc, file, line) in enumerate(docs):
         doc_lines = lines.get(i) if lines else None
         validate_document(doc, file, doc_lines, line)
@@ -392,6 +448,19 @@ def parse_policy_documents(
                 "rename one of them",
             )
         seen[key] = f"{file or '<policies>'}:{line}" if line else (file or "<policies>")
+        if isinstance(pol, WorkloadKindPolicy):
+            for wk in pol.kinds:
+                other = crds.get((wk.group, wk.kind))
+                if other is not None:
+                    raise PolicyError(
+                        file,
+                        line,
+                        "spec.kinds",
+                        f"WorkloadKindPolicy {pol.name!r} lists {wk.group}/{wk.kind}, which "
+                        f"WorkloadKindPolicy {other} lists already",
+                        "keep one entry per CRD",
+                    )
+                crds[(wk.group, wk.kind)] = repr(pol.name)
         policies.append(pol)
     return PolicySet.of(policies)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from webhook.core.findings import Finding, Mode
+from webhook.dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
 
 API_VERSION = "policy.draguard.io/v1alpha1"
 KINDS: tuple[str, ...] = (
@@ -22,6 +23,7 @@ KINDS: tuple[str, ...] = (
     "GpuQuotaPolicy",
     "CelLintPolicy",
     "MigrationPolicy",
+    "WorkloadKindPolicy",
     "PolicyException",
 )
 
@@ -416,9 +418,44 @@ class PolicyException:
         return True
 
 
+# -- WorkloadKindPolicy ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKind:
+    """One workload CRD: where its pod templates live (see webhook/dra/workloads.py TemplatePath)."""
+
+    group: str
+    kind: str
+    templates: tuple[TemplatePath, ...]
+    resource: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKindPolicy:
+    """Workload CRDs added to the built-in table; an entry for a (group, kind) already there replaces it."""
+
+    name: str
+    kinds: tuple[WorkloadKind, ...]
+    source: str | None = None
+    line: int | None = None
+
+
+def crd_table_of(policies: Iterable[WorkloadKindPolicy]) -> CrdTable:
+    """The built-in workload CRD table extended by `policies` (the same object when there are none)."""
+    entries = [k for p in policies for k in p.kinds]
+    if not entries:
+        return CRD_POD_TEMPLATES
+    table = dict(CRD_POD_TEMPLATES)
+    table.update({(k.group, k.kind): k.templates for k in entries})
+    return table
+
+
 # -- the set -----------------------------------------------------------------------------------
 
-Policy = GpuTierPolicy | GpuQuotaPolicy | CelLintPolicy | MigrationPolicy | PolicyException
+Policy = (
+    GpuTierPolicy | GpuQuotaPolicy | CelLintPolicy | MigrationPolicy | WorkloadKindPolicy | PolicyException
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +465,13 @@ class PolicySet:
     cel_lint: tuple[CelLintPolicy, ...] = ()
     migration: tuple[MigrationPolicy, ...] = ()
     exceptions: tuple[PolicyException, ...] = ()
+    workload_kinds: tuple[WorkloadKindPolicy, ...] = ()
+    # Built once per set (the request path reads it on every request): the workload CRD table.
+    crd_table: CrdTable = field(default_factory=lambda: CRD_POD_TEMPLATES, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.workload_kinds and self.crd_table is CRD_POD_TEMPLATES:
+            object.__setattr__(self, "crd_table", crd_table_of(self.workload_kinds))
 
     @staticmethod
     def empty() -> PolicySet:
@@ -441,10 +485,13 @@ class PolicySet:
             cel_lint=tuple(p for p in policies if isinstance(p, CelLintPolicy)),
             migration=tuple(p for p in policies if isinstance(p, MigrationPolicy)),
             exceptions=tuple(p for p in policies if isinstance(p, PolicyException)),
+            workload_kinds=tuple(p for p in policies if isinstance(p, WorkloadKindPolicy)),
         )
 
     def all(self) -> tuple[Policy, ...]:
-        return (*self.tier, *self.quota, *self.cel_lint, *self.migration, *self.exceptions)
+        return (
+            *self.tier, *self.quota, *self.cel_lint, *self.migration, *self.workload_kinds, *self.exceptions
+        )
 
     def __len__(self) -> int:
         return len(self.all())

@@ -563,6 +563,24 @@ def migrate_paths(
     strategy: str | None,
     write: bool,
 ) -> MigrateOutcome:
+    from webhook.dra.workloads import using_crd_table
+
+    # Workload CRDs a WorkloadKindPolicy adds are rewritten as review and admission read them.
+    table = load_policy_set(policies, required=False).crd_table if policies else None
+    with using_crd_table(table):
+        return _migrate_paths(
+            paths, policies=policies, policies_required=policies_required, strategy=strategy, write=write
+        )
+
+
+def _migrate_paths(
+    paths: Sequence[str],
+    *,
+    policies: str | None,
+    policies_required: bool,
+    strategy: str | None,
+    write: bool,
+) -> MigrateOutcome:
     files = list(_yaml_files(paths))
     texts: dict[Path, str] = {}
     mig: set[str] = set()

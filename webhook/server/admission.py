@@ -24,6 +24,7 @@ from webhook.cel.env import REQUEST_COMPILE_BYTES, compile_budget
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
+from webhook.dra.workloads import using_crd_table
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
 
 API_VERSION = "admission.k8s.io/v1"
@@ -146,10 +147,11 @@ def is_checked(group: str, version: str, kind: str) -> bool:
 
 
 def is_workload_crd(group: str, kind: str) -> bool:
-    """A workload CRD whose pod templates draguard knows (webhook/dra/workloads.py CRD_POD_TEMPLATES)."""
-    from webhook.dra.workloads import CRD_POD_TEMPLATES
+    """A workload CRD whose pod templates draguard knows (the table in force: built-in plus
+    WorkloadKindPolicy documents, see webhook/dra/workloads.py)."""
+    from webhook.dra.workloads import is_workload_crd as known
 
-    return (group, kind) in CRD_POD_TEMPLATES
+    return known(group, kind)
 
 
 def _one_line(text: str) -> str:
@@ -296,6 +298,17 @@ def review(
     """Evaluate one AdmissionReview request for `endpoint` ("validate" or "mutate"); at most
     `cel_bytes` of never-seen CEL text are compiled (None: the per-request budget);
     `lookups` is what webhook.server.lookups read from the API server for it."""
+    with using_crd_table(getattr(snap.policies, "crd_table", None)):
+        return _review(endpoint, req, snap, cel_bytes, lookups)
+
+
+def _review(
+    endpoint: Endpoint,
+    req: Mapping[str, Any],
+    snap: Snapshot,
+    cel_bytes: int | None,
+    lookups: Any,
+) -> Outcome:
     uid = str(req["uid"])
     group, version, kind = _kind_of(req)
     operation = str(req.get("operation") or "")

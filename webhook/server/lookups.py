@@ -47,6 +47,13 @@ class Lookups:
 
 def wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]]:
     """What the tier rule needs for this validating request that the snapshot lacks."""
+    from webhook.dra.workloads import using_crd_table
+
+    with using_crd_table(getattr(snap.policies, "crd_table", None)):
+        return _wanted(req, snap)
+
+
+def _wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]]:
     from webhook.engine.rules.tier import lookups_needed
     from webhook.server.admission import is_checked
 

@@ -1,22 +1,17 @@
-"""Helpers for the adversarial suite: a 10,000-device `draguard serve`, RSS, certificates, raw TLS."""
+"""Helpers for the adversarial suite: a 10,000-device inventory, RSS, hostile reviews and client
+certificates (the server and its TLS clients are tests/reliability/conftest.py's WebhookProcess)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import socket
-import ssl
 from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.reliability.conftest import ROOT, SEED, WebhookProcess, review_body
+from tests import pki
+from tests.reliability.conftest import ROOT, SEED, review_body
 
 RSS_BOUND_MIB = 256
 DEVICES = 10_000
@@ -79,17 +74,6 @@ def rss_mib(pid: int) -> float:
     return float(psutil.Process(pid).memory_info().rss) / (1024 * 1024)
 
 
-def post(wh: WebhookProcess, path: str, body: bytes, timeout: float = 20.0) -> tuple[int, dict[str, Any]]:
-    conn = wh.connection(timeout=timeout)
-    try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, (json.loads(data) if data.startswith(b"{") else {})
-    finally:
-        conn.close()
-
-
 def claim_review(name: str, selectors: list[str], uid: str, namespace: str = "team-a") -> bytes:
     obj = {
         "apiVersion": "resource.k8s.io/v1",
@@ -131,71 +115,22 @@ def unique_selector(tag: str, size: int = 7000) -> str:
 # --- certificates ----------------------------------------------------------------------------------
 
 
-def _pem(obj: Any) -> bytes:
-    if hasattr(obj, "private_bytes"):
-        return bytes(
-            obj.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-    return bytes(obj.public_bytes(serialization.Encoding.PEM))
+def make_ca(name: str) -> pki.Issued:
+    return pki.issue(name, ca=True)
 
 
-def make_ca(name: str) -> tuple[Any, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def client_cert(ca: tuple[Any, x509.Certificate], cn: str, out: Path) -> tuple[Path, Path]:
+def client_cert(ca: pki.Issued, cn: str, out: Path) -> tuple[Path, Path]:
     """A client certificate for `cn` signed by `ca`, written as out.crt / out.key."""
-    ca_key, ca_cert = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    key, cert = pki.issue(cn, ca)
     crt, k = out.with_suffix(".crt"), out.with_suffix(".key")
-    crt.write_bytes(_pem(cert))
-    k.write_bytes(_pem(key))
+    crt.write_bytes(pki.pem(cert))
+    k.write_bytes(pki.pem(key))
     return crt, k
 
 
-def write_ca(ca: tuple[Any, x509.Certificate], path: Path) -> Path:
-    path.write_bytes(_pem(ca[1]))
+def write_ca(ca: pki.Issued, path: Path) -> Path:
+    path.write_bytes(pki.pem(ca[1]))
     return path
-
-
-def tls_client(wh: WebhookProcess, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
-    ctx = wh.ssl_context()
-    if cert is not None:
-        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
-    return ctx
-
-
-def raw_tls(wh: WebhookProcess, timeout: float = 5.0) -> ssl.SSLSocket:
-    sock = socket.create_connection(("127.0.0.1", wh.port), timeout=timeout)
-    return wh.ssl_context().wrap_socket(sock, server_hostname="127.0.0.1")
 
 
 __all__ = ["ROOT", "RSS_BOUND_MIB"]

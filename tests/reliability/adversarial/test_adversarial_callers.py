@@ -13,21 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.adversarial.hostile import client_cert, make_ca, tls_client, write_ca
+from tests.reliability.adversarial.hostile import client_cert, make_ca, write_ca
 from tests.reliability.conftest import WebhookProcess, free_port, sample_reviews
 
 
 def _post(wh: WebhookProcess, ctx: ssl.SSLContext) -> int:
-    conn = http.client.HTTPSConnection("127.0.0.1", wh.port, context=ctx, timeout=10)
-    try:
-        conn.request(
-            "POST", "/validate", body=sample_reviews(1)[0], headers={"Content-Type": "application/json"}
-        )
-        r = conn.getresponse()
-        r.read()
-        return r.status
-    finally:
-        conn.close()
+    return wh.post("/validate", sample_reviews(1)[0], timeout=10, ctx=ctx)[0]
 
 
 def _refused(wh: WebhookProcess, ctx: ssl.SSLContext) -> bool:
@@ -85,12 +76,12 @@ def mtls(tmp_path: Path, certs: Path, inventory_file: Path) -> Iterator[tuple[Pr
 def test_only_the_api_servers_certificate_is_accepted(mtls: tuple[ProbeReady, dict[str, object]]) -> None:
     wh, p = mtls
     # No client certificate: the handshake fails; nothing reaches admission.
-    assert _refused(wh, tls_client(wh))
-    assert _post(wh, tls_client(wh, p["apiserver_a"])) == 200  # type: ignore[arg-type]
+    assert _refused(wh, wh.ssl_context())
+    assert _post(wh, wh.ssl_context(p["apiserver_a"])) == 200  # type: ignore[arg-type]
     # Signed by the right CA but not the API server's name: 403 before any review.
-    assert _post(wh, tls_client(wh, p["other_a"])) == 403  # type: ignore[arg-type]
+    assert _post(wh, wh.ssl_context(p["other_a"])) == 403  # type: ignore[arg-type]
     # A certificate of another CA is refused.
-    assert _refused(wh, tls_client(wh, p["apiserver_b"]))  # type: ignore[arg-type]
+    assert _refused(wh, wh.ssl_context(p["apiserver_b"]))  # type: ignore[arg-type]
     # Kubelet and Prometheus need no certificate, on their own port.
     assert _probe(wh.probe_port, "/readyz") == 200
     assert _probe(wh.probe_port, "/healthz") == 200
@@ -100,7 +91,7 @@ def test_only_the_api_servers_certificate_is_accepted(mtls: tuple[ProbeReady, di
 
 def test_a_replaced_client_ca_is_no_longer_trusted(mtls: tuple[ProbeReady, dict[str, object]]) -> None:
     wh, p = mtls
-    assert _post(wh, tls_client(wh, p["apiserver_a"])) == 200  # type: ignore[arg-type]
+    assert _post(wh, wh.ssl_context(p["apiserver_a"])) == 200  # type: ignore[arg-type]
     ca_file = p["ca_file"]
     assert isinstance(ca_file, Path)
     tmp = ca_file.with_suffix(".new")
@@ -110,8 +101,8 @@ def test_a_replaced_client_ca_is_no_longer_trusted(mtls: tuple[ProbeReady, dict[
     while time.monotonic() < deadline and "TLS certificate reloaded" not in wh.log():
         time.sleep(0.1)
     assert "TLS certificate reloaded" in wh.log()
-    assert _post(wh, tls_client(wh, p["apiserver_b"])) == 200  # type: ignore[arg-type]
-    assert _refused(wh, tls_client(wh, p["apiserver_a"]))  # type: ignore[arg-type]
+    assert _post(wh, wh.ssl_context(p["apiserver_b"])) == 200  # type: ignore[arg-type]
+    assert _refused(wh, wh.ssl_context(p["apiserver_a"]))  # type: ignore[arg-type]
 
 
 def test_client_ca_needs_a_probe_port(tmp_path: Path, certs: Path, inventory_file: Path) -> None:

@@ -22,8 +22,6 @@ import pytest
 from tests.reliability.adversarial.hostile import (
     RSS_BOUND_MIB,
     claim_review,
-    post,
-    raw_tls,
     rss_mib,
     unique_selector,
     write_big_inventory,
@@ -45,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[We
     )  # fmt: skip
     try:
         for body in sample_reviews(40):  # the normal traffic's working set
-            assert post(wh, "/validate", body)[0] == 200
+            assert wh.post("/validate", body)[0] == 200
         FIGURES["baseline_mib"] = rss_mib(wh.pid)
         yield wh
     finally:
@@ -68,7 +66,7 @@ def test_unique_large_selectors_stay_within_the_bound(server: WebhookProcess) ->
     def hostile(i: int) -> int:
         # One selector within the request's compile budget, three more beyond it.
         sels = [unique_selector(f"{i}-{k}-{uuid.uuid4().hex[:6]}") for k in range(4)]
-        status, doc = post(server, "/validate", claim_review(f"c{i}", sels, str(uuid.uuid4())))
+        status, doc = server.post("/validate", claim_review(f"c{i}", sels, str(uuid.uuid4())))
         assert status == 200, doc
         warnings = doc["response"].get("warnings") or []
         return sum("[cel/unsupported]" in w and "per-request" in w for w in warnings)
@@ -79,7 +77,7 @@ def test_unique_large_selectors_stay_within_the_bound(server: WebhookProcess) ->
             warned += f.result()
             if n % 8 == 0:
                 t0 = time.perf_counter()
-                assert post(server, "/validate", normal)[0] == 200
+                assert server.post("/validate", normal)[0] == 200
                 latencies.append(time.perf_counter() - t0)
                 _within_bound(server, "selectors_mib")
     _within_bound(server, "selectors_mib")
@@ -106,7 +104,7 @@ def test_large_bodies_stay_within_the_bound(server: WebhookProcess) -> None:
                 ]
             },
         }
-        status, _ = post(server, "/validate", json.dumps(review_body(pod, uid=str(uuid.uuid4()))).encode())
+        status, _ = server.post("/validate", json.dumps(review_body(pod, uid=str(uuid.uuid4()))).encode())
         return status
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -117,7 +115,7 @@ def test_large_bodies_stay_within_the_bound(server: WebhookProcess) -> None:
                 _within_bound(server, "large_bodies_mib")
     _within_bound(server, "large_bodies_mib")
     # Over 3 MiB: refused before it is read.
-    status, doc = post(server, "/validate", b"{" + b" " * (3 * 1024 * 1024 + 10) + b"}")
+    status, doc = server.post("/validate", b"{" + b" " * (3 * 1024 * 1024 + 10) + b"}")
     assert status == 413 and doc["reason"] == "too-large"
 
 
@@ -125,15 +123,15 @@ def test_slow_and_idle_connections_are_bounded_and_closed(server: WebhookProcess
     slow: list[socket.socket] = []
     try:
         for _ in range(300):
-            s = raw_tls(server)
+            s = server.raw_tls()
             s.sendall(b"POST /validate HTTP/1.1\r\nHost: draguard\r\n")  # headers never finished
             slow.append(s)
         _within_bound(server, "slow_connections_mib")
         # The API server still gets through: the longest-open idle connections make room.
         body = sample_reviews(1)[0]
-        assert post(server, "/validate", body)[0] == 200
+        assert server.post("/validate", body)[0] == 200
         # A body that never arrives is answered 408 after --body-timeout.
-        s = raw_tls(server, timeout=10)
+        s = server.raw_tls(timeout=10)
         s.sendall(
             b"POST /validate HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n"
             b"Content-Length: 5000\r\n\r\n{"
@@ -166,7 +164,7 @@ def test_slow_and_idle_connections_are_bounded_and_closed(server: WebhookProcess
     # Clients that reset their connections cost one debug line each, never a traceback.
     before = server.log().count("Traceback")
     for _ in range(50):
-        s = raw_tls(server)
+        s = server.raw_tls()
         s.sendall(b"POST /validate HTTP/1.1\r\n")
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
@@ -175,7 +173,7 @@ def test_slow_and_idle_connections_are_bounded_and_closed(server: WebhookProcess
         raw.sendall(b"\x16\x03\x01\x00\x05hello")  # a broken TLS handshake
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         raw.close()
-    assert post(server, "/validate", sample_reviews(1)[0])[0] == 200
+    assert server.post("/validate", sample_reviews(1)[0])[0] == 200
     assert server.log().count("Traceback") == before, server.log()[-3000:]
     _within_bound(server, "slow_connections_mib")
 
@@ -201,7 +199,7 @@ def test_metric_labels_come_from_a_closed_set(server: WebhookProcess) -> None:
             operation=f"OP{i}",
             uid=str(uuid.uuid4()),
         )
-        assert post(server, "/validate", json.dumps(body).encode())[0] == 200
+        assert server.post("/validate", json.dumps(body).encode())[0] == 200
     status, after = _probe(server, "/metrics")
     assert status == 200
     assert b"Forged" not in after and b"OP1" not in after

@@ -1,11 +1,12 @@
-"""A throwaway etcd + kube-apiserver for the driver's end-to-end tests (real binaries, real TLS).
+"""A throwaway etcd + kube-apiserver on loopback (real binaries, real TLS, RBAC), no controllers or nodes.
 
-Binaries come from $DRAGUARD_K8S_BIN or ~/.cache/draguard/k8s/<version>/bin (built by the dev tooling).
+The one harness for the tests that need a bare API server: the driver's (tests/driver) and the bundle's
+(tests/kustomize/kapi.py). Binaries come from $DRAGUARD_K8S_BIN or the build cache
+($DRAGUARD_K8S_CACHE, default ~/.cache/draguard/k8s/<version>/bin; scripts/build-k8s.sh).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import socket
@@ -18,19 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from tests import pki
 
 
 def find_bin() -> Path | None:
+    """The directory with executable etcd and kube-apiserver, newest version first; None without one."""
     env = os.environ.get("DRAGUARD_K8S_BIN")
-    candidates = (
-        [Path(env)] if env else sorted((Path.home() / ".cache/draguard/k8s").glob("*/bin"), reverse=True)
-    )
+    root = Path(os.environ.get("DRAGUARD_K8S_CACHE", Path.home() / ".cache" / "draguard" / "k8s"))
+    candidates = [Path(env)] if env else sorted(root.glob("*/bin"), reverse=True)
     for c in candidates:
-        if (c / "kube-apiserver").is_file() and (c / "etcd").is_file():
+        if all(os.access(c / b, os.X_OK) for b in ("etcd", "kube-apiserver")):
             return c
     return None
 
@@ -39,45 +37,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _cert(
-    subject: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    server: bool = False,
-) -> bytes:
-    now = dt.datetime.now(dt.UTC)
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
-        b = b.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-    if server:
-        from ipaddress import ip_address
-
-        b = b.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    return b.sign(issuer_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 @dataclass
@@ -118,35 +77,34 @@ class ApiServer:
                     p.kill()
 
 
-def start(bin_dir: Path, base: Path, runtime_config: str = "resource.k8s.io/v1beta2=true") -> ApiServer:
+def start(
+    bin_dir: Path,
+    base: Path,
+    runtime_config: str | None = "resource.k8s.io/v1beta2=true",
+    *,
+    service_account_admission: bool = False,
+) -> ApiServer:
+    """etcd + kube-apiserver under `base`, ready; RuntimeError (with the log's tail) when it is not.
+
+    The admin kubeconfig authenticates with a client certificate in system:masters. Privileged pods
+    are allowed, as on real clusters (the DRA driver's DaemonSet needs it). Without a controller-manager
+    nothing creates ServiceAccounts: `service_account_admission` keeps the plugin that requires them
+    (the caller creates the ones its pods use)."""
     base.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "draguard-test-ca")])
+    ca = pki.issue("draguard-test-ca", ca=True)
+    server_cert = pki.issue("kube-apiserver", ca, server=True)
+    admin = pki.issue("admin", ca, organization="system:masters")
+    sa = pki.issue("service-accounts")[0]
     files: dict[str, bytes] = {
-        "ca.crt": _cert(ca_name, ca_key, ca_name, ca_key, ca=True),
-        "ca.key": _pem_key(ca_key),
+        "ca.crt": pki.pem(ca[1]),
+        "ca.key": pki.pem(ca[0]),
+        "server.crt": pki.pem(server_cert[1]),
+        "server.key": pki.pem(server_cert[0]),
+        "admin.crt": pki.pem(admin[1]),
+        "admin.key": pki.pem(admin[0]),
+        "sa.key": pki.pem(sa),
+        "sa.pub": pki.pem(sa.public_key()),
     }
-    for name, subject, server in (
-        ("server", x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]), True),
-        (
-            "admin",
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                ]
-            ),
-            False,
-        ),
-    ):
-        k = ec.generate_private_key(ec.SECP256R1())
-        files[f"{name}.crt"] = _cert(subject, k, ca_name, ca_key, server=server)
-        files[f"{name}.key"] = _pem_key(k)
-    sa = ec.generate_private_key(ec.SECP256R1())
-    files["sa.key"] = _pem_key(sa)
-    files["sa.pub"] = sa.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
     for n, data in files.items():
         (base / n).write_bytes(data)
     etcd_client, etcd_peer, port = _free_port(), _free_port(), _free_port()
@@ -204,12 +162,11 @@ def start(bin_dir: Path, base: Path, runtime_config: str = "resource.k8s.io/v1be
             "10.0.0.0/24",
             "--authorization-mode",
             "RBAC",
-            "--runtime-config",
-            runtime_config,
+            "--allow-privileged=true",
+            *(["--runtime-config", runtime_config] if runtime_config else []),
             "--v",
             "1",
-            "--disable-admission-plugins",
-            "ServiceAccount",
+            *([] if service_account_admission else ["--disable-admission-plugins", "ServiceAccount"]),
             "--endpoint-reconciler-type",
             "none",
         ],
