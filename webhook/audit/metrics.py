@@ -54,7 +54,7 @@ class AuditMetrics:
         )
 
     def set_violations(self, counts: Mapping[tuple[str, str], int]) -> None:
-        # Rules that no longer fire go to zero rather than vanish, so alerts resolve.
+        # Series of rules that no longer fire are removed, so their alerts resolve.
         self.violations.clear()
         for (rule, result), n in sorted(counts.items()):
             self.violations.labels(rule, result).set(n)
