@@ -24,9 +24,8 @@ AUDIT = REPO / "kustomize" / "base" / "audit"
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
     with api_server() as a:
+        # (the harness has made the namespaces draguard-system and ml)
         for args in (
-            ("create", "namespace", "draguard-system"),
-            ("create", "namespace", "ml"),
             ("apply", "-f", str(AUDIT / "crds.yaml")),
             ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
             ("wait", "--for=condition=Established", "--timeout=60s", "crd/policyreports.wgpolicyk8s.io"),
@@ -153,3 +152,12 @@ def test_audit_once_names_a_broken_policy_file(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "bad.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_namespace_deleted_since_the_scan_does_not_fail_the_write(api: tuple[Api, Path]) -> None:
+    _, kubeconfig = api
+    c = Collector()
+    c.add(passed(Subject("v1", "Pod", "gone-already", "p")))
+    c.add(passed(Subject("v1", "Pod", "ml", "p")))
+    res = ReportWriter(KubeHttp.from_kubeconfig(str(kubeconfig))).sync(build_reports(c, 1))
+    assert res.failed == [] and res.skipped == 1 and res.written == 1

@@ -24,6 +24,7 @@ SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 class WriteResult:
     written: int = 0
     deleted: int = 0
+    skipped: int = 0  # reports for namespaces deleted or being deleted
     failed: list[str] = field(default_factory=list)
 
 
@@ -36,6 +37,11 @@ def report_path(kind: str, namespace: str | None, name: str) -> str:
 def _key(obj: Mapping[str, Any]) -> tuple[str, str | None, str]:
     meta = obj.get("metadata") or {}
     return str(obj.get("kind")), meta.get("namespace"), str(meta.get("name"))
+
+
+def _namespace_gone(e: ApiError) -> bool:
+    """The report's namespace no longer takes objects: deleted (404) or terminating (403)."""
+    return e.status == 404 or (e.status == 403 and "being terminated" in str(e))
 
 
 class ReportWriter:
@@ -104,7 +110,15 @@ class ReportWriter:
             try:
                 self.apply(rep)
                 res.written += 1
-            except (ApiError, OSError) as e:
+            except ApiError as e:
+                if key[1] and _namespace_gone(e):
+                    res.skipped += 1  # deleted since the scan listed it: nothing to report there
+                    continue
+                res.failed.append(f"{key[0]} {key[1] or ''}/{key[2]}: {e}")
+                log.warning(
+                    "report not written", extra={"report": f"{key[1] or ''}/{key[2]}", "reason": str(e)[:300]}
+                )
+            except OSError as e:
                 res.failed.append(f"{key[0]} {key[1] or ''}/{key[2]}: {e}")
                 log.warning(
                     "report not written", extra={"report": f"{key[1] or ''}/{key[2]}", "reason": str(e)[:300]}
