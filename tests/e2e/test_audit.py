@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.helpers import Kubectl, wait_for
 from webhook.dev import scenarios
@@ -134,9 +135,20 @@ def _write_policy(policies: Path, text: str) -> None:
     os.replace(aside, policies / "llm-h200.yaml")
 
 
-def _metrics(port: int) -> str:
+def _metrics(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """The audit's /metrics: sample name -> sorted labels -> value."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return str(resp.read().decode())
+        text = resp.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _violations(port: int) -> dict[tuple[str, str], float]:
+    got = _metrics(port).get("draguard_audit_violations", {})
+    return {(dict(k)["rule"], dict(k)["result"]): v for k, v in got.items()}
 
 
 def test_audit_reports_follow_policies_and_deletions(
@@ -181,17 +193,20 @@ def test_audit_reports_follow_policies_and_deletions(
     assert entry["policy"] == "llm-h200-only" and entry["severity"] == "high"
     assert "gpu.nvidia.com-h100" in entry["message"] and entry["properties"]["mode"] == "enforce"
     assert rep["summary"]["fail"] == 1
-    failing = f'draguard_audit_violations{{rule="{rule}",result="fail"}} 1.0'
-    wait_for(lambda: failing in _metrics(port), "the violation in the audit's metrics", timeout=30)
+    wait_for(lambda: _violations(port).get((rule, "fail")) == 1.0, "the violation in the metrics", timeout=30)
 
     # The policy is relaxed to warn: the entry follows.
     _write_policy(policies, H200_ONLY.format(mode="warn", ns=ns))
     _wait_entries(kubectl, ns, name, [("warn", rule)], "the entry to become a warning")
-    assert 'draguard_audit_policy_reloads_total{outcome="ok"} 3.0' in _metrics(port)
+    assert _metrics(port)["draguard_audit_policy_reloads_total"][(("outcome", "ok"),)] == 3.0
 
     # Deleting the workload clears its entry; the template's stays.
     kubectl.ok("delete", "deployment", name, "-n", ns, "--wait=true")
     rep = _wait_entries(kubectl, ns, name, [], "the deleted Deployment's entry to go")
     assert _entries(rep, "llm-h100") == [("pass", "all")]
     assert rep["summary"] == {"pass": 1, "fail": 0, "warn": 0, "error": 0, "skip": 0}
-    wait_for(lambda: f'rule="{rule}"' not in _metrics(port), "the violation to leave the metrics", timeout=30)
+    wait_for(
+        lambda: not any(r == rule for r, _ in _violations(port)),
+        "the violation to leave the metrics",
+        timeout=30,
+    )
