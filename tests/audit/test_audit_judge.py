@@ -169,3 +169,10 @@ def test_trim_keeps_what_rules_read_and_drops_the_rest() -> None:
         "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"}},
     }
     assert trim(obj, keep_status=True)["status"] == {"phase": "Running"}
+
+
+def test_trim_drops_the_last_applied_copy_of_the_object() -> None:
+    notes = {"kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 100_000 + "}", "team": "a"}
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": notes}, "spec": {}}
+    assert trim(obj)["metadata"]["annotations"] == {"team": "a"}
+    assert "kubectl.kubernetes.io/last-applied-configuration" in notes  # the input is left as it was

@@ -18,6 +18,8 @@ DRA_RESOURCES = (
     ("resourceclaims", "ResourceClaim"),
     ("resourceclaimtemplates", "ResourceClaimTemplate"),
 )
+# A copy of the whole object as last applied: often the largest annotation, and no rule reads it.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _KEEP_META = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "generateName")
 
 
@@ -31,7 +33,11 @@ def trim(obj: dict[str, Any], keep_status: bool = False) -> dict[str, Any]:
     meta = obj.get("metadata")
     out: dict[str, Any] = {k: obj[k] for k in ("apiVersion", "kind", "spec") if k in obj}
     if isinstance(meta, dict):
-        out["metadata"] = {k: meta[k] for k in _KEEP_META if k in meta}
+        kept = {k: meta[k] for k in _KEEP_META if k in meta}
+        notes = kept.get("annotations")
+        if isinstance(notes, dict) and LAST_APPLIED in notes:
+            kept["annotations"] = {k: v for k, v in notes.items() if k != LAST_APPLIED}
+        out["metadata"] = kept
     if keep_status and "status" in obj:
         out["status"] = obj["status"]
     return out
