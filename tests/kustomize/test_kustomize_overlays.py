@@ -144,6 +144,7 @@ def test_local_overlay_is_the_whole_bundle_on_the_real_node() -> None:
             assert "url" not in h["clientConfig"]
     for kind, name in (
         ("Deployment", "draguard-webhook"),
+        ("Deployment", "draguard-audit"),
         ("Job", "draguard-certs"),
         ("CronJob", "draguard-certs-renew"),
         ("DaemonSet", "draguard-driver"),
