@@ -10,11 +10,10 @@ from typing import Any
 
 from webhook.audit.metrics import AuditMetrics
 from webhook.audit.scan import Limits, ScanOutcome, scan_cluster
-from webhook.audit.source import ScanError
-from webhook.audit.writer import ReportWriter
+from webhook.audit.writer import ReportWriter, WriteResult
 from webhook.policy.load import PolicyError
 from webhook.server.app import PolicyWatcher
-from webhook.server.caches import ApiError, KubeHttp
+from webhook.server.caches import KubeHttp
 
 log = logging.getLogger("draguard.audit")
 
@@ -60,10 +59,18 @@ class AuditController:
         try:
             out = scan_cluster(self.http, self.policies, self.opts.limits)
             written = self.writer.sync(out.reports)
-        except (ScanError, ApiError, OSError) as e:
-            self.metrics.scans.labels("error").inc()
-            log.error("scan failed; reports left as they were", extra={"reason": str(e)[:500]})
+        except Exception as e:  # ScanError, ApiError, and the client's connection errors (not OSErrors)
+            self._failed(e)
             return None
+        return self._done(out, written, start)
+
+    def _failed(self, e: Exception) -> None:
+        self.metrics.scans.labels("error").inc()
+        log.error(
+            "scan failed; reports left as they were", extra={"reason": f"{type(e).__name__}: {e}"[:500]}
+        )
+
+    def _done(self, out: ScanOutcome, written: WriteResult, start: float) -> ScanOutcome | None:
         self.metrics.duration.observe(time.monotonic() - start)
         self.metrics.reports_written.inc(written.written)
         self.metrics.reports_deleted.inc(written.deleted)
