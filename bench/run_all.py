@@ -42,6 +42,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "driver": ["--iterations", "50"],
     "review": ["--repeat", "1"],
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
+    "audit": ["--objects", "5000", "--repeat", "1"],
 }
 
 

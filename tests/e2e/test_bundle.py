@@ -1,6 +1,7 @@
 """The bundle as a user applies it (kustomize/overlays/local) on the real node: the certificate Job
 injects the caBundle, three webhook replicas serve behind the Service, and the driver DaemonSet's pod
-registers with the kubelet, publishes ResourceSlices through in-cluster config and prepares a claim.
+registers with the kubelet, publishes ResourceSlices through in-cluster config and prepares a claim;
+the background audit writes its reports.
 
 Then the article's failure case 3 (the driver DaemonSet rolled to a new image tag while a GPU pod
 runs) and one webhook replica killed under a stream of creates. Afterwards the session's host webhook
@@ -75,6 +76,22 @@ def test_bundle_runs_on_the_real_node(
     assert env.strip().startswith("GPU-")
     logs = kubectl.ok("logs", "-n", "draguard-system", driver["metadata"]["name"])
     assert "SIMULATED NVML" in logs.upper(), logs[-2000:]
+
+    # The background audit runs in-cluster under its own ServiceAccount: ready once its first scan's
+    # reports are written, the DeviceClasses judged in the ClusterPolicyReport.
+    def audit_ready() -> dict[str, Any] | None:
+        for p in kubectl.items("pods", "draguard-system", "-l", "app.kubernetes.io/name=draguard-audit"):
+            conds = p["status"].get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                return p
+        return None
+
+    audit = wait_for(audit_ready, "the audit pod ready after its first scan", 180)
+    assert audit["spec"]["nodeName"] == real_node
+    audit_logs = kubectl.ok("logs", "-n", "draguard-system", audit["metadata"]["name"])
+    assert '"scan complete"' in audit_logs, audit_logs[-2000:]
+    report = kubectl.get("clusterpolicyreports.wgpolicyk8s.io", "draguard-audit")
+    assert {r["resources"][0]["kind"] for r in report["results"]} == {"DeviceClass"}
     print(json.dumps(bundle))
 
 

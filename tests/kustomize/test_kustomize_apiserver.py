@@ -244,5 +244,15 @@ def test_service_accounts_hold_what_they_need_and_nothing_broader(api: Api) -> N
     assert not _can(api, "draguard-driver", "list", f"resourceclaims.{dra}", "-A")
     assert not _can(api, "draguard-driver", "get", "secrets", "-n", "draguard-system")
     assert not _can(api, "draguard-driver", "update", "nodes")
+    # The audit lists what it judges and writes its reports; it changes nothing it judges.
+    for res in ("pods", "deployments.apps", "jobs.batch", f"resourceclaims.{dra}", "namespaces"):
+        assert _can(api, "draguard-audit", "list", res, "-A"), res
+    assert _can(api, "draguard-audit", "patch", "policyreports.wgpolicyk8s.io", "-n", "ml")
+    assert _can(api, "draguard-audit", "delete", "clusterpolicyreports.wgpolicyk8s.io")
+    assert not _can(api, "draguard-audit", "list", "secrets", "-A")
+    assert not _can(api, "draguard-audit", "get", "secret/draguard-webhook-tls", "-n", "draguard-system")
+    assert not _can(api, "draguard-audit", "update", "deployments.apps", "-n", "ml")
+    assert not _can(api, "draguard-audit", "delete", "pods", "-n", "ml")
+    assert not _can(api, "draguard-audit", "patch", "configmap/draguard-policies", "-n", "draguard-system")
     assert not _can(api, "draguard-certs", "create", "secrets", "-n", "ml")
     assert not _can(api, "draguard-certs", "get", "secret/other", "-n", "draguard-system")

@@ -76,6 +76,7 @@ def test_namespaced_objects_live_in_draguard_system(overlay: str) -> None:
             "ValidatingWebhookConfiguration",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "CustomResourceDefinition",
         }:
             assert "namespace" not in o["metadata"], o["metadata"]
         elif o["metadata"]["name"] == "draguard-webhook-quota-ledger":

@@ -95,3 +95,20 @@ def test_scrape_targets_match_the_workloads() -> None:
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in dep["relabelings"]
     ctr = ds["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in ctr["ports"]
+
+
+def test_audit_metrics_are_scraped_from_its_metrics_port() -> None:
+    objs = build("eks", ("monitoring",))
+    monitor = one(objs, "ServiceMonitor", "draguard-audit")
+    svc = one(objs, "Service", "draguard-audit-metrics")
+    dep = one(objs, "Deployment", "draguard-audit")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (ep,) = monitor["spec"]["endpoints"]
+    (port,) = svc["spec"]["ports"]
+    assert ep["port"] == port["name"] and ep["scheme"] == "http"
+    ctr = dep["spec"]["template"]["spec"]["containers"][0]
+    declared = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert port["targetPort"] == "metrics" and declared["metrics"] == port["port"]
+    args = ctr["args"]
+    assert args[args.index("--metrics-port") + 1] == str(port["port"])

@@ -144,6 +144,7 @@ def test_local_overlay_is_the_whole_bundle_on_the_real_node() -> None:
             assert "url" not in h["clientConfig"]
     for kind, name in (
         ("Deployment", "draguard-webhook"),
+        ("Deployment", "draguard-audit"),
         ("Job", "draguard-certs"),
         ("CronJob", "draguard-certs-renew"),
         ("DaemonSet", "draguard-driver"),
@@ -179,12 +180,14 @@ def test_gke_allows_critical_priority_pods_in_draguard_system() -> None:
     quota = one(objs, "ResourceQuota", "draguard-critical-pods")
     assert quota["metadata"]["namespace"] == "draguard-system"
     (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
-    used = {
-        pod_spec["priorityClassName"]
+    priority = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"].get("priorityClassName")
         for o in objs
         if o["kind"] in {"Deployment", "DaemonSet"}
-        for pod_spec in [o["spec"]["template"]["spec"]]
     }
+    # The background audit is on no request path: it needs no critical priority.
+    assert priority.pop("draguard-audit") is None
+    used = set(priority.values())
     assert expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
     assert used == {"system-cluster-critical", "system-node-critical"} and used <= set(expr["values"])
     assert int(quota["spec"]["hard"]["pods"]) >= 100

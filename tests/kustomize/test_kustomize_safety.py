@@ -191,6 +191,20 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         # allows no other Event).
         ("events.k8s.io", "events"): {"create"},
     }
+    # The audit lists what it judges (no watch, no get: a scan is paged lists) and writes only reports.
+    assert _verbs(one(objs, "ClusterRole", "draguard-audit")) == {
+        **{("", r): {"list"} for r in ("pods", "replicationcontrollers", "namespaces")},
+        **{("apps", r): {"list"} for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
+        **{("batch", r): {"list"} for r in ("jobs", "cronjobs")},
+        **{
+            ("resource.k8s.io", r): {"list"}
+            for r in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
+        },
+        **{
+            ("wgpolicyk8s.io", r): {"get", "list", "create", "patch", "delete"}
+            for r in ("policyreports", "clusterpolicyreports")
+        },
+    }
     sa_of = {
         o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
         for o in objs
@@ -200,6 +214,7 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         "draguard-webhook": "draguard-webhook",
         "draguard-driver": "draguard-driver",
         "draguard-certs": "draguard-certs",
+        "draguard-audit": "draguard-audit",
     }
 
 
@@ -240,8 +255,8 @@ def test_every_pod_except_the_driver_is_restricted(overlay: str) -> None:
                 continue
             _restricted(c, spec, where)
             checked += 1
-    # webhook, cert Job, cert CronJob
-    assert checked == 3
+    # webhook, cert Job, cert CronJob, audit
+    assert checked == 4
 
 
 @pytest.mark.parametrize("overlay", ["aks", "gke", "eks"])

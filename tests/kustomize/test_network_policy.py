@@ -54,7 +54,7 @@ def test_policies_cover_every_pod_and_name_real_ports(overlay: str) -> None:
             assert not allowing, "the certificate Job takes no connections"
         else:
             assert allowing, workload["metadata"]["name"]
-    webhook = next(o for o in objs if o["kind"] == "Deployment")
+    webhook = next(o for o in _pods(objs) if o["metadata"]["name"] == "draguard-webhook")
     https = [p for c in containers(webhook) for p in c.get("ports", []) if p["name"] == "https"]
     # GKE's overlay moves the port to 443; the policy follows it by name.
     assert https and https[0]["containerPort"] == (443 if overlay == "gke" else 8443)

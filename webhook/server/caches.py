@@ -70,10 +70,11 @@ class KubeHttp:
         body: Any = None,
         timeout: float = 10.0,
         read_timeout: float | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         _m, url, hdrs, _b, _p = self.api.param_serialize(
             method=method,
             resource_path=path,
@@ -98,8 +99,9 @@ class KubeHttp:
         query: list[tuple[str, Any]] | None = None,
         body: Any = None,
         timeout: float = 10.0,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
-        resp = self._open(method, path, query, body, timeout)
+        resp = self._open(method, path, query, body, timeout, content_type=content_type)
         try:
             data = resp.read()
         finally:

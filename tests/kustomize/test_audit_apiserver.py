@@ -1,0 +1,163 @@
+"""The audit's reports against a real API server: the bundle's CRDs accept them, the bundle's RBAC
+is enough to write them, split parts and stale reports are handled, and `audit once` works."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kapi import Api, api_server, sa_kubeconfig
+
+from webhook.audit.report import Collector, Subject, build_reports, passed, result_of
+from webhook.audit.writer import ReportWriter
+from webhook.core.findings import Finding, Mode, ObjectRef, Severity
+from webhook.server.caches import KubeHttp
+
+REPO = Path(__file__).resolve().parents[2]
+AUDIT = REPO / "kustomize" / "base" / "audit"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
+    with api_server() as a:
+        # (the harness has made the namespaces draguard-system and ml)
+        for args in (
+            ("apply", "-f", str(AUDIT / "crds.yaml")),
+            ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
+            ("wait", "--for=condition=Established", "--timeout=60s", "crd/policyreports.wgpolicyk8s.io"),
+            (
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/clusterpolicyreports.wgpolicyk8s.io",
+            ),
+        ):
+            res = a.kubectl(*args)
+            assert res.returncode == 0, (args, res.stderr)
+        yield a, sa_kubeconfig(a, "draguard-audit", tmp_path_factory.mktemp("audit") / "kubeconfig")
+
+
+def _reports(api: Api, ns: str) -> dict[str, dict[str, object]]:
+    res = api.kubectl("get", "policyreports.wgpolicyk8s.io", "-n", ns, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    return {r["metadata"]["name"]: r for r in json.loads(res.stdout)["items"]}
+
+
+def _findings(n: int, message: str) -> Collector:
+    c = Collector()
+    for i in range(n):
+        ref = ObjectRef("apps/v1", "Deployment", "ml", f"d{i}")
+        f = Finding("tier/gpu-tiers", Severity.ERROR, Mode.ENFORCE, ref, message, fix="use an H100 class")
+        c.add(result_of(f, Subject("apps/v1", "Deployment", "ml", f"d{i}", uid=f"u{i}")))
+    return c
+
+
+def test_split_reports_are_accepted_and_stale_parts_removed(api: tuple[Api, Path]) -> None:
+    a, kubeconfig = api
+    writer = ReportWriter(KubeHttp.from_kubeconfig(str(kubeconfig)))
+    # 1,500 results with 1 KiB messages: about 2 MiB, more than one object may hold.
+    c = _findings(1500, "x" * 1024)
+    c.add(passed(Subject("resource.k8s.io/v1", "DeviceClass", None, "gpu.nvidia.com-h100")))
+    reports = build_reports(c, 1_700_000_000)
+    res = writer.sync(reports)
+    assert res.failed == [] and res.written == len(reports)
+    got = _reports(a, "ml")
+    assert len(got) >= 3, sorted(got)
+    assert sum(r["summary"]["fail"] for r in got.values()) == 1500  # type: ignore[index]
+    assert sum(len(r["results"]) for r in got.values()) == 1500  # type: ignore[arg-type]
+    cluster = json.loads(
+        a.kubectl("get", "clusterpolicyreports.wgpolicyk8s.io", "draguard-audit", "-o", "json").stdout
+    )
+    assert cluster["summary"]["pass"] == 1
+    # Applying the same reports again is a no-op for the API server, not a conflict.
+    assert writer.sync(reports).failed == []
+
+    # The next scan finds less: the parts it no longer needs and the cluster report go.
+    small = build_reports(_findings(3, "wrong class"), 1_700_000_100)
+    res = writer.sync(small)
+    assert res.failed == [] and res.deleted == len(reports) - 1
+    got = _reports(a, "ml")
+    assert sorted(got) == ["draguard-audit"]
+    assert got["draguard-audit"]["summary"] == {"pass": 0, "fail": 3, "warn": 0, "error": 0, "skip": 0}
+    assert a.kubectl("get", "clusterpolicyreports.wgpolicyk8s.io", "draguard-audit").returncode != 0
+
+
+def test_reports_of_others_are_left_alone(api: tuple[Api, Path]) -> None:
+    a, kubeconfig = api
+    other = {
+        "apiVersion": "wgpolicyk8s.io/v1alpha2",
+        "kind": "PolicyReport",
+        "metadata": {"name": "kyverno-like", "namespace": "ml"},
+        "results": [],
+    }
+    assert a.kubectl("apply", "-f", "-", stdin=json.dumps(other)).returncode == 0
+    writer = ReportWriter(KubeHttp.from_kubeconfig(str(kubeconfig)))
+    assert writer.sync([]).failed == []
+    assert "kyverno-like" in _reports(a, "ml")
+
+
+def test_audit_once_reports_a_legacy_gpu_pod(api: tuple[Api, Path]) -> None:
+    a, kubeconfig = api
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "legacy", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        },
+    }
+    assert a.kubectl("apply", "-f", "-", stdin=json.dumps(pod)).returncode == 0
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "audit",
+            "once",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--policies",
+            str(REPO / "policies"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "objects judged" in proc.stdout
+    rep = _reports(a, "ml")["draguard-audit"]
+    entries = [(r["result"], r["rule"]) for r in rep["results"] if r["resources"][0]["name"] == "legacy"]  # type: ignore[index, union-attr]
+    assert ("warn", "migrate/legacy-gpu") in entries, entries
+
+
+def test_audit_once_names_a_broken_policy_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: policy.draguard.io/v1alpha1\nkind: GpuTierPolicy\n"
+        "metadata: {name: x}\nspec: {classes: 3}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "audit", "once", "--policies", str(bad), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "bad.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_namespace_deleted_since_the_scan_does_not_fail_the_write(api: tuple[Api, Path]) -> None:
+    _, kubeconfig = api
+    c = Collector()
+    c.add(passed(Subject("v1", "Pod", "gone-already", "p")))
+    c.add(passed(Subject("v1", "Pod", "ml", "p")))
+    res = ReportWriter(KubeHttp.from_kubeconfig(str(kubeconfig))).sync(build_reports(c, 1))
+    assert res.failed == [] and res.skipped == 1 and res.written == 1

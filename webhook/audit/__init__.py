@@ -1,0 +1,1 @@
+"""Background audit: existing objects judged by the admission engine, written as PolicyReports."""
