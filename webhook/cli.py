@@ -14,6 +14,7 @@ from webhook import __version__
 COMMAND_MODULES = (
     "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
     "webhook.server.commands",  # serve, certs, quota
+    "webhook.assess.commands",  # assess
     "webhook.dev.commands",  # dev up|down|status, demo
     "driver.cli",  # driver inventory|run
 )

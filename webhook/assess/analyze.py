@@ -124,7 +124,8 @@ def _finding_json(f: Finding) -> dict[str, str]:
 
 @dataclass
 class Assessor:
-    """Feed objects in this order: namespaces, slices and classes, claims, nodes, daemonsets, pods;
+    """Feed objects in this order: namespaces, slices, classes and templates, claims, nodes,
+    daemonsets, pods;
     then `result()`."""
 
     policies: PolicySet
@@ -135,6 +136,7 @@ class Assessor:
     slice_nodes: set[str] = field(default_factory=set)
     devices: list[Device] = field(default_factory=list)
     class_objects: list[dict[str, Any]] = field(default_factory=list)
+    template_objects: list[dict[str, Any]] = field(default_factory=list)
     charges: list[ClaimCharge] = field(default_factory=list)
     claim_stats: dict[str, int] = field(default_factory=dict)
     dra_allocated: dict[str, int] = field(default_factory=dict)  # driver -> allocated devices
@@ -192,11 +194,18 @@ class Assessor:
         self.class_objects.extend(dict(c) for c in items)
         self._inventory = None
 
+    def add_templates(self, items: Iterable[Mapping[str, Any]]) -> None:
+        # A pod names its template; the tier and quota rules read the class from it.
+        self.template_objects.extend(dict(t) for t in items)
+        self._inventory = None
+
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            base = Inventory.from_objects(self.class_objects)
-            self._inventory = Inventory(devices=tuple(self.devices), classes=base.classes)
+            base = Inventory.from_objects([*self.class_objects, *self.template_objects])
+            self._inventory = Inventory(
+                devices=tuple(self.devices), classes=base.classes, templates=base.templates
+            )
         return self._inventory
 
     def add_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -247,7 +256,11 @@ class Assessor:
                 k: str(v) for k, v in as_map(status.get("allocatable")).items() if is_legacy_resource(str(k))
             }
             if cap or alloc:
-                self.nodes.append({"name": name, "capacity": cap, "allocatable": alloc})
+                # GPU feature discovery labels the model; without it the device plugin tells only a count.
+                model = as_map(meta.get("labels")).get("nvidia.com/gpu.product")
+                self.nodes.append(
+                    {"name": name, "model": str(model or "unknown"), "capacity": cap, "allocatable": alloc}
+                )
 
     def add_daemonsets(self, items: Iterable[Mapping[str, Any]]) -> None:
         for ds in items:
@@ -344,7 +357,8 @@ class Assessor:
             return {"status": "no MigrationPolicy covers namespace " + ns}
         if policy.strategy is not MigrationStrategy.CLAIM_TEMPLATE:
             return {
-                "status": f"MigrationPolicy {policy.name} keeps the extended resource ({policy.strategy.value})",
+                "status": f"MigrationPolicy {policy.name} keeps the extended resource "
+                f"({policy.strategy.value})",
                 "policy": policy.name,
             }
         plan = plan_workload(
@@ -418,7 +432,9 @@ class Assessor:
         )
         by_name: dict[str, list[Finding]] = {}
         for f in lint.findings:
-            by_name.setdefault(f.object.name, []).append(f)
+            # "selects no device" is the device count of 0 the row already shows.
+            if f.rule != "cel/no-match":
+                by_name.setdefault(f.object.name, []).append(f)
         for obj in self.class_objects:
             dc = read_device_class(obj)
             row: dict[str, Any] = {"name": dc.name, "selectors": [s.expression for s in dc.selectors]}
@@ -441,6 +457,18 @@ class Assessor:
             ]
             out.append(row)
         return sorted(out, key=lambda r: r["name"])
+
+    def _plugin_by_model(self) -> dict[str, int]:
+        """Device-plugin GPUs (node capacity of nvidia.com/gpu) by the node's GPU model label."""
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            try:
+                k = int(n["capacity"].get(LEGACY_PLUGIN, 0))
+            except ValueError:
+                continue
+            if k > 0:
+                out[n["model"]] = out.get(n["model"], 0) + k
+        return dict(sorted(out.items()))
 
     def result(
         self, server: Mapping[str, Any], dra_versions: list[str], now: dt.datetime | None = None
@@ -467,6 +495,7 @@ class Assessor:
             "devicesByNode": {k: dict(sorted(v.items())) for k, v in sorted(by_node.items())},
             "daemonSets": self.daemonsets,
             "nodes": sorted(self.nodes, key=lambda n: n["name"]),
+            "pluginGpusByModel": self._plugin_by_model(),
             "nodeCount": len(self.node_names),
             "deviceClasses": self.device_classes(),
             "claims": {

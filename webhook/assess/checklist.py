@@ -413,8 +413,8 @@ def checklist(
                 PASS if ok else FAIL,
                 "ValidatingAdmissionPolicy draguard-namespace-labels"
                 if ok
-                else "no ValidatingAdmissionPolicy draguard-namespace-labels: a tenant can relabel its namespace "
-                "to change its budget or migration mode",
+                else "no ValidatingAdmissionPolicy draguard-namespace-labels: a tenant can relabel "
+                "its namespace to change its budget or migration mode",
             )
         )
 
