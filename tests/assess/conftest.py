@@ -22,7 +22,7 @@ def _items(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for d in yaml.safe_load_all(path.read_text()):
         if isinstance(d, dict):
-            out.extend(d["items"] if "items" in d else [d])
+            out.extend(d.get("items", [d]))
     return out
 
 
@@ -52,28 +52,38 @@ def pod_template(
 
 def deployment(ns: str, name: str, template: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"namespace": ns, "name": name, "uid": f"uid-d-{name}"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": template["metadata"]["labels"]},
-                 "template": template},
-    }  # fmt: skip
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template,
+        },
+    }
 
 
 def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(obj))
-    out["metadata"]["ownerReferences"] = [{
-        "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-        "uid": owner["metadata"].get("uid", "x"), "controller": True,
-    }]  # fmt: skip
+    out["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"].get("uid", "x"),
+            "controller": True,
+        }
+    ]
     return out
 
 
 def replicaset(d: Mapping[str, Any]) -> dict[str, Any]:
     rs = {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
         "metadata": {"namespace": d["metadata"]["namespace"], "name": d["metadata"]["name"] + "-7d9f"},
         "spec": copy.deepcopy(d["spec"]),
-    }  # fmt: skip
+    }
     return owned(rs, d)
 
 
@@ -81,11 +91,15 @@ def pod_of(owner: Mapping[str, Any], i: int, phase: str = "Running") -> dict[str
     tmpl = owner["spec"]["template"]
     pod = {
         # As a list returns them: no apiVersion/kind on the items.
-        "metadata": {"namespace": owner["metadata"]["namespace"], "name": f"{owner['metadata']['name']}-{i}",
-                     "uid": f"uid-p-{owner['metadata']['name']}-{i}", "labels": tmpl["metadata"]["labels"]},
+        "metadata": {
+            "namespace": owner["metadata"]["namespace"],
+            "name": f"{owner['metadata']['name']}-{i}",
+            "uid": f"uid-p-{owner['metadata']['name']}-{i}",
+            "labels": tmpl["metadata"]["labels"],
+        },
         "spec": copy.deepcopy(tmpl["spec"]),
         "status": {"phase": phase},
-    }  # fmt: skip
+    }
     return owned(pod, owner)
 
 
@@ -93,8 +107,10 @@ class Objects:
     """A lookup over a fixed set of objects, counting calls."""
 
     def __init__(self, *objs: Mapping[str, Any]) -> None:
-        self.objs = {(o["apiVersion"], o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-                     for o in objs}  # fmt: skip
+        self.objs = {
+            (o["apiVersion"], o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+            for o in objs
+        }
         self.calls = 0
 
     def __call__(self, api_version: str, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:

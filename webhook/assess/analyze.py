@@ -20,7 +20,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, claim_spec_of, read_device_class, read_slice_devices
-from webhook.dra.workloads import effective_amounts, pod_spec_of, replicas_of
+from webhook.dra.workloads import effective_amounts, replicas_of
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
 from webhook.engine.evaluate import evaluate
 from webhook.engine.migration import is_legacy_resource, plan_workload
@@ -265,12 +265,8 @@ class Assessor:
     def add_daemonsets(self, items: Iterable[Mapping[str, Any]]) -> None:
         for ds in items:
             meta, status = as_map(ds.get("metadata")), as_map(ds.get("status"))
-            found = pod_spec_of(ds)
-            images = (
-                [str(as_map(c).get("image") or "") for c in as_list(found[1].get("containers"))]
-                if found
-                else []
-            )
+            podspec = as_map(as_map(as_map(ds.get("spec")).get("template")).get("spec"))
+            images = [str(as_map(c).get("image") or "") for c in as_list(podspec.get("containers"))]
             text = " ".join([str(meta.get("name") or ""), *images])
             for kind, pattern in _DS_KINDS:
                 if pattern.search(text):
@@ -336,12 +332,13 @@ class Assessor:
         )
 
     def _judge(self, w: Workload, res: Resolved, pod: Mapping[str, Any]) -> None:
-        """Once per workload: what admission would say to it today (as an UPDATE: its own pods are
-        already in the usage), and for a legacy one what migration would make of it."""
-        obj = res.obj if res.obj is not None else pod
-        report = evaluate(
-            [SourceObject(dict(obj))], self.policies, self.inventory, self._ctx("UPDATE", self.usage)
-        )
+        """Once per workload: what admission would say to it today, and for a legacy one what
+        migration would make of it. A controller is judged as an UPDATE (its pods' claims are
+        already in the usage); a bare pod, which cannot be updated, as if created again, alone."""
+        obj = {"apiVersion": "v1", "kind": "Pod", **(res.obj if res.obj is not None else pod)}
+        bare = obj["kind"] == "Pod"
+        ctx = self._ctx("CREATE", None) if bare else self._ctx("UPDATE", self.usage)
+        report = evaluate([SourceObject(obj)], self.policies, self.inventory, ctx)
         w.deny = [_finding_json(f) for f in deny_findings(report.findings)]
         if legacy_held(as_map(pod.get("spec"))):
             w.migration = self.migration_of(obj)
