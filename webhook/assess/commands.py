@@ -117,6 +117,7 @@ def cmd_assess(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     try:
         reader = ClusterReader.from_kubeconfig(args.kubeconfig, progress)
+        reader.page_size = args.page_size
         if args.snapshot:
             with SnapshotWriter(args.snapshot) as snap:
                 result = assess(reader, policies, snap)
@@ -170,3 +171,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--fail-on-checklist", action="store_true", help="exit 1 when a checklist item fails")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    p.add_argument(
+        "--page-size", type=_page_size, default=500, metavar="N", help="objects per list call (default 500)"
+    )
+
+
+def _page_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 10000:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from 1 to 10000")
+    return n
