@@ -237,9 +237,8 @@ def main() -> int:
             rows.append((n, res))
             base = res["baseline"]
             for arm, r in res.items():
-                rss = f"{r['rss_mib']:.0f}" if r["grew"] or arm == "baseline" else f"<= {r['rss_mib']:.0f}"
                 print(
-                    f"pods={n:>7} {arm:<12} {r['seconds']:7.1f} s  peak RSS {rss:>7} MiB  "
+                    f"pods={n:>7} {arm:<12} {r['seconds']:7.1f} s  peak RSS {r['rss_mib']:6.0f} MiB  "
                     f"time x{r['seconds'] / base['seconds']:.2f}  RSS x{r['rss_mib'] / base['rss_mib']:.2f}",
                     flush=True,
                 )
