@@ -41,6 +41,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "cel_lint": ["--nodes", "1000", "--repeat", "1"],
     "driver": ["--iterations", "50"],
     "review": ["--repeat", "1"],
+    "assess": ["--pods", "1000"],
 }
 
 
