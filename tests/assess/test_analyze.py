@@ -281,3 +281,21 @@ def test_cronjob_owner_is_evaluated_once(policies: PolicySet) -> None:
     (w,) = r["legacyWorkloads"]
     assert w["owner"]["kind"] == "CronJob" and w["pods"] == 3
     assert w["migration"]["templates"][0]["deviceClass"] == "gpu.nvidia.com-a100"
+
+
+def test_unreadable_pods_make_no_claim_look_leaked(policies: PolicySet) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "team-a", "name": "c"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]},
+    }
+    a = assessor(policies, Objects(), {"team-a": {}})
+    a.add_claims([claim])
+    a.unreadable["pods"] = "v1 pods: HTTP 403 (forbidden)"
+    r = a.result({"gitVersion": "v1.37.2"}, ["v1"])
+    assert r["claims"]["reservedForMissingPods"] == []
+    item = next(i for i in r["checklist"] if i["id"] == "incidents/leaked-claims")
+    assert item["status"] == "unknown" and "403" in item["evidence"]
+    assert next(i for i in r["checklist"] if i["id"] == "workloads/legacy")["status"] == "unknown"

@@ -130,3 +130,17 @@ def test_every_format_renders_an_empty_cluster(policies: PolicySet) -> None:
     for name, render in RENDERERS.items():
         assert render(a), name
     assert "note: pods not read: HTTP 403" in render_text(a)
+
+
+def test_text_carries_no_terminal_control_sequences(policies: PolicySet) -> None:
+    a = _assessment(policies)
+    a["wouldDeny"] = [
+        {
+            "owner": {"kind": "Pod", "namespace": "ml", "name": "p"},
+            "pods": 1,
+            "deny": [{"rule": "tier/x", "message": "image \x1b]0;pwned\x07\x1b[2J evil", "fix": ""}],
+        }
+    ]
+    for text in (render_text(a), render_markdown(a)):
+        assert "\x1b" not in text and "\x07" not in text
+        assert "evil" in text

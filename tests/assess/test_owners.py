@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.assess.conftest import Objects, deployment, owned, pod_of, pod_template, replicaset
-from webhook.assess.owners import MAX_DEPTH, OwnerRef, controller_of, resolve
+from webhook.assess.owners import MAX_DEPTH, OwnerRef, controller_of, may_own_pods, resolve
 
 
 def _obj(api: str, kind: str, name: str, ns: str = "ml") -> dict[str, Any]:
@@ -78,14 +78,32 @@ def test_non_controller_references_are_ignored_when_a_controller_exists() -> Non
 
 
 def test_a_loop_or_an_endless_chain_stops() -> None:
-    a, b = _obj("x/v1", "A", "a"), _obj("x/v1", "B", "b")
+    a, b = _obj("example.com/v1", "A", "a"), _obj("example.com/v1", "B", "b")
     a = owned(a, b)
     b = owned(b, a)
     res = resolve(owned({"metadata": {"namespace": "ml", "name": "p"}}, a), Objects(a, b))
     assert "loop" in res.note
-    chain = [_obj("x/v1", "K", f"k{i}") for i in range(MAX_DEPTH + 3)]
+    chain = [_obj("example.com/v1", "K", f"k{i}") for i in range(MAX_DEPTH + 3)]
     for i in range(len(chain) - 1):
         chain[i] = owned(chain[i], chain[i + 1])
     look = Objects(*chain)
     res = resolve(owned({"metadata": {"namespace": "ml", "name": "p"}}, chain[0]), look)
     assert "deeper than" in res.note and look.calls == MAX_DEPTH
+
+
+def test_a_forged_reference_to_a_secret_or_role_is_not_followed() -> None:
+    # ownerReferences are the pod author's to write: assess must not read what they point at.
+    for api, kind in (
+        ("v1", "Secret"),
+        ("v1", "ConfigMap"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("resource.k8s.io/v1", "ResourceClaim"),
+    ):
+        target = _obj(api, kind, "t")
+        look = Objects(target)
+        res = resolve(owned({"metadata": {"namespace": "ml", "name": "p"}}, target), look)
+        assert look.calls == 0, kind
+        assert res.obj is None and "not a workload kind" in res.note
+    assert may_own_pods("v1", "ReplicationController")
+    assert may_own_pods("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert may_own_pods("ray.io/v1", "RayCluster")

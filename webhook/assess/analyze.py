@@ -293,6 +293,9 @@ class Assessor:
                 continue
             status = as_map(pod.get("status"))
             phase = str(status.get("phase") or "Pending")
+            uid = as_map(pod.get("metadata")).get("uid")
+            if claims and uid:
+                self.pod_uids.add(str(uid))
             if phase in FINISHED_PHASES:
                 st["finished"] = st.get("finished", 0) + 1
                 continue
@@ -300,9 +303,6 @@ class Assessor:
                 st["legacy"] = st.get("legacy", 0) + 1
             if claims:
                 st["dra"] = st.get("dra", 0) + 1
-                uid = as_map(pod.get("metadata")).get("uid")
-                if uid:
-                    self.pod_uids.add(str(uid))
             self._add_gpu_pod(pod, legacy, claims, phase)
 
     def _add_gpu_pod(self, pod: Mapping[str, Any], legacy: dict[str, int], claims: int, phase: str) -> None:
@@ -482,7 +482,12 @@ class Assessor:
         workloads = sorted(self.workloads.values(), key=lambda w: str(w.owner))
         legacy = [w for w in workloads if w.is_legacy]
         denied = [w for w in workloads if w.deny]
-        leaked = sorted({c for uid, c in self.reserved_pods.items() if uid not in self.pod_uids})
+        # Without the pod list every reservation would look leaked: the checklist says unknown instead.
+        leaked = (
+            []
+            if "pods" in self.unreadable
+            else sorted({c for uid, c in self.reserved_pods.items() if uid not in self.pod_uids})
+        )
         usage = self.usage
         out: dict[str, Any] = {
             "server": {k: server.get(k) for k in ("gitVersion", "major", "minor", "platform") if k in server},

@@ -483,17 +483,28 @@ def checklist(
 
     # -- incidents ---------------------------------------------------------------------------------
     leaked = claims.get("reservedForMissingPods") or []
-    add(
-        _item(
-            "incidents",
-            "leaked-claims",
-            "No claim held for a pod that no longer exists",
-            FAIL if leaked else PASS,
-            f"reserved for missing pods: {_few(leaked)} (delete them; restart the node's driver plugin)"
-            if leaked
-            else f"{claims.get('allocated', 0)} allocated claims, each held by a live pod or none",
+    if "pods" in unreadable:
+        add(
+            _item(
+                "incidents",
+                "leaked-claims",
+                "No claim held for a pod that no longer exists",
+                UNKNOWN,
+                unreadable["pods"],
+            )
         )
-    )
+    else:
+        add(
+            _item(
+                "incidents",
+                "leaked-claims",
+                "No claim held for a pod that no longer exists",
+                FAIL if leaked else PASS,
+                f"reserved for missing pods: {_few(leaked)} (delete them; restart the node's driver plugin)"
+                if leaked
+                else f"{claims.get('allocated', 0)} allocated claims, each held by a live pod or none",
+            )
+        )
     orphans = a.get("orphanSlices") or []
     add(
         _item(

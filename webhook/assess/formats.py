@@ -12,6 +12,8 @@ from typing import Any
 from webhook.assess.checklist import SECTIONS
 
 FORMATS = ("text", "markdown", "json", "html")
+# Image names, messages and labels are free text: no terminal control sequence reaches the screen.
+_CONTROL = {c: "?" for c in [*range(0x20), *range(0x7F, 0xA0)] if c != 0x0A}
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
 
 
@@ -118,7 +120,7 @@ def render_text(a: Mapping[str, Any]) -> str:
             out += [f"    [{_MARK[i['status']]}] {i['title']}: {i['evidence']}" for i in items]
     for what, why in (a.get("unreadable") or {}).items():
         out.append(f"note: {what} not read: {why}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out).translate(_CONTROL) + "\n"
 
 
 # -- markdown --------------------------------------------------------------------------------------
@@ -126,7 +128,7 @@ def render_text(a: Mapping[str, Any]) -> str:
 
 def _md(text: Any) -> str:
     """Table-cell safe: names come from the cluster and may hold pipes or markup."""
-    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    s = str(text).replace("\n", " ").translate(_CONTROL).replace("\\", "\\\\").replace("|", "\\|")
     for ch in "`*_<>[]":
         s = s.replace(ch, "\\" + ch)
     return s

@@ -17,6 +17,22 @@ MAX_DEPTH = 6
 
 Lookup = Callable[[str, str, str, str], Mapping[str, Any] | None]
 
+# Built-in groups whose objects run pods; any other built-in group (`*.k8s.io`, core) holds no
+# workloads. A pod's ownerReferences are its author's to write: resolving one that names, say, a
+# Secret must not make the assessment read that Secret.
+_WORKLOAD_GROUPS = frozenset({"apps", "batch"})
+
+
+def may_own_pods(api_version: str, kind: str) -> bool:
+    """Whether an ownerReference may be followed: apps, batch, ReplicationController, or a
+    custom resource (a dotted group outside Kubernetes' own `*.k8s.io`)."""
+    group = api_version.rpartition("/")[0] if "/" in api_version else ""
+    if group == "":
+        return kind == "ReplicationController"
+    if group in _WORKLOAD_GROUPS:
+        return True
+    return "." in group and not group.endswith(".k8s.io")
+
 
 @dataclass(frozen=True, slots=True)
 class OwnerRef:
@@ -97,6 +113,8 @@ def resolve(obj: Mapping[str, Any], lookup: Lookup, max_depth: int = MAX_DEPTH) 
             return Resolved(current_ref, tuple(chain), current, f"ownerReferences loop at {ref}")
         seen.add(ref)
         chain.append(ref)
+        if not may_own_pods(ref.api_version, ref.kind):
+            return Resolved(ref, tuple(chain), None, f"{ref} is not a workload kind: not followed")
         found = lookup(ref.api_version, ref.kind, ref.namespace, ref.name)
         if found is None:
             return Resolved(ref, tuple(chain), None, f"{ref} not readable (deleted, or no permission)")
