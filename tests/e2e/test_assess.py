@@ -5,7 +5,6 @@ stricter tier policy existed, a node advertising device-plugin GPUs, and the dri
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from tests.e2e.helpers import Kubectl, wait_for
 from webhook.dev import scenarios
 from webhook.dev.cluster import LocalCluster
+from webhook.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TAINT = "draguard.io/assess-e2e"
@@ -276,9 +276,10 @@ def test_assess_a_mixed_cluster(
 
 def test_assess_names_an_unreachable_cluster(tmp_path: Path, cluster: LocalCluster) -> None:
     bad = tmp_path / "kubeconfig"
-    cfg = cluster.kubeconfig.read_text()
-    # A closed loopback port: the connection is refused on this machine.
-    bad.write_text(re.sub(r"server: https://[^\s]+", "server: https://127.0.0.1:9", cfg))
+    cfg = json.loads(cluster.kubeconfig.read_text())
+    # A loopback port nothing listens on: the connection is refused on this machine.
+    cfg["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    bad.write_text(json.dumps(cfg))
     done = subprocess.run(
         [sys.executable, "-m", "webhook.cli", "assess", "--kubeconfig", str(bad), "--quiet"],
         cwd=ROOT,
@@ -286,6 +287,6 @@ def test_assess_names_an_unreachable_cluster(tmp_path: Path, cluster: LocalClust
         text=True,
         timeout=60,
     )
-    assert done.returncode == 2
-    assert done.stderr.startswith("draguard assess: cannot reach the API server")
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stdout[-500:]
+    assert done.stderr.startswith("draguard assess: cannot reach the API server"), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
