@@ -6,7 +6,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.assess.conftest import Objects, assessor, deployment, owned, pod_of, pod_template, replicaset
+from tests.assess.conftest import (
+    SLICES,
+    Objects,
+    assessor,
+    deployment,
+    owned,
+    pod_of,
+    pod_template,
+    replicaset,
+)
 from webhook.policy.model import PolicySet
 
 A100_TEMPLATE = {
@@ -299,3 +308,32 @@ def test_unreadable_pods_make_no_claim_look_leaked(policies: PolicySet) -> None:
     item = next(i for i in r["checklist"] if i["id"] == "incidents/leaked-claims")
     assert item["status"] == "unknown" and "403" in item["evidence"]
     assert next(i for i in r["checklist"] if i["id"] == "workloads/legacy")["status"] == "unknown"
+
+
+def test_dra_feature_signals(policies: PolicySet) -> None:
+    a = assessor(policies, Objects(), {})
+    part = copy.deepcopy(SLICES[0])
+    part["spec"]["sharedCounters"] = [{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}]
+    part["spec"]["devices"][0]["taints"] = [{"key": "gpu.nvidia.com/xid", "effect": "NoSchedule"}]
+    a.add_slices([part])
+    a.add_classes(
+        [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "x"},
+                "spec": {"extendedResourceName": "example.com/gpu"},
+            }
+        ]
+    )
+    a.add_claims([])
+    a.add_pods([])
+    r = a.result(
+        {"gitVersion": "v1.37.2"}, ["v1"], dra_resources={"v1": ["devicetaintrules", "resourceslices"]}
+    )
+    assert r["dra"]["signals"] == [
+        "DeviceTaintRule API served (DRADeviceTaints)",
+        "device taints (ResourceSlice devices[].taints)",
+        "extended resources served by DRA (DeviceClass extendedResourceName)",
+        "partitionable devices (ResourceSlice sharedCounters)",
+    ]

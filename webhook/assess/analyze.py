@@ -150,6 +150,8 @@ class Assessor:
     unreadable: dict[str, str] = field(default_factory=dict)  # resource -> why
     allocated: set[tuple[str, str, str]] = field(default_factory=set)  # (driver, pool, device)
     pending_since: list[str] = field(default_factory=list)  # creationTimestamps of unallocated claims
+    # DRA features the objects show in use (partitionable devices, taints, ...).
+    signals: set[str] = field(default_factory=set)
     # Facts `collect` gathers besides objects: admission configuration, served monitoring APIs.
     extras: dict[str, Any] = field(default_factory=dict)
     _inventory: Inventory | None = None
@@ -175,6 +177,7 @@ class Assessor:
                 self.slice_nodes.add(node)
             summ = self.drivers.setdefault(driver, DriverSummary(driver))
             summ.slices += 1
+            self._slice_signals(spec)
             try:
                 devs = read_slice_devices(s)
             except Exception:  # a malformed slice is reported as such, the rest still counts
@@ -189,8 +192,25 @@ class Assessor:
             self.devices.extend(devs)
         self._inventory = None
 
+    def _slice_signals(self, spec: Mapping[str, Any]) -> None:
+        if spec.get("sharedCounters"):
+            self.signals.add("partitionable devices (ResourceSlice sharedCounters)")
+        for raw in as_list(spec.get("devices")):
+            d = as_map(raw)
+            d = as_map(d.get("basic")) or d  # v1beta1 nests the device under `basic`
+            if d.get("taints"):
+                self.signals.add("device taints (ResourceSlice devices[].taints)")
+            if d.get("allowMultipleAllocations"):
+                self.signals.add("consumable capacity (devices[].allowMultipleAllocations)")
+            if d.get("bindingConditions"):
+                self.signals.add("binding conditions (devices[].bindingConditions)")
+
     def add_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
         # Few and small, and the snapshot and lint need them whole.
+        items = list(items)
+        for c in items:
+            if as_map(c.get("spec")).get("extendedResourceName"):
+                self.signals.add("extended resources served by DRA (DeviceClass extendedResourceName)")
         self.class_objects.extend(dict(c) for c in items)
         self._inventory = None
 
@@ -468,7 +488,11 @@ class Assessor:
         return dict(sorted(out.items()))
 
     def result(
-        self, server: Mapping[str, Any], dra_versions: list[str], now: dt.datetime | None = None
+        self,
+        server: Mapping[str, Any],
+        dra_versions: list[str],
+        now: dt.datetime | None = None,
+        dra_resources: Mapping[str, list[str]] | None = None,
     ) -> dict[str, Any]:
         from webhook.assess.checklist import checklist
 
@@ -491,7 +515,11 @@ class Assessor:
         usage = self.usage
         out: dict[str, Any] = {
             "server": {k: server.get(k) for k in ("gitVersion", "major", "minor", "platform") if k in server},
-            "dra": {"served": dra_versions},
+            "dra": {
+                "served": dra_versions,
+                "resources": dict(dra_resources or {}),
+                "signals": sorted(self.signals | _api_signals(dra_resources or {})),
+            },
             "drivers": [self.drivers[k].to_json() for k in sorted(self.drivers)],
             "devicesByModel": dict(sorted(by_model.items())),
             "devicesByNode": {k: dict(sorted(v.items())) for k, v in sorted(by_node.items())},
@@ -543,3 +571,11 @@ def _older_than(stamps: Iterable[str], now: dt.datetime | None, seconds: float) 
             continue
         n += (now - t).total_seconds() > seconds
     return n
+
+
+def _api_signals(resources: Mapping[str, list[str]]) -> set[str]:
+    served = {r for names in resources.values() for r in names}
+    out = set()
+    if "devicetaintrules" in served:
+        out.add("DeviceTaintRule API served (DRADeviceTaints)")
+    return out

@@ -160,6 +160,10 @@ class ClusterReader:
             self._owners.popitem(last=False)
         return found
 
+    def resource_plurals(self, api_version: str) -> list[str]:
+        """The resources one group version serves (discovery), e.g. to tell which DRA APIs are on."""
+        return sorted(plural for plural, _ns in (self._resources(api_version) or {}).values())
+
     def server_version(self) -> dict[str, Any]:
         return self.get("/version")
 

@@ -61,7 +61,8 @@ def assess(
     a.extras.update(_admission_facts(reader))
     a.extras.update(_monitoring_facts(reader))
     feed("v1", "pods", "Pod", a.add_pods)
-    return a.result(server, dra, now)
+    resources = {v: reader.resource_plurals(f"resource.k8s.io/{v}") for v in dra}
+    return a.result(server, dra, now, resources)
 
 
 def _names(reader: Any, api: str, plural: str, kind: str) -> list[str] | None:

@@ -76,6 +76,9 @@ def counts(a: Mapping[str, Any]) -> dict[str, int]:
 def render_text(a: Mapping[str, Any]) -> str:
     out = ["draguard assess", ""]
     out += [f"  {k + ':':<24}{v}" for k, v in _summary_lines(a)]
+    signals = (a.get("dra") or {}).get("signals") or []
+    if signals:
+        out += ["", "DRA features in use"] + [f"  {x}" for x in signals]
     out += ["", "DRA drivers"]
     for d in a.get("drivers") or []:
         out.append(f"  {d['driver']}: {d['devices']} devices, {d['slices']} slices, {len(d['byNode'])} nodes")
@@ -166,6 +169,9 @@ def render_markdown(a: Mapping[str, Any]) -> str:
             for f in w["deny"]
         ],
     )
+    signals = (a.get("dra") or {}).get("signals") or []
+    if signals:
+        out += ["## DRA features in use", ""] + [f"- {_md(x)}" for x in signals] + [""]
     out += ["## DRA drivers and devices", ""]
     out += _table(
         ["Driver", "Model", "Devices"],
