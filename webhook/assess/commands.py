@@ -115,6 +115,12 @@ def cmd_assess(args: argparse.Namespace) -> int:
         policies = load_policy_set(args.policies, required=args.policies != "policies")
     except ReviewError as e:
         return _fail(str(e))
+    if not policies.all() and not Path(args.policies).exists():
+        print(
+            f"draguard assess: no {args.policies}/ here: workloads are judged by the built-in checks only "
+            "(pass --policies DIR)",
+            file=sys.stderr,
+        )
     progress = Progress(enabled=not args.quiet)
     try:
         reader = ClusterReader.from_kubeconfig(args.kubeconfig, progress)
