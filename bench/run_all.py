@@ -43,6 +43,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "review": ["--repeat", "1"],
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
     "audit": ["--objects", "5000", "--repeat", "1"],
+    "assess": ["--pods", "1000"],
 }
 
 

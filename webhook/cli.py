@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
     "webhook.server.commands",  # serve, certs, quota
     "webhook.audit.commands",  # audit run|once
+    "webhook.assess.commands",  # assess
     "webhook.dev.commands",  # dev up|down|status, demo
     "driver.cli",  # driver inventory|run
 )
