@@ -162,7 +162,7 @@ def api_server() -> Iterator[Api]:
                 )
             time.sleep(1)
         # Namespaced objects need their namespace to exist even in a dry run; create it from the bundle.
-        for ns_name in ("draguard-system", "draguard-quota"):
+        for ns_name in ("draguard-system", "draguard-driver", "draguard-quota"):
             ns_obj = one(build("eks"), "Namespace", ns_name)
             assert a.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ns_obj)).returncode == 0
         assert a.kubectl("create", "namespace", "ml").returncode == 0
