@@ -12,7 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -55,8 +55,10 @@ class Api:
 
 
 @contextlib.contextmanager
-def api_server() -> Iterator[Api]:
-    """etcd + kube-apiserver (RBAC, service-account tokens) on loopback; skips without the binaries."""
+def api_server(extra_args: Sequence[str] = ()) -> Iterator[Api]:
+    """etcd + kube-apiserver (RBAC, service-account tokens) on loopback; skips without the binaries.
+
+    `extra_args` go to kube-apiserver as they are (an admission configuration, for example)."""
     bin_dir = _bin_dir()
     if bin_dir is None or shutil.which("kubectl") is None:
         pytest.skip("etcd/kube-apiserver not built (make k8s, or set DRAGUARD_K8S_BIN) or kubectl missing")
@@ -127,6 +129,7 @@ def api_server() -> Iterator[Api]:
                     "https://kubernetes.default.svc",
                     "--service-cluster-ip-range",
                     "10.96.0.0/16",
+                    *extra_args,
                 ],
                 stdout=api_log,
                 stderr=subprocess.STDOUT,

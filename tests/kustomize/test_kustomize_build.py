@@ -28,7 +28,9 @@ VARIANTS = (
     + [
         (o, (c,))
         for o in ("aks", "gke", "eks")
-        for c in ("cert-manager", "monitoring", "fail-open-validation", "network-policy")
+        for c in (
+            "cert-manager", "monitoring", "fail-open-validation", "network-policy", "apiserver-client-auth",
+        )
     ]
     + [
         ("eks", ("eks-host-network",)),
