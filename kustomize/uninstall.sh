@@ -32,9 +32,9 @@ if [[ -n "$held" && "$force" != "--force" ]]; then
     printf '  %s\n' $held
     exit 2
 fi
-kubectl -n "$ns" delete daemonset draguard-driver --ignore-not-found
+kubectl -n draguard-driver delete daemonset draguard-driver --ignore-not-found
 kubectl delete resourceslices --field-selector spec.driver=gpu.nvidia.com --ignore-not-found
 
-say "4/4 everything else of $overlay (DeviceClasses, policies, RBAC, the namespace and its Secrets)"
+say "4/4 everything else of $overlay (DeviceClasses, policies, RBAC, the namespaces and their Secrets)"
 kubectl delete -k "$overlay" --ignore-not-found --wait=false
 say "done"

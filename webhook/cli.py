@@ -13,6 +13,7 @@ from webhook import __version__
 # where func(args) -> int is the exit code.
 COMMAND_MODULES = (
     "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
+    "webhook.review.preflight",  # preflight
     "webhook.server.commands",  # serve, certs, quota
     "webhook.audit.commands",  # audit run|once
     "webhook.assess.commands",  # assess

@@ -43,7 +43,9 @@ def test_bundle_runs_on_the_real_node(
         p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "draguard-webhook"
     ]
     assert len(webhooks) == 3 and all(p["spec"]["nodeName"] == real_node for p in webhooks)
-    [driver] = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "draguard-driver"]
+    # The privileged driver has a namespace of its own; draguard-system runs only restricted pods.
+    assert not [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "draguard-driver"]
+    [driver] = _driver_pods(kubectl)
     # The bundle's webhook is called through its Service (caBundle from the Job), not by URL.
     cfg = kubectl.get("validatingwebhookconfiguration", "draguard")
     for hook in cfg["webhooks"]:
@@ -74,7 +76,7 @@ def test_bundle_runs_on_the_real_node(
     wait_for(running, "the claim pod Running with the DaemonSet's driver", 120)
     env = kubectl.ok("exec", "-n", ns, "gpu", "--", "printenv", "NVIDIA_VISIBLE_DEVICES")
     assert env.strip().startswith("GPU-")
-    logs = kubectl.ok("logs", "-n", "draguard-system", driver["metadata"]["name"])
+    logs = kubectl.ok("logs", "-n", "draguard-driver", driver["metadata"]["name"])
     assert "SIMULATED NVML" in logs.upper(), logs[-2000:]
 
     # The background audit runs in-cluster under its own ServiceAccount: ready once its first scan's
@@ -96,7 +98,7 @@ def test_bundle_runs_on_the_real_node(
 
 
 def _driver_pods(kubectl: Kubectl) -> list[dict[str, Any]]:
-    pods = kubectl.items("pods", "draguard-system", "-l", "app.kubernetes.io/name=draguard-driver")
+    pods = kubectl.items("pods", "draguard-driver", "-l", "app.kubernetes.io/name=draguard-driver")
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -124,8 +126,8 @@ def test_driver_roll_keeps_gpu_pods_running(
     image = old["spec"]["containers"][0]["image"]
     rolled = image.rsplit(":", 1)[0] + ":0.1.0-rolled"
     containerd.ctr(cluster.node_bins(), cluster.containerd_paths(), "images", "tag", "--force", image, rolled)
-    kubectl.ok("set", "image", "-n", "draguard-system", "daemonset/draguard-driver", f"driver={rolled}")
-    kubectl.ok("rollout", "status", "-n", "draguard-system", "daemonset/draguard-driver", "--timeout=180s")
+    kubectl.ok("set", "image", "-n", "draguard-driver", "daemonset/draguard-driver", f"driver={rolled}")
+    kubectl.ok("rollout", "status", "-n", "draguard-driver", "daemonset/draguard-driver", "--timeout=180s")
     [new] = _driver_pods(kubectl)
     assert (
         new["metadata"]["uid"] != old["metadata"]["uid"] and new["spec"]["containers"][0]["image"] == rolled

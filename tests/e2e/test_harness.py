@@ -95,7 +95,7 @@ def test_generated_webhook_configs_exclude_system_namespaces() -> None:
         hook = cfg["webhooks"][0]
         assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:9443/")
         excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
-        assert "kube-system" in excluded and "draguard-system" in excluded
+        assert {"kube-system", "draguard-system", "draguard-driver"} <= set(excluded)
     json.dumps([mutating, validating])
 
 

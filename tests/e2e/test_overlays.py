@@ -17,7 +17,8 @@ def test_overlay_server_dry_run(kubectl: Kubectl, overlay: Path) -> None:
     rendered = kubectl.ok("kustomize", str(overlay))
     assert "kind: ValidatingWebhookConfiguration" in rendered
     # Namespaced objects need their namespace to exist even for a dry run.
-    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: draguard-system\n")
+    for ns in ("draguard-system", "draguard-driver"):
+        kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n")
     # Server-side apply under the harness's field manager: the overlay's Service-based clientConfig
     # replaces the local URL one instead of being merged into it (which would set both).
     proc = kubectl.run(

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -37,22 +37,24 @@ class Api:
 
 
 @contextlib.contextmanager
-def api_server() -> Iterator[Api]:
+def api_server(extra_args: Sequence[str] = ()) -> Iterator[Api]:
     """The shared bare API server (tests/apiserver.py) with the bundle's namespaces; skips without the
-    binaries or kubectl."""
+    binaries or kubectl.
+
+    `extra_args` go to kube-apiserver as they are (an admission configuration, for example)."""
     bin_dir = find_bin()
     if bin_dir is None or shutil.which("kubectl") is None:
         pytest.skip("etcd/kube-apiserver not built (make k8s, or set DRAGUARD_K8S_BIN) or kubectl missing")
     tmp = Path(tempfile.mkdtemp(prefix="draguard-bundle-api-"))
     try:
-        server = start(bin_dir, tmp, runtime_config=None, service_account_admission=True)
+        server = start(bin_dir, tmp, runtime_config=None, service_account_admission=True, extra_args=extra_args)
     except RuntimeError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.fail(f"kube-apiserver did not become ready: {exc}", pytrace=False)
     try:
         a = Api(server.kubeconfig)
         # Namespaced objects need their namespace to exist even in a dry run; create it from the bundle.
-        for ns_name in ("draguard-system", "draguard-quota"):
+        for ns_name in ("draguard-system", "draguard-driver", "draguard-quota"):
             ns_obj = one(build("eks"), "Namespace", ns_name)
             assert a.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ns_obj)).returncode == 0
         assert a.kubectl("create", "namespace", "ml").returncode == 0

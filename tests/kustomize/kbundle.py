@@ -28,6 +28,7 @@ COMPONENTS = (
     "eks-host-network",
     "gke-webhook-port-443",
     "network-policy",
+    "apiserver-client-auth",
 )
 
 Obj = dict[str, Any]

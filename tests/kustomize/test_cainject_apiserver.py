@@ -219,7 +219,7 @@ def test_uninstall_removes_webhook_configurations_first_and_waits_for_claims(api
     # Admission no longer calls draguard, while the driver (and its published devices) stays.
     for kind in KINDS:
         assert api.kubectl("get", kind, "draguard").returncode != 0, kind
-    assert api.kubectl("-n", "draguard-system", "get", "daemonset", "draguard-driver").returncode == 0
+    assert api.kubectl("-n", "draguard-driver", "get", "daemonset", "draguard-driver").returncode == 0
     assert api.kubectl("-n", "draguard-system", "get", "deployment", "draguard-webhook").returncode != 0
 
     assert api.kubectl("-n", "kube-system", "delete", "resourceclaim", "held").returncode == 0

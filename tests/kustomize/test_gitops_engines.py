@@ -61,16 +61,17 @@ class Cluster:
                      "validatingadmissionpolicybinding", *KINDS):  # fmt: skip
             self.kubectl("delete", kind, "-l", "app.kubernetes.io/part-of=draguard", "--wait=false")
         # No kubelet confirms pod shutdown here: force pods away, wait for nothing.
-        ns = ("-n", "draguard-system", "--all")
-        # A Job's pod template is immutable and overlays differ in it: gone before the next sync.
-        # Argo CD's hook finalizer would keep a hook Job forever here (no controller removes it).
-        jobs = self.kubectl("get", "jobs", "-n", "draguard-system", "-o", "name").stdout.split()
-        for job in jobs:
-            self.kubectl("patch", job, "-n", "draguard-system", "--type=merge",
-                         "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
-        self.kubectl("delete", "jobs", *ns, "--wait=true", "--timeout=60s")
-        self.kubectl("delete", "pods", *ns, "--force", "--grace-period=0")
-        self.kubectl("delete", "all,cm,sa,role,rolebinding,pdb,resourcequota", *ns, "--wait=false")
+        for name in ("draguard-system", "draguard-driver"):
+            ns = ("-n", name, "--all")
+            # A Job's pod template is immutable and overlays differ in it: gone before the next sync.
+            # Argo CD's hook finalizer would keep a hook Job forever here (no controller removes it).
+            jobs = self.kubectl("get", "jobs", "-n", name, "-o", "name").stdout.split()
+            for job in jobs:
+                self.kubectl("patch", job, "-n", name, "--type=merge",
+                             "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
+            self.kubectl("delete", "jobs", *ns, "--wait=true", "--timeout=60s")
+            self.kubectl("delete", "pods", *ns, "--force", "--grace-period=0")
+            self.kubectl("delete", "all,cm,sa,role,rolebinding,pdb,resourcequota", *ns, "--wait=false")
 
 
 @pytest.fixture(scope="module")

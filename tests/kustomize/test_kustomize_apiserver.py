@@ -208,7 +208,8 @@ def test_cert_job_identity_issues_secret_and_injects_ca(api: Api, tmp_path: Path
 
 
 def _can(api: Api, sa: str, *args: str) -> bool:
-    res = api.kubectl("auth", "can-i", *args, f"--as=system:serviceaccount:draguard-system:{sa}")
+    ns = "draguard-driver" if sa == "draguard-driver" else "draguard-system"
+    res = api.kubectl("auth", "can-i", *args, f"--as=system:serviceaccount:{ns}:{sa}")
     return res.stdout.strip() == "yes"
 
 
@@ -243,6 +244,7 @@ def test_service_accounts_hold_what_they_need_and_nothing_broader(api: Api) -> N
     assert _can(api, "draguard-driver", "get", "nodes")
     assert not _can(api, "draguard-driver", "list", f"resourceclaims.{dra}", "-A")
     assert not _can(api, "draguard-driver", "get", "secrets", "-n", "draguard-system")
+    assert not _can(api, "draguard-driver", "get", "secrets", "-n", "draguard-driver")
     assert not _can(api, "draguard-driver", "update", "nodes")
     # The audit lists what it judges and writes its reports; it changes nothing it judges.
     for res in ("pods", "deployments.apps", "jobs.batch", f"resourceclaims.{dra}", "namespaces"):

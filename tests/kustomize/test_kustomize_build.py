@@ -28,7 +28,9 @@ VARIANTS = (
     + [
         (o, (c,))
         for o in ("aks", "gke", "eks")
-        for c in ("cert-manager", "monitoring", "fail-open-validation", "network-policy")
+        for c in (
+            "cert-manager", "monitoring", "fail-open-validation", "network-policy", "apiserver-client-auth",
+        )
     ]
     + [
         ("eks", ("eks-host-network",)),
@@ -82,6 +84,12 @@ def test_namespaced_objects_live_in_draguard_system(overlay: str) -> None:
         elif o["metadata"]["name"] == "draguard-webhook-quota-ledger":
             # The quota ledgers' namespace: the webhook's ConfigMap rights reach nothing else.
             assert o["metadata"].get("namespace") == "draguard-quota", (o["kind"], o["metadata"])
+        elif o["metadata"]["name"] == "draguard-driver":
+            # The driver alone runs in the Pod Security `privileged` namespace.
+            assert o["metadata"].get("namespace") == "draguard-driver", (o["kind"], o["metadata"])
+        elif o["kind"] == "ResourceQuota":
+            # GKE's quota for critical-priority pods: one in each namespace that runs such pods.
+            assert o["metadata"].get("namespace") in {"draguard-system", "draguard-driver"}, o["metadata"]
         else:
             assert o["metadata"].get("namespace") == "draguard-system", (o["kind"], o["metadata"])
 

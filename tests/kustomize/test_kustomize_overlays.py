@@ -175,8 +175,9 @@ def test_local_driver_runs_simulated_with_a_topology_the_image_ships() -> None:
     assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} <= {v["name"] for v in spec["volumes"]}
 
 
-def test_gke_allows_critical_priority_pods_in_draguard_system() -> None:
+def test_gke_allows_critical_priority_pods_in_both_namespaces() -> None:
     objs = build("gke")
+<<<<<<< HEAD
     quota = one(objs, "ResourceQuota", "draguard-critical-pods")
     assert quota["metadata"]["namespace"] == "draguard-system"
     (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
@@ -191,4 +192,19 @@ def test_gke_allows_critical_priority_pods_in_draguard_system() -> None:
     assert expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
     assert used == {"system-cluster-critical", "system-node-critical"} and used <= set(expr["values"])
     assert int(quota["spec"]["hard"]["pods"]) >= 100
+=======
+    quotas = {q["metadata"]["namespace"]: q for q in find(objs, "ResourceQuota", "draguard-critical-pods")}
+    used = {
+        o["metadata"]["namespace"]: o["spec"]["template"]["spec"]["priorityClassName"]
+        for o in objs
+        if o["kind"] in {"Deployment", "DaemonSet"}
+    }
+    assert used == {"draguard-system": "system-cluster-critical", "draguard-driver": "system-node-critical"}
+    assert set(quotas) == set(used)
+    for ns, quota in quotas.items():
+        (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+        assert expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
+        assert used[ns] in expr["values"]
+        assert int(quota["spec"]["hard"]["pods"]) >= 100
+>>>>>>> security2
     assert not find(build("eks"), "ResourceQuota")

@@ -9,7 +9,7 @@ from kbundle import OVERLAYS, Obj, build, containers, find, one
 
 from webhook.dra.workloads import CRD_POD_TEMPLATES, CRD_RESOURCES
 
-EXCLUDED = {"kube-system", "draguard-system"}
+EXCLUDED = {"kube-system", "draguard-system", "draguard-driver"}
 RESOURCE_VERSIONS = {"v1", "v1beta1", "v1beta2"}
 # (group, resource) pairs the validating webhooks must see.
 REQUIRED_RULES = {
@@ -143,7 +143,9 @@ def test_rbac_has_no_wildcards_and_secrets_only_by_name(overlay: str) -> None:
     for binding in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding"):
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
         assert all(
-            s["kind"] == "ServiceAccount" and s["namespace"] == "draguard-system" for s in binding["subjects"]
+            s["kind"] == "ServiceAccount"
+            and s["namespace"] == ("draguard-driver" if s["name"] == "draguard-driver" else "draguard-system")
+            for s in binding["subjects"]
         )
 
 

@@ -79,6 +79,7 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
 
 VARIANTS = [(o, ()) for o in OVERLAYS] + [
     ("aks", ("cert-manager", "monitoring", "fail-open-validation")),
+    ("aks", ("apiserver-client-auth", "network-policy")),
     ("eks", ("eks-host-network",)),
 ]
 

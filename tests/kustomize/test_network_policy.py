@@ -1,4 +1,4 @@
-"""components/network-policy: every pod in draguard-system is covered, and each allowed port exists."""
+"""components/network-policy: every pod of the bundle is covered, and each allowed port exists."""
 
 from __future__ import annotations
 
@@ -24,12 +24,16 @@ def _template_labels(o: Obj) -> dict[str, str]:
 def test_policies_cover_every_pod_and_name_real_ports(overlay: str) -> None:
     objs = build(overlay, ("network-policy",))
     nps = find(objs, "NetworkPolicy")
-    assert {n["metadata"]["namespace"] for n in nps} == {"draguard-system"}
+    namespaces = {"draguard-system", "draguard-driver"}
+    assert {n["metadata"]["namespace"] for n in nps} == namespaces
     deny = [n for n in nps if n["spec"]["podSelector"] == {}]
-    assert len(deny) == 1 and "ingress" not in deny[0]["spec"], "a default deny for the namespace"
+    assert {n["metadata"]["namespace"] for n in deny} == namespaces and len(deny) == 2
+    assert all("ingress" not in n["spec"] for n in deny), "a default deny for each namespace"
     for workload in _pods(objs):
         labels = _template_labels(workload)
-        allowing = [n for n in nps if n["spec"]["podSelector"] and _selects(n, labels)]
+        ns = workload["metadata"]["namespace"]
+        local = [n for n in nps if n["metadata"]["namespace"] == ns]
+        allowing = [n for n in local if n["spec"]["podSelector"] and _selects(n, labels)]
         ports = {p["name"]: p["containerPort"] for c in containers(workload) for p in c.get("ports", [])}
         for np in allowing:
             for rule in np["spec"].get("ingress", []):

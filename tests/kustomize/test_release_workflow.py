@@ -3,6 +3,7 @@ builds both architectures from the Containerfile, attaches an SBOM and signs the
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,14 @@ def test_release_builds_both_architectures_with_sbom_and_signs_the_digest() -> N
     assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
     perms = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]["image"]["permissions"]
     assert perms["id-token"] == "write" and perms["packages"] == "write"
+
+
+def test_every_action_is_pinned_by_full_commit_digest() -> None:
+    """A tag can be moved to other code; a commit digest cannot. The version stays as a comment."""
+    pinned = re.compile(r"^\s*(?:-\s+)?uses:\s+[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
+    for wf in sorted(WORKFLOWS.glob("*.y*ml")):
+        uses = [line for line in wf.read_text().splitlines() if re.match(r"^\s*(-\s+)?uses:", line)]
+        assert uses, wf
+        for line in uses:
+            local = line.split("uses:", 1)[1].strip().startswith("./")
+            assert local or pinned.match(line), f"{wf.name}: {line.strip()}"

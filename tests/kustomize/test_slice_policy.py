@@ -20,7 +20,7 @@ cel = pytest.importorskip("cel_expr_python.cel")
 D = cel.Type.DYN
 ENV = cel.NewEnv(variables={"object": D, "oldObject": D, "request": D, "variables": D})
 POLICY = "draguard-driver-node-slices"
-DRIVER_USER = "system:serviceaccount:draguard-system:draguard-driver"
+DRIVER_USER = "system:serviceaccount:draguard-driver:draguard-driver"
 NODE_KEY = "authentication.kubernetes.io/node-name"
 
 
@@ -270,7 +270,7 @@ def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "drv", "namespace": "draguard-system"},
+        "metadata": {"name": "drv", "namespace": "draguard-driver"},
         "spec": {
             "serviceAccountName": "draguard-driver",
             "automountServiceAccountToken": False,
@@ -282,12 +282,12 @@ def test_api_server_keeps_the_driver_to_its_own_nodes_slices(api: Any) -> None:
     assert res.returncode == 0, res.stderr
     # What kubelet mounts into the DaemonSet pod: a token bound to the pod, hence to node-a.
     tok = api.kubectl(
-        "-n", "draguard-system", "create", "token", "draguard-driver", "--bound-object-kind", "Pod",
+        "-n", "draguard-driver", "create", "token", "draguard-driver", "--bound-object-kind", "Pod",
         "--bound-object-name", "drv",
     )  # fmt: skip
     assert tok.returncode == 0, tok.stderr
     bound = tok.stdout.strip()
-    loose = api.kubectl("-n", "draguard-system", "create", "token", "draguard-driver").stdout.strip()
+    loose = api.kubectl("-n", "draguard-driver", "create", "token", "draguard-driver").stdout.strip()
     assert loose
     _wait_until_policy_in_force(api, bound)
 

@@ -1,7 +1,7 @@
 """Security properties checked against real parts.
 
 - RBAC: the bundle's RBAC applied to a real kube-apiserver (RBAC authorizer), then
-  `kubectl auth can-i --list --as=system:serviceaccount:draguard-system:<sa>` for every service
+  `kubectl auth can-i --list --as=system:serviceaccount:<namespace>:<sa>` for every service
   account: no wildcard, no Secret beyond its own, nothing cluster-wide on Secrets.
 - Logs: at info level the webhook logs who/what/verdict, never object contents.
 - Manifests: every container of the built bundle has a read-only root filesystem and no privilege
@@ -33,6 +33,9 @@ OWN_SECRETS = {
     "draguard-certs": {"draguard-webhook-tls", "draguard-webhook-tls-ca"},
     "draguard-driver": set(),
 }
+# The driver's own namespace is the bundle's only Pod Security `privileged` one.
+SA_NAMESPACE = {"draguard-webhook": "draguard-system", "draguard-certs": "draguard-system",
+                "draguard-driver": "draguard-driver"}  # fmt: skip
 # Granted to every authenticated identity by the API server's default bindings.
 DEFAULT_RESOURCES = {
     "selfsubjectreviews.authentication.k8s.io",
@@ -82,7 +85,7 @@ def apiserver() -> Iterator[Any]:
 def _can_i_list(kubectl: str, kubeconfig: Path, sa: str, namespace: str) -> list[tuple[str, str, str, str]]:
     out = subprocess.run(
         [kubectl, "--kubeconfig", str(kubeconfig), "auth", "can-i", "--list", "-n", namespace,
-         f"--as=system:serviceaccount:draguard-system:{sa}"],
+         f"--as=system:serviceaccount:{SA_NAMESPACE[sa]}:{sa}"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -117,7 +120,7 @@ def test_rbac_least_privilege(apiserver: Any, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     report: dict[str, Any] = {}
     for sa in SERVICE_ACCOUNTS:
-        for ns in ("draguard-system", "default"):
+        for ns in ("draguard-system", "draguard-driver", "default"):
             rows = _can_i_list(kubectl, apiserver.kubeconfig, sa, ns)
             report[f"{sa}@{ns}"] = rows
             for res, _nonres, names, verbs in rows:
@@ -138,7 +141,7 @@ def test_rbac_least_privilege(apiserver: Any, tmp_path: Path) -> None:
     for sa in SERVICE_ACCOUNTS:
         out = subprocess.run(
             [kubectl, "--kubeconfig", str(apiserver.kubeconfig), "auth", "can-i", "get", "secret/other",
-             "-n", "draguard-system", f"--as=system:serviceaccount:draguard-system:{sa}"],
+             "-n", "draguard-system", f"--as=system:serviceaccount:{SA_NAMESPACE[sa]}:{sa}"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.stdout.strip() == "no", (sa, out.stdout, out.stderr)

@@ -164,7 +164,9 @@ def generated_webhook_configs(port: int, ca_bundle: str) -> list[dict[str, Any]]
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
-                "values": ["kube-system", "kube-node-lease", "kube-public", "draguard-system"],
+                "values": [
+                    "kube-system", "kube-node-lease", "kube-public", "draguard-system", "draguard-driver",
+                ],
             }
         ]
     }
@@ -295,7 +297,7 @@ def apply_bundle(cluster: LocalCluster, timeout: float = 240.0) -> dict[str, flo
         return int(d.get("status", {}).get("readyReplicas") or 0) == int(d["spec"]["replicas"])
 
     def driver_ready() -> bool:
-        ds = kube.get("/apis/apps/v1/namespaces/draguard-system/daemonsets/draguard-driver")
+        ds = kube.get("/apis/apps/v1/namespaces/draguard-driver/daemonsets/draguard-driver")
         return int(ds.get("status", {}).get("numberReady") or 0) >= 1
 
     def published() -> bool:

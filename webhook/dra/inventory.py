@@ -7,6 +7,7 @@ with `items`), any served `resource.k8s.io` version. `load_inventory` is the one
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,63 @@ from webhook.dra.objects import (
 
 T = TypeVar("T")
 _MEMO_LIMIT = 4096
+# Keys hold selector texts from requests and values can list every device (10,000 devices: ~80 KiB per
+# match): a count alone lets a stream of distinct selectors hold hundreds of MiB.
+_MEMO_BYTES = 32 * 1024 * 1024
+_SIZED = (str, bytes, tuple, list, set, frozenset, dict)
+
+
+_SAMPLE = 64
+
+
+def approx_bytes(obj: object, depth: int = 0) -> int:
+    """Rough size of a memo key or value: containers and the strings in them, down to 3 levels.
+    Other objects count only themselves (devices are the inventory's own, not the memo's). Past 64
+    items a container is sized from its first 64, scaled: a match can list 10,000 devices."""
+    n = sys.getsizeof(obj)
+    if depth >= 3 or not isinstance(obj, (dict, tuple, list, set, frozenset)):
+        return n
+    items = obj.items() if isinstance(obj, dict) else obj
+    inner = 0
+    for i, x in enumerate(items):
+        if i == _SAMPLE:
+            return n + inner * len(obj) // _SAMPLE
+        if isinstance(x, tuple) and isinstance(obj, dict):
+            inner += approx_bytes(x[0], depth + 1) + approx_bytes(x[1], depth + 1)
+        elif isinstance(x, _SIZED):
+            inner += approx_bytes(x, depth + 1)
+    return n + inner
+
+
+class Memo(dict[Hashable, Any]):
+    """Derived facts of an inventory, bounded by entry count and by approximate bytes; the oldest
+    entries go first. Shared on purpose between inventories with the same devices and classes."""
+
+    __slots__ = ("max_bytes", "max_entries", "nbytes", "sizes")
+
+    def __init__(self, max_entries: int = _MEMO_LIMIT, max_bytes: int = _MEMO_BYTES) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.sizes: dict[Hashable, int] = {}
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Store `value` unless it alone is over the byte bound, evicting the oldest to make room."""
+        size = approx_bytes(key) + approx_bytes(value)
+        if size > self.max_bytes:
+            return
+        if key in self:
+            self.drop(key)
+        while self and (len(self) >= self.max_entries or self.nbytes + size > self.max_bytes):
+            self.drop(next(iter(self)))
+        self[key] = value
+        self.sizes[key] = size
+        self.nbytes += size
+
+    def drop(self, key: Hashable) -> None:
+        del self[key]
+        self.nbytes -= self.sizes.pop(key, 0)
 
 
 class InventoryError(ValueError):
@@ -74,7 +132,7 @@ class Inventory:
     templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     # Derived facts computed once per inventory (rules ask for them once per object). Not an
     # __init__ argument, so dataclasses.replace() starts a fresh memo for the changed inventory.
-    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _memo: Memo = field(default_factory=Memo, init=False, compare=False, repr=False)
 
     @staticmethod
     def empty() -> Inventory:
@@ -137,12 +195,12 @@ class Inventory:
     def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
         """A derived fact of this (immutable) inventory, computed once: e.g. the devices a class's
         selectors match, which every claim naming that class needs again."""
-        if key not in self._memo:
-            if len(self._memo) >= _MEMO_LIMIT:
-                # A long-lived server sees unbounded distinct selector texts: keep memory bounded.
-                self._memo.clear()
-            self._memo[key] = compute()
-        value: T = self._memo[key]
+        if key in self._memo:
+            hit: T = self._memo[key]
+            return hit
+        # A long-lived server sees unbounded distinct selector texts: the memo bounds itself.
+        value = compute()
+        self._memo.put(key, value)
         return value
 
     def published_attributes(self) -> frozenset[tuple[str, str]]:
@@ -152,7 +210,7 @@ class Inventory:
             cached = frozenset(
                 (dom, name) for d in self.devices for dom, attrs in d.attributes.items() for name in attrs
             )
-            self._memo["published"] = cached
+            self._memo.put("published", cached)
         return cached
 
     def merged(self, other: Inventory) -> Inventory:
