@@ -15,9 +15,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from tests import pki
@@ -84,6 +84,7 @@ def start(
     runtime_config: str | None = "resource.k8s.io/v1beta2=true",
     *,
     service_account_admission: bool = False,
+    extra_args: Sequence[str] = (),
 ) -> ApiServer:
     """etcd + kube-apiserver under `base`, ready; RuntimeError (with the log's tail) when it is not.
 
@@ -170,6 +171,7 @@ def start(
             *([] if service_account_admission else ["--disable-admission-plugins", "ServiceAccount"]),
             "--endpoint-reconciler-type",
             "none",
+            *extra_args,
         ],
         stdout=log_a,
         stderr=subprocess.STDOUT,

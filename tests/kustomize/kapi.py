@@ -47,7 +47,8 @@ def api_server(extra_args: Sequence[str] = ()) -> Iterator[Api]:
         pytest.skip("etcd/kube-apiserver not built (make k8s, or set DRAGUARD_K8S_BIN) or kubectl missing")
     tmp = Path(tempfile.mkdtemp(prefix="draguard-bundle-api-"))
     try:
-        server = start(bin_dir, tmp, runtime_config=None, service_account_admission=True, extra_args=extra_args)
+        server = start(bin_dir, tmp, runtime_config=None, service_account_admission=True,
+                       extra_args=extra_args)  # fmt: skip
     except RuntimeError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.fail(f"kube-apiserver did not become ready: {exc}", pytrace=False)

@@ -20,7 +20,7 @@ import yaml
 from kapi import Api, api_server
 from kbundle import KUSTOMIZE, find, one, run_build
 
-from tests.reliability.adversarial.hostile import client_cert, make_ca, tls_client, write_ca
+from tests.reliability.adversarial.hostile import client_cert, make_ca, write_ca
 from tests.reliability.conftest import ROOT, WebhookProcess, draguard, free_port, write_inventory
 
 COMPONENT = KUSTOMIZE / "components" / "apiserver-client-auth"
@@ -188,7 +188,7 @@ def test_api_server_with_the_component_is_answered_and_others_are_refused(setup:
     import http.client
     import ssl
 
-    conn = http.client.HTTPSConnection("127.0.0.1", wh.port, context=tls_client(wh), timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.1", wh.port, context=wh.ssl_context(), timeout=10)
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         conn.request("POST", "/validate", body=b"{}", headers={"Content-Type": "application/json"})
         conn.getresponse().read()
