@@ -13,8 +13,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from webhook.core.findings import Finding, Mode
+
+if TYPE_CHECKING:
+    from webhook.policy.tier_index import TierIndex
 
 API_VERSION = "policy.draguard.io/v1alpha1"
 KINDS: tuple[str, ...] = (
@@ -427,6 +431,17 @@ class PolicySet:
     cel_lint: tuple[CelLintPolicy, ...] = ()
     migration: tuple[MigrationPolicy, ...] = ()
     exceptions: tuple[PolicyException, ...] = ()
+    # Built once per set, so classifying a workload does not ask every tier policy.
+    tier_index: TierIndex = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from webhook.policy.tier_index import TierIndex
+
+        object.__setattr__(self, "tier_index", TierIndex.of(self.tier))
+
+    def tier_candidates(self, facts: WorkloadFacts) -> list[GpuTierPolicy]:
+        """The tier policies that could classify `facts`, in order (see tier_index.py)."""
+        return self.tier_index.candidates(facts)
 
     @staticmethod
     def empty() -> PolicySet:
