@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.policy.load import parse_policy_text
-from webhook.policy.model import GpuTierPolicy, PolicySet, TierClass, WorkloadFacts, WorkloadMatch
+from webhook.policy.model import GpuTierPolicy, TierClass, WorkloadFacts, WorkloadMatch
+from webhook.policy.tier_index import TierIndex
 
 # A small alphabet so that generated patterns and values meet often.
 WORDS = ("vllm", "llm", "tier-1", "tier-17", "model", "server", "torchrun", "a.b", "ex", "serve")
@@ -66,8 +67,7 @@ facts_st = st.builds(
 def test_every_policy_that_classifies_is_a_candidate_in_order(
     pols: tuple[GpuTierPolicy, ...], facts: WorkloadFacts
 ) -> None:
-    pset = PolicySet(tier=pols)
-    found = pset.tier_candidates(facts)
+    found = TierIndex.of(pols, small=0).candidates(facts)
     classifying = [p for p in pols if p.classifications(facts)]
     assert set(map(id, classifying)) <= set(map(id, found))
     # Policy-set order: the first policy to classify is still the first asked.
@@ -116,7 +116,9 @@ def test_set_patterns_and_short_globs_are_asked_for_every_workload() -> None:
         '"*example.com/tier-0/*", "*model-0-server*"', '"[vt]llm*"'
     ) + GENERATED.format(i=1).replace('"*example.com/tier-1/*", "*model-1-server*"', '"*ab*"')
     pset = parse_policy_text(text)
-    assert [p.name for p in pset.tier_candidates(_facts("busybox"))] == ["generated-0", "generated-1"]
-    assert [p.name for p in pset.tier_candidates(_facts("tllm")) if p.classifications(_facts("tllm"))] == [
+    assert pset.tier_index.small  # two policies: each is asked
+    ix = TierIndex.of(pset.tier, small=0)
+    assert [p.name for p in ix.candidates(_facts("busybox"))] == ["generated-0", "generated-1"]
+    assert [p.name for p in ix.candidates(_facts("tllm")) if p.classifications(_facts("tllm"))] == [
         "generated-0"
     ]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from webhook.policy.model import GpuTierPolicy, WorkloadFacts, words_of
 
 GRAM = 4
+# Up to this many policies, asking each costs less than looking the workload up in the index.
+SMALL = 8
 _WILD = "*?"
 
 
@@ -97,10 +99,14 @@ class TierIndex:
     commands: _GlobIndex = field(default_factory=_GlobIndex)
     modules: _GlobIndex = field(default_factory=_GlobIndex)
     always: set[int] = field(default_factory=set)
+    small: bool = False
 
     @staticmethod
-    def of(policies: tuple[GpuTierPolicy, ...]) -> TierIndex:
+    def of(policies: tuple[GpuTierPolicy, ...], small: int = SMALL) -> TierIndex:
         ix = TierIndex(policies)
+        if len(policies) <= small:
+            ix.small = True
+            return ix
         for pos, pol in enumerate(policies):
             for c in pol.classes:
                 m = c.match
@@ -128,6 +134,8 @@ class TierIndex:
 
     def candidates(self, facts: WorkloadFacts) -> list[GpuTierPolicy]:
         """The policies that could classify `facts`, in policy-set order (a superset, never fewer)."""
+        if self.small:
+            return list(self.policies)
         found = set(self.always)
         for k in facts.labels:
             hit = self.by_label.get(k)

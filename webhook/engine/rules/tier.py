@@ -245,9 +245,6 @@ def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     if not name or read is None:
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    policies = _policies_for(rc, ns)
-    if not policies:
-        return
     known = (*(i.obj for i in rc.objects), *rc.ctx.related)
     spec, ptr = read
     for pod in pods_naming_claim(known, ns, name, rc.ctx.default_namespace):
@@ -263,7 +260,7 @@ def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         for policy in _classifying(rc, ns, facts):
             yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {pod_name}'s workload")
     if rc.ctx.looked_up.get(("PendingPods", ns, name)) == "unreadable":
-        for policy in policies:
+        for policy in _policies_for(rc, ns):
             yield rc.finding(
                 item,
                 f"tier/{policy.name}",
@@ -282,13 +279,10 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         yield from _check_named_claim(item, rc)
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    policies = _policies_for(rc, ns)
-    if not policies:
-        return
     pod = find_pod((*(i.obj for i in rc.objects), *rc.ctx.related), ns, owner, rc.ctx.default_namespace)
     if pod is None:
         if rc.ctx.looked_up.get(("Pod", ns, owner.name)) == "unreadable":
-            for policy in policies:
+            for policy in _policies_for(rc, ns):
                 yield rc.finding(
                     item,
                     f"tier/{policy.name}",
