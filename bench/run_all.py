@@ -41,6 +41,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "cel_lint": ["--nodes", "1000", "--repeat", "1"],
     "driver": ["--iterations", "50"],
     "review": ["--repeat", "1"],
+    "tier_index": ["--reviews", "60", "--rounds", "2"],
+    "json_codecs": ["--rounds", "2", "--number", "300"],
 }
 
 
