@@ -3,8 +3,8 @@
     .venv/bin/python bench/json_codecs.py [--rounds 7] [--number 2000]
 
 The bodies are bench/webhook.py's mixed review stream (legacy Pods, Deployments with claims, a
-DeviceClass) plus one 256 KiB Deployment (many containers and env entries, the size a large
-Helm-rendered workload reaches). The responses are what draguard answers: an allow with one warning,
+DeviceClass) plus one Deployment of about 185 KiB (60 containers with 40 env entries each, the size a
+large Helm-rendered workload reaches). The responses are what draguard answers: an allow with one warning,
 a denial with findings, and a mutating patch. Each codec is timed on the same objects, the codecs
 interleaved round by round; the least time per call over the rounds is printed, with its ratio to
 the standard library measured in the same run. Codecs that are not installed are listed as missing.
