@@ -44,6 +44,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
     "audit": ["--objects", "5000", "--repeat", "1"],
     "assess": ["--pods", "1000"],
+    "tier_index": ["--reviews", "60", "--rounds", "2"],
+    "json_codecs": ["--rounds", "2", "--number", "300"],
 }
 
 

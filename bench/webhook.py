@@ -350,11 +350,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(role: str, extra: list[str], tls: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start(
+    role: str, extra: list[str], tls: Path, script: str = __file__
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     cmd = [
         sys.executable,
-        __file__,
+        script,
         "--role",
         role,
         "--port",
@@ -451,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios", action="store_true", help="also load each kind of review alone (per-scenario figures)"
     )
     p.add_argument("--scenario-seconds", type=float, default=1.5)
+    p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also serve draguard from this source tree (e.g. `git archive` of an earlier commit, "
+        "unpacked) as a third server: before and after figures from one run",
+    )
     p.add_argument("--role", choices=["bare", "draguard"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cert", help=argparse.SUPPRESS)
@@ -480,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
             ["--no-cache"] if args.no_cache else []
         )
         servers = {"bare": start("bare", [], tls), "draguard": start("draguard", extra, tls)}
+        if args.baseline:
+            script = str(Path(args.baseline).resolve() / "bench" / "webhook.py")
+            servers["baseline"] = start("draguard", extra, tls, script)
         try:
             time.sleep(0.5)
             res = rounds(servers, tls, args)
@@ -499,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "bare": bare,
                     "draguard": dg,
+                    "baseline": res.get("baseline"),
                     "ratio": ratio,
                     "targets_met": ok,
                     "connections": args.connections,
@@ -520,7 +532,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'server':<9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} | {'paced p50':>9} {'paced p99':>9} "
         f"| {'RSS MB':>6} {'errors':>6}"
     )
-    for name, r in (("bare", bare), ("draguard", dg)):
+    shown = [("bare", bare), ("draguard", dg)] + (
+        [("baseline", res["baseline"])] if "baseline" in res else []
+    )
+    for name, r in shown:
         print(
             f"{name:<9} {r['rps']:>7.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} | {r['paced_p50_ms']:>9.2f} "
             f"{r['paced_p99_ms']:>9.2f} | {r['rss_mb']:>6.1f} {r['errors']:>6}"
@@ -538,6 +553,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{dg['cpu_ms_per_review']:.3f} ms; ratio bare/draguard {cpu_ratio:.2f} (all rounds ms: bare "
         f"{bare['cpu_ms_all']}, draguard {dg['cpu_ms_all']})"
     )
+    if "baseline" in res:
+        base = res["baseline"]
+        print(
+            f"baseline ({args.baseline}): {base['cpu_ms_per_review']:.3f} ms CPU per review, "
+            "ratio bare/baseline "
+            f"{bare['cpu_ms_per_review'] / base['cpu_ms_per_review']:.2f}; this tree / baseline CPU "
+            f"{dg['cpu_ms_per_review'] / base['cpu_ms_per_review']:.2f} (all rounds ms: {base['cpu_ms_all']})"
+        )
     for row in per_kind:
         b, d = row["bare"], row["draguard"]
         print(

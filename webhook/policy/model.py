@@ -13,9 +13,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from webhook.core.findings import Finding, Mode
 from webhook.dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
+
+if TYPE_CHECKING:
+    from webhook.policy.tier_index import TierIndex
 
 API_VERSION = "policy.draguard.io/v1alpha1"
 KINDS: tuple[str, ...] = (
@@ -466,12 +470,21 @@ class PolicySet:
     migration: tuple[MigrationPolicy, ...] = ()
     exceptions: tuple[PolicyException, ...] = ()
     workload_kinds: tuple[WorkloadKindPolicy, ...] = ()
-    # Built once per set (the request path reads it on every request): the workload CRD table.
+    # Built once per set (the request path reads them on every request): the workload CRD table, and
+    # the index that spares classifying a workload against every tier policy.
     crd_table: CrdTable = field(default_factory=lambda: CRD_POD_TEMPLATES, compare=False, repr=False)
+    tier_index: TierIndex = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        from webhook.policy.tier_index import TierIndex
+
         if self.workload_kinds and self.crd_table is CRD_POD_TEMPLATES:
             object.__setattr__(self, "crd_table", crd_table_of(self.workload_kinds))
+        object.__setattr__(self, "tier_index", TierIndex.of(self.tier))
+
+    def tier_candidates(self, facts: WorkloadFacts) -> list[GpuTierPolicy]:
+        """The tier policies that could classify `facts`, in order (see tier_index.py)."""
+        return self.tier_index.candidates(facts)
 
     @staticmethod
     def empty() -> PolicySet:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import json
 import re
 import time
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.workloads import using_crd_table
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
+from webhook.server import codec
 
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING = 120
@@ -107,11 +107,15 @@ class Outcome:
 def parse_review(body: bytes) -> dict[str, Any]:
     """The `request` of an AdmissionReview v1 body, or ReviewError(400) saying what is wrong."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ReviewError(400, "malformed-json", f"request body is not valid JSON: {e}") from e
-    except RecursionError as e:  # json nests on the C stack; a hostile body must not become a 500
+        doc = codec.loads(body)
+    except RecursionError as e:  # a hostile body must not become a 500
         raise ReviewError(400, "too-deep", "request body nests too deeply to be an AdmissionReview") from e
+    except (UnicodeDecodeError, ValueError) as e:
+        if codec.is_too_deep(e):
+            raise ReviewError(
+                400, "too-deep", "request body nests too deeply to be an AdmissionReview"
+            ) from e
+        raise ReviewError(400, "malformed-json", f"request body is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
         raise ReviewError(400, "not-a-review", "request body must be a JSON object (an AdmissionReview)")
     api = doc.get("apiVersion")
@@ -262,7 +266,11 @@ def _today() -> dt.date:
 
 
 def _evaluate(
-    obj: dict[str, Any], snap: Snapshot, operation: str, namespace: str, cel_bytes: int | None = None,
+    obj: dict[str, Any],
+    snap: Snapshot,
+    operation: str,
+    namespace: str,
+    cel_bytes: int | None = None,
     lookups: Any = None,
 ) -> tuple[list[Finding], int, bool]:
     """Findings, the bytes of never-seen selector text compiled on the way, and whether the CEL
@@ -371,7 +379,7 @@ def _review(
             return out("allowed", findings=patching)
         resp = dict(allowed)
         resp["patchType"] = "JSONPatch"
-        resp["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+        resp["patch"] = base64.b64encode(codec.dumps(ops)).decode()
         resp["warnings"] = [warning_text(f) for f in applied][:MAX_WARNINGS]
         generated = tuple(g for f in applied for g in f.generated)
         return out("patched", response=resp, findings=applied, generated=generated, patch=ops)
@@ -444,11 +452,11 @@ class Cached:
         return out, self.render_bytes(uid)
 
     def render_bytes(self, uid: str) -> bytes:
-        return self.prefix + json.dumps(uid).encode() + self.suffix
+        return self.prefix + codec.dumps(uid) + self.suffix
 
 
 def serialise(outcome: Outcome) -> bytes:
-    return json.dumps(outcome.document(), separators=(",", ":")).encode()
+    return codec.dumps(outcome.document())
 
 
 ReviewKey = tuple[str, int, str, bytes]
@@ -481,10 +489,10 @@ class ReviewCache:
         changes nothing but the uid); None when it cannot be serialised again (never cached)."""
         rest = {k: v for k, v in request.items() if k != "uid"}
         try:
-            text = json.dumps(rest, separators=(",", ":"), check_circular=False)
+            text = codec.dumps(rest)
         except (TypeError, ValueError, RecursionError):
             return None
-        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        digest = hashlib.blake2b(text, digest_size=16).digest()
         return endpoint, generation, _today().isoformat(), digest
 
     def get(self, key: ReviewKey) -> Cached | None:
@@ -503,7 +511,7 @@ class ReviewCache:
             # An internal error may be transient, and a budget refills: evaluate again next time.
             return None
         tmpl = serialise(replace(outcome, response={**outcome.response, "uid": _UID_SENTINEL}))
-        prefix, _, suffix = tmpl.partition(json.dumps(_UID_SENTINEL).encode())
+        prefix, _, suffix = tmpl.partition(codec.dumps(_UID_SENTINEL))
         entry = Cached(outcome, prefix, suffix)
         weight = 1024 + 3 * len(tmpl)
         if key in self._data:

@@ -8,6 +8,8 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from webhook.server import codec
+
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
@@ -32,7 +34,6 @@ class JsonFormatter(logging.Formatter):
 
 
 _handler: logging.StreamHandler[TextIO] | None = None
-_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 
 def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
@@ -51,7 +52,7 @@ def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -
         "msg": msg,
         **fields,
     }
-    line = _ENCODER.encode(out) + "\n"
+    line = codec.dumps_log(out) + "\n"
     with h.lock or _NOLOCK:
         h.stream.write(line)
 

@@ -81,7 +81,9 @@ def _wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]
     labels = snap.namespace_labels.get(namespace)
     return [
         w
-        for w in lookups_needed(obj, snap.policies.tier, snap.inventory, namespace, labels)
+        for w in lookups_needed(
+            obj, snap.policies.tier, snap.inventory, namespace, labels, snap.policies.tier_index
+        )
         if _NAME.match(w[2]) and len(w[2]) <= 253
     ]
 

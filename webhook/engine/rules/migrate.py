@@ -53,7 +53,7 @@ def tier_allowed(
     if facts is None:
         return None
     tiers = []
-    for pol in policies.tier:
+    for pol in policies.tier_candidates(facts):
         if pol.scope.applies(namespace, labels):
             cls = pol.classify(facts)
             if cls is not None:

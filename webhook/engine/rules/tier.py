@@ -29,6 +29,7 @@ from webhook.policy.model import (
     TierClass,
     WorkloadFacts,
 )
+from webhook.policy.tier_index import TierIndex
 
 
 def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
@@ -221,6 +222,15 @@ def _policies_for(rc: RuleContext, ns: str) -> list[GpuTierPolicy]:
     return [p for p in rc.policies.tier if p.scope.applies(ns, labels)]
 
 
+def _classifying(rc: RuleContext, ns: str, facts: WorkloadFacts) -> list[GpuTierPolicy]:
+    """The policies in force in `ns` that could classify `facts` (the others find nothing)."""
+    found = rc.policies.tier_candidates(facts)
+    if not found:
+        return found
+    labels = rc.namespace_labels(ns)
+    return [p for p in found if p.scope.applies(ns, labels)]
+
+
 def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     """A user's claim keeps to the class of every pod already waiting for it by name.
 
@@ -235,9 +245,6 @@ def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     if not name or read is None:
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    policies = _policies_for(rc, ns)
-    if not policies:
-        return
     known = (*(i.obj for i in rc.objects), *rc.ctx.related)
     spec, ptr = read
     for pod in pods_naming_claim(known, ns, name, rc.ctx.default_namespace):
@@ -250,10 +257,10 @@ def _check_named_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
                    f"named:{pod_name}:{req}")
             for dc, req_ptr, req in requested_classes(spec)
         ]  # fmt: skip
-        for policy in policies:
+        for policy in _classifying(rc, ns, facts):
             yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {pod_name}'s workload")
     if rc.ctx.looked_up.get(("PendingPods", ns, name)) == "unreadable":
-        for policy in policies:
+        for policy in _policies_for(rc, ns):
             yield rc.finding(
                 item,
                 f"tier/{policy.name}",
@@ -272,13 +279,10 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         yield from _check_named_claim(item, rc)
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    policies = _policies_for(rc, ns)
-    if not policies:
-        return
     pod = find_pod((*(i.obj for i in rc.objects), *rc.ctx.related), ns, owner, rc.ctx.default_namespace)
     if pod is None:
         if rc.ctx.looked_up.get(("Pod", ns, owner.name)) == "unreadable":
-            for policy in policies:
+            for policy in _policies_for(rc, ns):
                 yield rc.finding(
                     item,
                     f"tier/{policy.name}",
@@ -311,7 +315,7 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         )
         for dc, req_ptr, req in requested_classes(spec)
     ]
-    for policy in policies:
+    for policy in _classifying(rc, ns, facts):
         yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {owner.name}'s workload")
 
 
@@ -349,7 +353,7 @@ def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     if facts is None:
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
-    for policy in _policies_for(rc, ns):
+    for policy in _classifying(rc, ns, facts):
         yield from check_policy(item, rc, policy, uses, facts)
         if missing and policy.classifications(facts):
             cls = policy.classifications(facts)[0]
@@ -384,6 +388,7 @@ def lookups_needed(
     inventory: Inventory,
     namespace: str,
     labels: Mapping[str, str] | None,
+    index: TierIndex | None = None,
 ) -> list[tuple[str, str, str]]:
     """(kind, namespace, name) of objects the tier verdict on `obj` depends on that `inventory` lacks.
 
@@ -392,6 +397,12 @@ def lookups_needed(
     templates and claims it names. Admission reads these from
     the API server so every replica judges from the same facts, whatever its watch has seen yet.
     """
+    if obj.get("kind") != "ResourceClaim":
+        facts = workload_facts(obj)
+        if facts is None:
+            return []
+        if index is not None:
+            policies = index.candidates(facts)
     scoped = [p for p in policies if p.scope.applies(namespace, labels)]
     if not scoped:
         return []
@@ -406,7 +417,6 @@ def lookups_needed(
         # A user's claim: the unscheduled pods of the namespace that name it.
         return [("PendingPods", namespace, name)] if name else []
     found = pod_spec_of(obj)
-    facts = workload_facts(obj)
     if found is None or facts is None or not any(p.classifications(facts) for p in scoped):
         return []
     out: list[tuple[str, str, str]] = []
