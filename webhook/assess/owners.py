@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.findings import ObjectRef
+
 # Deeper chains than this do not occur in practice (Deployment -> ReplicaSet -> Pod is the longest
 # built-in one; a CRD adds one or two). A cycle or a hostile chain stops here.
 MAX_DEPTH = 6
@@ -34,23 +36,8 @@ def may_own_pods(api_version: str, kind: str) -> bool:
     return "." in group and not group.endswith(".k8s.io")
 
 
-@dataclass(frozen=True, slots=True)
-class OwnerRef:
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}/{self.namespace}/{self.name}"
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "namespace": self.namespace,
-            "name": self.name,
-        }
+# An owner is named like any object a finding names (its namespace always set: pods are namespaced).
+OwnerRef = ObjectRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +102,7 @@ def resolve(obj: Mapping[str, Any], lookup: Lookup, max_depth: int = MAX_DEPTH) 
         chain.append(ref)
         if not may_own_pods(ref.api_version, ref.kind):
             return Resolved(ref, tuple(chain), None, f"{ref} is not a workload kind: not followed")
-        found = lookup(ref.api_version, ref.kind, ref.namespace, ref.name)
+        found = lookup(ref.api_version, ref.kind, ref.namespace or "", ref.name)
         if found is None:
             return Resolved(ref, tuple(chain), None, f"{ref} not readable (deleted, or no permission)")
         current, current_ref = found, ref
