@@ -106,6 +106,23 @@ def test_a_gpu_lost_at_run_time_is_tainted_by_the_watcher_without_an_inventory_r
         watcher.stop()
 
 
+def test_a_lost_answer_that_no_gpu_confirms_taints_nothing(tmp_path: Path) -> None:
+    # Every event wait answers GPU_IS_LOST, yet each GPU still reads fine: no GPU is tainted on
+    # suspicion (NVIDIA's drivers would mark all eight), the error is kept for the probes.
+    path = topology(tmp_path, "h100-8x-nvlink", lambda d: d.update(faults={"nvmlEventSetWait_v2": 15}))
+    nvml = open_sim(path)
+    node = nvml.enumerate()
+    tracker = HealthTracker()
+    watcher = XidWatcher(nvml, tracker, [g.uuid for g in node.gpus], poll_ms=50)
+    watcher.start()
+    try:
+        _until("the wait's lost answer recorded", lambda: "error 15" in watcher.error, timeout=10)
+        assert tracker.snapshot() == {}
+        assert watcher.uuids == [g.uuid for g in node.gpus] and watcher.alive()
+    finally:
+        watcher.stop()
+
+
 def test_a_gpu_lost_at_run_time_is_isolated_kept_tainted_and_refused(short_dir: Path) -> None:
     claims = InMemoryClaims()
     state = make_state(short_dir, claims, topology="h100-8x-nvlink")
