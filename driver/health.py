@@ -1,7 +1,10 @@
 """GPU health → device taints on the ResourceSlices, and the DaemonSet's probe endpoints.
 
 A GPU becomes unhealthy on an XID critical error event from NVML (application-level XIDs, which
-NVIDIA's device plugin also ignores, do not count) or when NVML can no longer read it (lost). Its
+NVIDIA's device plugin also ignores, do not count) or when NVML can no longer read it (lost). A lost
+GPU is seen at once: NVML's event wait answers GPU_IS_LOST without naming the GPU, so the watcher
+asks each GPU one cheap question and taints only those that answer lost (NVIDIA's drivers taint
+every GPU of the node then); the next inventory read finds it too. Its
 devices stay published with a taint (KEP-5055) rather than vanishing: the scheduler places no new
 claim on them (`NoSchedule`), and for a lost GPU the device-taint eviction controller also moves
 running pods away (`NoExecute`). Prepare refuses a lost GPU's devices. A taint is cleared only by
@@ -21,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from driver.devices import DriverDevice
-from driver.nvml import FailedGpu, GpuInfo, Nvml, NvmlCallError
+from driver.nvml import ERR_GPU_IS_LOST, FailedGpu, GpuInfo, Nvml, NvmlCallError
 from driver.schema import DRIVER_NAME
 
 log = logging.getLogger("draguard.driver.health")
@@ -162,6 +165,11 @@ class XidWatcher:
                 try:
                     event = self.nvml.wait_xid(watch, self.poll_ms)
                 except NvmlCallError as exc:
+                    if exc.code == ERR_GPU_IS_LOST and self._take_lost():
+                        watch = self._rewatch(watch)
+                        if watch is None:
+                            return
+                        continue
                     self.error = str(exc)
                     log.error("waiting for XID events failed: %s", exc)
                     self._stop.wait(self.poll_ms / 1000)
@@ -169,7 +177,27 @@ class XidWatcher:
                 if event is not None:
                     self.tracker.xid(*event)
         finally:
-            self.nvml.close_watch(watch)
+            if watch is not None:
+                self.nvml.close_watch(watch)
+
+    def _take_lost(self) -> bool:
+        """Mark the GPUs NVML now answers GPU_IS_LOST for; False when none can be told apart."""
+        lost = self.nvml.lost_gpus(self.uuids)
+        self.uuids = [u for u in self.uuids if u not in lost]
+        for uuid in lost:
+            self.tracker.lost(uuid)
+        return bool(lost)
+
+    def _rewatch(self, watch: Any) -> Any:
+        """A fresh event set without the lost GPUs (one left in would answer every wait GPU_IS_LOST);
+        None when NVML refuses one: the thread ends and the liveness probe says so."""
+        self.nvml.close_watch(watch)
+        try:
+            return self.nvml.watch_xids(self.uuids)
+        except NvmlCallError as exc:
+            self.error = str(exc)
+            log.error("cannot watch XID events again after a lost GPU: %s", exc)
+            return None
 
 
 @dataclass

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ ERR_NOT_FOUND = 6
 ERR_INVALID_ARGUMENT = 2
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_TIMEOUT = 10
+ERR_GPU_IS_LOST = 15
 EVENT_XID_CRITICAL = 8  # nvmlEventTypeXidCriticalError
 MAX_NVLINKS = 18
 _ABSENT = (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT)
@@ -330,6 +331,20 @@ class Nvml:
                 return None
             raise
         return _text(self._call("nvmlDeviceGetUUID", data.device)), int(data.eventData)
+
+    def lost_gpus(self, uuids: Sequence[str]) -> list[str]:
+        """Those of `uuids` NVML answers GPU_IS_LOST for: one cheap query each, inside a watch
+        (NVML initialised), to tell which GPU a wait's GPU_IS_LOST was about."""
+        lost = []
+        for uuid in uuids:
+            try:
+                self._call("nvmlDeviceGetMinorNumber", self._call("nvmlDeviceGetHandleByUUID", uuid))
+            except NvmlCallError as exc:
+                if exc.code == ERR_GPU_IS_LOST:
+                    lost.append(uuid)
+                else:
+                    log.warning("probing GPU %s after a lost-GPU answer: %s", uuid, exc)
+        return lost
 
     def close_watch(self, events: Any) -> None:
         try:

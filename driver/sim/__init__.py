@@ -274,6 +274,8 @@ class SimulatedNvml:
         """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST."""
         with self._lock:
             self._gpu_by_uuid(uuid).lost = True
+        with self._event_cond:  # a waiting nvmlEventSetWait answers at once
+            self._event_cond.notify_all()
 
     def simInjectXid(self, uuid: str, xid: int) -> None:
         """Queue an XID critical error event for the GPU (or the parent of a MIG device)."""
@@ -320,6 +322,10 @@ class SimulatedNvml:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._read_events_file()
+            # NVML answers GPU_IS_LOST from the wait itself when a GPU of the set falls off the bus,
+            # without saying which one.
+            if any(g.lost for g in self.gpus if g.uuid in events):
+                raise SimNVMLError(NVML_ERROR_GPU_IS_LOST, "a GPU of the event set is lost")
             with self._event_cond:
                 for i, (gpu, xid) in enumerate(self._events):
                     if gpu.uuid in events:

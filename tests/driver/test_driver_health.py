@@ -81,6 +81,48 @@ def test_xid_watcher_sees_an_injected_event() -> None:
     assert not watcher.alive() or watcher.uuids == []
 
 
+def test_a_gpu_lost_at_run_time_is_tainted_by_the_watcher_without_an_inventory_read() -> None:
+    nvml = open_sim("h100-8x-nvlink")
+    node = nvml.enumerate()
+    changed = threading.Event()
+    tracker = HealthTracker(on_change=changed.set)
+    watcher = XidWatcher(nvml, tracker, [g.uuid for g in node.gpus], poll_ms=60_000)
+    watcher.start()
+    try:
+        reads = nvml.lib.calls
+        nvml.lib.simLoseGpu(node.gpus[3].uuid)
+        # The wait answers GPU_IS_LOST long before its 60 s timeout; only GPU 3 is marked.
+        assert changed.wait(10)
+        assert tracker.snapshot() == {node.gpus[3].uuid: "gpu-lost"}
+        assert watcher.uuids == [g.uuid for g in node.gpus if g.index != 3]
+        # The watcher goes on with the other seven: an XID on one of them still arrives.
+        changed.clear()
+        nvml.lib.simInjectXid(node.gpus[6].uuid, 63)
+        assert changed.wait(10)
+        assert tracker.snapshot() == {node.gpus[3].uuid: "gpu-lost", node.gpus[6].uuid: "xid-63"}
+        assert watcher.alive() and watcher.error == ""
+        assert nvml.lib.calls - reads < 100  # one probe per GPU and a fresh event set, no inventory
+    finally:
+        watcher.stop()
+
+
+def test_a_lost_answer_that_no_gpu_confirms_taints_nothing(tmp_path: Path) -> None:
+    # Every event wait answers GPU_IS_LOST, yet each GPU still reads fine: no GPU is tainted on
+    # suspicion (NVIDIA's drivers would mark all eight), the error is kept for the probes.
+    path = topology(tmp_path, "h100-8x-nvlink", lambda d: d.update(faults={"nvmlEventSetWait_v2": 15}))
+    nvml = open_sim(path)
+    node = nvml.enumerate()
+    tracker = HealthTracker()
+    watcher = XidWatcher(nvml, tracker, [g.uuid for g in node.gpus], poll_ms=50)
+    watcher.start()
+    try:
+        _until("the wait's lost answer recorded", lambda: "error 15" in watcher.error, timeout=10)
+        assert tracker.snapshot() == {}
+        assert watcher.uuids == [g.uuid for g in node.gpus] and watcher.alive()
+    finally:
+        watcher.stop()
+
+
 def test_a_gpu_lost_at_run_time_is_isolated_kept_tainted_and_refused(short_dir: Path) -> None:
     claims = InMemoryClaims()
     state = make_state(short_dir, claims, topology="h100-8x-nvlink")

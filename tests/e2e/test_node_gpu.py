@@ -1,5 +1,6 @@
 """What a GPU container gets on the real node through the driver's CDI specs, as containerd applies
-them, and how GPU health reaches the ResourceSlices and the pod's status through the real kubelet.
+them, and how GPU health (an XID, a GPU lost at run time) reaches the ResourceSlices, the device-taint
+eviction controller and the pod's status through the real kubelet.
 
 The simulation stops at the GPU: simulated NVML, mknod'ed device nodes and the simulated driver root
 the driver lays out (real files; its `nvidia-smi` is a shell script that lists only the devices
@@ -14,12 +15,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
 from driver.sim import SimulatedNvml, load_topology
 from tests.e2e.helpers import (
     Kubectl,
     allocated_devices,
     claim_uid,
     published_devices,
+    running_pod,
     start_claim_pod,
     wait_for,
 )
@@ -30,6 +35,7 @@ MIG_TOPOLOGY = "a100-4x-mig.yaml"
 MIG_CLASS = "gpu.nvidia.com-a100-mig-3g20gb"
 NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 511
 TAINT_KEY = "gpu.nvidia.com/unhealthy"
+TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
 
 # What the container prints: nvidia-smi from where the CDI spec mounts the driver's binaries, the
 # libraries where CUDA images look for them, and every character device node it was given.
@@ -229,3 +235,86 @@ def test_an_xid_taints_the_device_and_reaches_the_pods_status_through_the_kubele
         )
         # NoSchedule: the running pod stays.
         assert kubectl.get("pod", "sick", ns)["status"]["phase"] == "Running"
+
+
+def _tolerating_claim_pod(ns: str, name: str, image: str, node: str) -> str:
+    """scenarios.claim_pod for one A100, its request tolerating the driver's health taints."""
+    docs = list(yaml.safe_load_all(scenarios.claim_pod(ns, name, scenarios.A100, 1, image, node)))
+    [claim] = [d for d in docs if d["kind"] == "ResourceClaim"]
+    # The device-taint eviction controller honours only tolerations that name NoExecute; one
+    # without an effect keeps the scheduler from refusing the device but not the pod from eviction.
+    claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [TOLERATION]
+    return yaml.safe_dump_all(docs)
+
+
+def test_a_gpu_lost_at_run_time_is_tainted_its_pod_evicted_or_told_and_the_others_stay(
+    cluster: LocalCluster,
+    kubectl: Kubectl,
+    namespace: Callable[..., str],
+    real_node: str,
+    workload_image: str,
+) -> None:
+    ns = namespace("gpu-lost")
+    events = cluster.nvml_events_path(real_node)
+    own = {f"gpu-{g.minor}" for g in _topology(cluster).gpus}
+    with _driver_restored(cluster, kubectl, real_node):
+        applied = kubectl.apply(_tolerating_claim_pod(ns, "kept", workload_image, real_node))
+        assert applied.returncode == 0, applied.stderr
+        running_pod(kubectl, ns, "kept")
+        start_claim_pod(kubectl, ns, "evicted", scenarios.A100, 1, workload_image, real_node)
+        [kept_dev] = allocated_devices(kubectl, ns, "kept-gpu")
+        [evicted_dev] = allocated_devices(kubectl, ns, "evicted-gpu")
+        kept_id = f"k8s.gpu.nvidia.com/claim={claim_uid(kubectl, ns, 'kept-gpu')}-{kept_dev}"
+
+        def kept_health(health: str, message: str | None) -> Callable[[], bool]:
+            def check() -> bool:
+                proc = kubectl.run("get", "pod", "-n", ns, "kept")
+                if "NotFound" in proc.stderr:
+                    pytest.fail(f"pod {ns}/kept is gone: {kubectl.ok('get', 'events', '-n', ns)}")
+                [entry] = _allocated_status(kubectl, ns, "kept") or [{}]
+                [res] = entry.get("resources") or [{}]
+                assert res.get("resourceID") in (None, kept_id), entry
+                return bool(res.get("health") == health and res.get("message") == message)
+
+            return check
+
+        wait_for(kept_health("Healthy", None), "the kept pod's GPU reported Healthy", timeout=90)
+        # The scheduler carries the request's toleration into the allocation, where the device-taint
+        # eviction controller reads it.
+        [result] = kubectl.get("resourceclaim", "kept-gpu", ns)["status"]["allocation"]["devices"]["results"]
+        assert result.get("tolerations") == [TOLERATION], result
+        devs = published_devices(kubectl, real_node)
+        with events.open("a") as f:  # both GPUs fall off the bus
+            for dev in (kept_dev, evicted_dev):
+                f.write(json.dumps({"lost": devs[dev]["attributes"]["uuid"]["string"]}) + "\n")
+
+        # The driver runs with its default 300 s inventory resync: the taints come from the health
+        # watcher, within seconds.
+        def lost_tainted() -> dict[str, Any] | None:
+            now = published_devices(kubectl, real_node)
+            return now if all(now[d].get("taints") for d in (kept_dev, evicted_dev)) else None
+
+        now = wait_for(lost_tainted, f"{kept_dev} and {evicted_dev} tainted as lost", timeout=60)
+        for dev in (kept_dev, evicted_dev):
+            [taint] = now[dev]["taints"]
+            assert (taint["key"], taint["value"], taint["effect"]) == (TAINT_KEY, "gpu-lost", "NoExecute")
+        # The lost GPUs stay published (tainted); the node's other GPUs stay, untainted.
+        assert set(now) == own, sorted(now)
+        others = {n: d.get("taints") for n, d in now.items() if n not in (kept_dev, evicted_dev)}
+        assert others and not any(others.values()), others
+
+        # NoExecute: the pod that does not tolerate it is evicted by the device-taint controller ...
+        def evicted() -> bool:
+            proc = kubectl.run("get", "pod", "-n", ns, "evicted", "-o", "json")
+            if proc.returncode != 0:
+                return "NotFound" in proc.stderr
+            return bool(json.loads(proc.stdout)["metadata"].get("deletionTimestamp"))
+
+        wait_for(evicted, "the non-tolerating pod on the lost GPU evicted", timeout=90)
+        # ... and the one that tolerates it stays, told by the kubelet that its GPU is lost.
+        wait_for(
+            kept_health("Unhealthy", "gpu-lost (NoExecute)"),
+            "the kept pod's GPU reported Unhealthy (lost) in its container status",
+            timeout=90,
+        )
+        assert kubectl.get("pod", "kept", ns)["status"]["phase"] == "Running"
