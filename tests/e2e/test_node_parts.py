@@ -5,12 +5,10 @@ simulated driver root. Not marked e2e (see conftest): these run in every test ru
 
 from __future__ import annotations
 
-import subprocess
 import tomllib
 from pathlib import Path
 
-from webhook.dev import containerd, gpu, kubelet, network
-from webhook.dev.addons import topology_path
+from webhook.dev import containerd, kubelet, network
 from webhook.dev.node import NodeBins
 from webhook.dev.procs import Supervisor
 
@@ -70,30 +68,3 @@ def test_kubelet_is_never_anonymous(tmp_path: Path) -> None:
     assert cfg["cgroupRoot"] == f"/draguard-{net.run_id}"
 
 
-def test_simulated_driver_root_has_real_files_and_an_nvidia_smi(tmp_path: Path) -> None:
-    topo = topology_path("a100-4x-nvlink.yaml")
-    info = gpu.write_driver_root(tmp_path, topo)
-    version, gpus = gpu.load_topology(topo)
-    lib = tmp_path / gpu.LIB_DIR
-    for name in ("libcuda.so", "libnvidia-ml.so"):
-        assert (lib / f"{name}.{version}").is_file() and not (lib / f"{name}.{version}").is_symlink()
-        assert (lib / name).resolve() == (lib / f"{name}.{version}").resolve()
-        assert str((lib / name).readlink()) == f"{name}.1"
-    assert info["libraries"] == [
-        f"{gpu.LIB_DIR}/libcuda.so.{version}",
-        f"{gpu.LIB_DIR}/libnvidia-ml.so.{version}",
-    ]
-    out = subprocess.run(
-        [str(tmp_path / "usr/bin/nvidia-smi"), "-L"], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.splitlines() == [f"GPU {g.minor}: {g.name} (UUID: {g.uuid})" for g in gpus]
-    table = subprocess.run([str(tmp_path / "usr/bin/nvidia-smi")], capture_output=True, text=True, check=True)
-    assert f"Driver Version: {version}" in table.stdout
-
-
-def test_device_nodes_are_the_nvidia_numbers() -> None:
-    _, gpus = gpu.load_topology(topology_path("h100-8x-nvlink.yaml"))
-    nodes = {str(n.path): (n.major, n.minor) for n in gpu.device_nodes(gpus)}
-    assert nodes["/dev/nvidia7"] == (195, 7)
-    assert nodes["/dev/nvidiactl"] == (195, 255)
-    assert {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= set(nodes)

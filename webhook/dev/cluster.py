@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from webhook.dev import addons, apiserver, containerd, controllers, etcd, gpu, kubelet, network, pki
+from webhook.dev import addons, apiserver, containerd, controllers, etcd, kubelet, network, pki
 from webhook.dev.addons import FIELD_MANAGER, DriverDirs, generated_webhook_configs
 from webhook.dev.kube import ApiError, Kube
 from webhook.dev.node import NodeBins, RealNode, find_node_bins
@@ -290,15 +290,8 @@ class LocalCluster(Supervisor):
         for user in ("kubelet", "kube-proxy"):
             apiserver.write_kubeconfig(c, self.paths.root / f"{user}.kubeconfig", self.server, user)
         t0 = time.monotonic()
-        topology = addons.topology_path(node.topology)
-        devs = gpu.make_device_nodes(net.run_id, self.paths.root, gpu.load_topology(topology)[1])
-        driver_root = self.paths.node / "driver-root"
-        self.state["gpu"] = {
-            "device_nodes": devs,
-            "driver_root": gpu.write_driver_root(driver_root, topology),
-        }
-        self._save_state()
-        self.progress(f"simulated GPUs: {len(devs)} device nodes, driver root {driver_root}")
+        # The GPUs are the driver's to simulate: it lays out its own driver root, device nodes
+        # included, under its plugin directory (driver/sim/driverroot.py); nothing goes in the host's /dev.
         cp = containerd.ContainerdPaths.of(self.paths.node, net)
         network.write_cni_config(net, cp.cni_conf, cp.cni_ipam)
         containerd.start(self, net, bins, sandbox_image, timeout)
@@ -425,7 +418,6 @@ class LocalCluster(Supervisor):
             undone += network.teardown(net)
             undone += [f"cni cache {p}" for p in network.remove_cni_cache(net)]
             undone += [f"cgroup {p}" for p in kubelet.remove_cgroup_root(net)]
-            undone += [f"device node {p}" for p in gpu.remove_device_nodes(net.run_id)]
             shutil.rmtree(run_dir, ignore_errors=True)
             self.state.pop("node_net", None)
             if undone:
@@ -471,6 +463,5 @@ class LocalCluster(Supervisor):
                 "pod_cidr": net.pod_cidr,
                 "service_cidr": net.service_cidr,
                 "netns_present": net.netns in network._netns_list(),
-                "gpu": self.state.get("gpu"),
             }
         return out

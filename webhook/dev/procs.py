@@ -197,7 +197,7 @@ class Paths:
 
     @property
     def node(self) -> Path:
-        """The real node's files: containerd, kubelet, CNI, CDI, the simulated driver root."""
+        """The real node's files: containerd, kubelet, CNI, CDI."""
         return self.root / "node"
 
 
