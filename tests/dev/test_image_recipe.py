@@ -388,3 +388,26 @@ def test_build_without_root_or_debootstrap_says_what_to_do(
     assert image.main(["build"]) == 1
     assert "debootstrap not found: apt-get install -y debootstrap" in capsys.readouterr().err
     assert not list((tmp_path / "cache").glob("*.oci.tar"))
+
+
+def test_renovate_tracks_every_digest_pin() -> None:
+    """renovate.json's regex managers find each pinned image, so its updates cannot silently stop."""
+    config = json.loads((ROOT / "renovate.json").read_text())
+    found: dict[str, set[str]] = {}
+    for manager in config["customManagers"]:
+        files = [re.compile(p.strip("/")) for p in manager["managerFilePatterns"]]
+        # Renovate's named groups are ECMAScript's (?<name>); Python spells them (?P<name>).
+        patterns = [re.compile(s.replace("(?<", "(?P<")) for s in manager["matchStrings"]]
+        for rel in ("image/recipe.toml", "Containerfile", ".github/workflows/release.yml"):
+            if any(f.search(rel) for f in files):
+                text = (ROOT / rel).read_text()
+                for pat in patterns:
+                    for m in pat.finditer(text):
+                        found.setdefault(rel, set()).add(
+                            f"{m['depName']}:{m['currentValue']}@{m['currentDigest']}"
+                        )
+    base = image.load_recipe().draguard.base
+    assert found["image/recipe.toml"] == {base} and found["Containerfile"] == {base}
+    workflow = (ROOT / ".github/workflows/release.yml").read_text()
+    pinned = set(re.findall(r"image[:=] ?(\S+@sha256:[0-9a-f]{64})", workflow))
+    assert pinned and found[".github/workflows/release.yml"] == pinned
