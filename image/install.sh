@@ -6,7 +6,8 @@
 #                                     the build backend from SRC/image/build.lock (hashes required)
 #   install.sh venv WHEELS LOCK       /opt/draguard: the dependencies from LOCK (hashes required), then
 #                                     the wheel without dependencies
-#   install.sh finish PACKAGE...      drop pip and the build-only Debian PACKAGEs, caches and docs
+#   install.sh finish PACKAGE...      drop pip and the build-only Debian PACKAGEs, caches, docs and
+#                                     every setuid/setgid bit
 #   install.sh sbom SRC NAME VERSION  CycloneDX SBOM of the result: /usr/share/draguard/sbom.cdx.json
 set -eu
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
@@ -53,6 +54,10 @@ finish)
         /root/.cache /tmp/wheels /var/tmp/*
     # Documentation goes, the licences stay.
     find /usr/share/doc -type f ! -name copyright -delete
+    # No setuid/setgid programs (su, mount, passwd...): nothing in the image needs to gain privileges,
+    # and a program that cannot is no way up from a compromised process.
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp \) -prune \
+        -o -type f -perm /6000 -exec chmod ug-s {} +
     ;;
 sbom)
     mkdir -p /usr/share/draguard

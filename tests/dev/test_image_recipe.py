@@ -68,6 +68,47 @@ def test_containerfile_runs_exactly_the_local_builders_install_steps() -> None:
     assert "bookworm" in spec.base and spec.suite == "bookworm"
 
 
+PINNED = re.compile(r"^\S+:[\w.-]+@sha256:[0-9a-f]{64}$")
+
+
+def _from_images(text: str) -> list[str]:
+    """Every FROM's image with ARG defaults substituted, as a build without --build-arg sees it."""
+    args: dict[str, str] = {}
+    images = []
+    for word, rest in _containerfile_instructions(text):
+        if word == "ARG" and "=" in rest:
+            k, v = rest.split("=", 1)
+            args[k] = v
+        elif word == "FROM":
+            ref = rest.split()[0]
+            images.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m[1] or m[2], m[0]), ref))
+    return images
+
+
+def test_every_base_image_is_pinned_by_digest() -> None:
+    """A tag can be re-pushed with other bytes; the release builds from the digest the recipe names."""
+    froms = _from_images((ROOT / "Containerfile").read_text())
+    assert froms == [image.load_recipe().draguard.base]
+    for ref in froms:
+        assert PINNED.match(ref), f"Containerfile: FROM {ref} is not pinned by digest"
+    assert froms[0].startswith("docker.io/library/debian:bookworm-slim@sha256:")
+    # The check reads what a build reads: an unpinned FROM or ARG default is caught.
+    assert _from_images("ARG B=debian:bookworm-slim\nFROM ${B}\nFROM scratch AS x\n") == [
+        "debian:bookworm-slim",
+        "scratch",
+    ]
+
+
+def test_an_unpinned_base_is_refused_with_what_to_write(tmp_path: Path) -> None:
+    recipe = (ROOT / "image/recipe.toml").read_text()
+    pinned = image.load_recipe().draguard.base
+    bad = tmp_path / "recipe.toml"
+    for ref in (pinned.split("@")[0], pinned[:-1], pinned.replace("@sha256:", "@sha512:")):
+        bad.write_text(recipe.replace(pinned, ref))
+        with pytest.raises(image.ImageError, match=r"\[draguard\]\.base: .* is not pinned; write it as "):
+            image.load_recipe(bad)
+
+
 def test_containerfile_and_oci_config_run_the_same_way(tmp_path: Path) -> None:
     """User, entrypoint, command, environment and labels: the Containerfile's equal the archive's config."""
     spec = image.load_recipe().draguard
@@ -347,3 +388,26 @@ def test_build_without_root_or_debootstrap_says_what_to_do(
     assert image.main(["build"]) == 1
     assert "debootstrap not found: apt-get install -y debootstrap" in capsys.readouterr().err
     assert not list((tmp_path / "cache").glob("*.oci.tar"))
+
+
+def test_renovate_tracks_every_digest_pin() -> None:
+    """renovate.json's regex managers find each pinned image, so its updates cannot silently stop."""
+    config = json.loads((ROOT / "renovate.json").read_text())
+    found: dict[str, set[str]] = {}
+    for manager in config["customManagers"]:
+        files = [re.compile(p.strip("/")) for p in manager["managerFilePatterns"]]
+        # Renovate's named groups are ECMAScript's (?<name>); Python spells them (?P<name>).
+        patterns = [re.compile(s.replace("(?<", "(?P<")) for s in manager["matchStrings"]]
+        for rel in ("image/recipe.toml", "Containerfile", ".github/workflows/release.yml"):
+            if any(f.search(rel) for f in files):
+                text = (ROOT / rel).read_text()
+                for pat in patterns:
+                    for m in pat.finditer(text):
+                        found.setdefault(rel, set()).add(
+                            f"{m['depName']}:{m['currentValue']}@{m['currentDigest']}"
+                        )
+    base = image.load_recipe().draguard.base
+    assert found["image/recipe.toml"] == {base} and found["Containerfile"] == {base}
+    workflow = (ROOT / ".github/workflows/release.yml").read_text()
+    pinned = set(re.findall(r"image[:=] ?(\S+@sha256:[0-9a-f]{64})", workflow))
+    assert pinned and found[".github/workflows/release.yml"] == pinned

@@ -9,11 +9,13 @@ Needs root, the node binaries (scripts/build-node.sh) and the images (python -m 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 import signal
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -298,3 +300,20 @@ def test_image_holds_exactly_the_recipes_packages_and_the_lock(
     ):
         locked[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
     assert pypi == {**locked, "draguard": spec.tag}
+
+
+def test_image_has_no_setuid_or_setgid_files(images: tuple[image.BuiltImage, image.BuiltImage]) -> None:
+    """Debian's su, mount, passwd... lose their bits: nothing in a draguard pod may gain privileges."""
+    with tarfile.open(images[0].path) as outer:
+        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = json.load(
+            outer.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1])  # type: ignore[arg-type]
+        )
+        layer = outer.extractfile("blobs/sha256/" + manifest["layers"][0]["digest"].split(":")[1])
+        assert layer is not None
+        with gzip.open(layer) as gz, tarfile.open(fileobj=gz, mode="r|") as lt:
+            members = {m.name: m.mode for m in lt if m.isfile()}
+    privileged = sorted(name for name, mode in members.items() if mode & 0o6000)
+    assert privileged == [], privileged
+    # The programs are still there (the check saw them), only without the bits.
+    assert members["usr/bin/su"] & 0o777 == 0o755 and members["usr/bin/mount"] & 0o777 == 0o755

@@ -4,8 +4,9 @@ uninstall order removes the webhook configurations before anything they call."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from kbundle import KUSTOMIZE, OVERLAYS, REPO, build
+from kbundle import KUSTOMIZE, OVERLAYS, REPO, build, run_build
 
 DOC = (REPO / "docs" / "install.md").read_text()
 
@@ -34,3 +35,27 @@ def test_named_objects_exist_in_the_build() -> None:
         assert name in names
         assert name in DOC
     assert "python kustomize/sync-policies.py" in DOC and (KUSTOMIZE / "sync-policies.py").is_file()
+
+
+def test_the_by_digest_overlay_runs_every_draguard_container_from_that_digest(tmp_path: Path) -> None:
+    """The docs' snippet, built next to a copy of kustomize/: no draguard container keeps a tag."""
+    block = next(
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", DOC, flags=re.S)
+        if b.startswith("# my-cluster/") and "digest:" in b
+    )
+    digest = re.search(r"digest: (sha256:[0-9a-f]{64})", block)
+    assert digest is not None, block
+    (tmp_path / "kustomize").symlink_to(KUSTOMIZE, target_is_directory=True)
+    (tmp_path / "my-cluster").mkdir()
+    (tmp_path / "my-cluster/kustomization.yaml").write_text(block)
+    images = []
+    for obj in run_build(tmp_path / "my-cluster"):
+        spec = obj.get("spec", {})
+        pod = spec.get("jobTemplate", {}).get("spec", spec).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            if c["image"].startswith("ghcr.io/draguard/draguard"):
+                images.append((obj["kind"], c["image"]))
+    kinds = {k for k, _ in images}
+    assert {"Deployment", "DaemonSet", "Job", "CronJob"} <= kinds, images
+    assert {img for _, img in images} == {f"ghcr.io/draguard/draguard@{digest.group(1)}"}, images

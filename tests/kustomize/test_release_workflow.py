@@ -69,3 +69,24 @@ def test_every_action_is_pinned_by_full_commit_digest() -> None:
         for line in uses:
             local = line.split("uses:", 1)[1].strip().startswith("./")
             assert local or pinned.match(line), f"{wf.name}: {line.strip()}"
+
+
+def test_every_image_the_workflow_runs_is_pinned_by_digest() -> None:
+    """The emulator, BuildKit and the Containerfile's base: a moved tag would change what is released."""
+    pinned = re.compile(r"^[\w.-]+(?::\d+)?/[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
+    steps = _steps()
+    qemu = next(s for s in steps if str(s.get("uses", "")).startswith("docker/setup-qemu-action@"))
+    assert pinned.match(qemu["with"]["image"]), qemu["with"]
+    buildx = next(s for s in steps if str(s.get("uses", "")).startswith("docker/setup-buildx-action@"))
+    opts = dict(o.split("=", 1) for o in buildx["with"]["driver-opts"].split(","))
+    assert pinned.match(opts["image"]), opts
+    # Anything else the workflow names as an image is either pinned or the pushed digest itself.
+    named = re.compile(r"(?<![\w-])(?:image[:=][ \t]*|docker://)(\S[^\n#]*?)[ \t]*$", re.M)
+    for wf in sorted(WORKFLOWS.glob("*.y*ml")):
+        for m in named.finditer(wf.read_text()):
+            ref = m.group(1)
+            assert pinned.match(ref) or ref == "${{ env.IMAGE }}@${{ steps.build.outputs.digest }}", (
+                f"{wf.name}: {ref}"
+            )
+    build = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action@"))
+    assert "build-args" not in build["with"], "the base comes from the Containerfile's pinned ARG default"

@@ -115,6 +115,23 @@ def _table(table: dict[str, Any], key: str, where: str) -> dict[str, str]:
     return dict(val)
 
 
+# A base image by tag can change under the same recipe; by digest it names fixed bytes.
+_PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+)?/[a-z0-9._/-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
+
+
+def _base(table: dict[str, Any], where: str) -> str:
+    """The Containerfile's base image: optional, but when given it is pinned `name:tag@sha256:<digest>`."""
+    val = table.get("base", "")
+    if not isinstance(val, str):
+        raise ImageError(f"{where}.base: expected a string, got {val!r}")
+    if val and not _PINNED_IMAGE.match(val):
+        raise ImageError(
+            f"{where}.base: {val!r} is not pinned; write it as registry/name:tag@sha256:<64 hex digits> "
+            "(the digest of the tag's multi-arch index: crane digest NAME:TAG)"
+        )
+    return val
+
+
 def _spec(data: dict[str, Any], section: str, path: Path, default_tag: str | None) -> ImageSpec:
     where = f"{path}: [{section}]"
     t = data.get(section)
@@ -136,7 +153,7 @@ def _spec(data: dict[str, Any], section: str, path: Path, default_tag: str | Non
         packages=_strs(t, "packages", where),
         build_packages=_strs(t, "build_packages", where, required=False),
         suite=_str(t, "suite", where, "bookworm"),
-        base=t.get("base", "") if isinstance(t.get("base", ""), str) else "",
+        base=_base(t, where),
         user=_str(t, "user", where),
         entrypoint=_strs(t, "entrypoint", where),
         cmd=_strs(t, "cmd", where, required=False),
