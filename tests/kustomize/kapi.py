@@ -72,9 +72,17 @@ def sa_kubeconfig(api: Api, sa: str, path: Path, namespace: str = "draguard-syst
     """A kubeconfig that authenticates as ServiceAccount `namespace/sa` (a real token from TokenRequest)."""
     token = api.kubectl("-n", namespace, "create", "token", sa)
     assert token.returncode == 0, token.stderr
+    return token_kubeconfig(api, token.stdout.strip(), path)
+
+
+def token_kubeconfig(api: Api, token: str, path: Path) -> Path:
+    """The admin kubeconfig with `token` in place of the admin's client certificate.
+
+    `kubectl --token` alone is not enough: kubectl still presents the kubeconfig's certificate, and
+    the API server authenticates the certificate first (the request would run as the admin)."""
     cfg = yaml.safe_load(api.kubeconfig.read_text())
-    # Same user name, so the context still refers to it; a token instead of the admin's certificate.
-    cfg["users"] = [{"name": u["name"], "user": {"token": token.stdout.strip()}} for u in cfg["users"]]
+    # Same user name, so the context still refers to it.
+    cfg["users"] = [{"name": u["name"], "user": {"token": token}} for u in cfg["users"]]
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -225,7 +225,15 @@ except ImportError:  # pragma: no cover - the bundle tests always ship together
 
 
 def _kubectl_as(api_: Any, token: str, *args: str, stdin: str | None = None) -> Any:
-    return api_.kubectl("--token", token, *args, stdin=stdin)
+    import hashlib
+
+    from kapi import Api, token_kubeconfig
+
+    # Next to the admin's kubeconfig: removed with the API server's directory.
+    path = api_.kubeconfig.parent / f"token-{hashlib.sha256(token.encode()).hexdigest()[:16]}.kubeconfig"
+    if not path.exists():
+        token_kubeconfig(api_, token, path)
+    return Api(path).kubectl(*args, stdin=stdin)
 
 
 def _replace_as(api_: Any, token: str, name: str) -> Any:
@@ -245,7 +253,7 @@ def _yaml(obj: dict[str, Any]) -> str:
     return yaml.safe_dump(obj)
 
 
-def _wait_until_policy_in_force(api_: Any, token: str, timeout: float = 30.0) -> None:
+def _wait_until_policy_in_force(api_: Any, token: str, timeout: float = 120.0) -> None:
     """A ValidatingAdmissionPolicy applies a while after its creation: dry-run until it refuses."""
     import time
 

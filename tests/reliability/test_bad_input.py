@@ -24,6 +24,9 @@ from tests.reliability.conftest import ROOT, WebhookProcess, draguard
 from tests.reliability.corpus import UID, Case, manifest_cases, review_cases, write_corpus
 
 LIMIT_S = 1.0
+# CPU seconds for one offline review of a hostile manifest. The biggest case (a pod of 3,000 GPU
+# containers, each migrated) costs about 0.6 s of CPU unloaded; a quadratic step would cost 10 s or more.
+REVIEW_CPU_LIMIT_S = 3.0
 
 
 def _wall_limit() -> float:
@@ -152,7 +155,7 @@ def test_review_answers_hostile_manifest(review_env: dict[str, Any], case: Case)
     argv = ["review", str(path), "--policies", str(ROOT / "policies"),
             "--inventory", str(review_env["inventory"]), "--format", "json"]  # fmt: skip
     rc, out, err, took = _review_in_process(argv)
-    assert took < LIMIT_S, f"{case.id}: review took {took:.2f} s"
+    assert took < REVIEW_CPU_LIMIT_S, f"{case.id}: review took {took:.2f} s of CPU"
     assert "Traceback" not in out + err, err[-2000:]
     assert rc in (0, 1, 2), f"{case.id}: exit {rc}: {err[-500:]}"
     if rc == 2:

@@ -153,7 +153,7 @@ async def test_corrupted_checkpoint_is_detected_and_rebuilt(plugin: Plugin) -> N
 
 def _bin_dir() -> Path | None:
     sys.path.insert(0, str(ROOT / "tests" / "driver"))
-    from apiserver import find_bin
+    from tests.apiserver import find_bin
 
     return find_bin()
 
@@ -164,7 +164,7 @@ def test_driver_run_retries_until_api_server_is_back(tmp_path: Path) -> None:
     bin_dir = _bin_dir()
     if bin_dir is None:
         unavailable("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)")
-    from apiserver import start
+    from tests.apiserver import start
 
     base = Path(tempfile.mkdtemp(prefix="dgr-api-", dir="/tmp"))
     api = start(bin_dir, base)

@@ -27,15 +27,16 @@ import yaml
 
 from tests.reliability.conftest import ROOT, WebhookProcess, review_body, unavailable
 
-SERVICE_ACCOUNTS = ("draguard-webhook", "draguard-driver", "draguard-certs")
+SERVICE_ACCOUNTS = ("draguard-webhook", "draguard-driver", "draguard-certs", "draguard-audit")
 OWN_SECRETS = {
     "draguard-webhook": {"draguard-webhook-tls"},
     "draguard-certs": {"draguard-webhook-tls", "draguard-webhook-tls-ca"},
     "draguard-driver": set(),
+    "draguard-audit": set(),  # it lists workloads and writes PolicyReports, never reads a Secret
 }
 # The driver's own namespace is the bundle's only Pod Security `privileged` one.
 SA_NAMESPACE = {"draguard-webhook": "draguard-system", "draguard-certs": "draguard-system",
-                "draguard-driver": "draguard-driver"}  # fmt: skip
+                "draguard-audit": "draguard-system", "draguard-driver": "draguard-driver"}  # fmt: skip
 # Granted to every authenticated identity by the API server's default bindings.
 DEFAULT_RESOURCES = {
     "selfsubjectreviews.authentication.k8s.io",
@@ -46,7 +47,7 @@ DEFAULT_RESOURCES = {
 
 def _kubectl() -> str | None:
     sys.path.insert(0, str(ROOT / "tests" / "driver"))
-    from apiserver import find_bin
+    from tests.apiserver import find_bin
 
     b = find_bin()
     if b is not None and (b / "kubectl").exists():
@@ -68,7 +69,7 @@ def _bundle() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def apiserver() -> Iterator[Any]:
     sys.path.insert(0, str(ROOT / "tests" / "driver"))
-    from apiserver import find_bin, start
+    from tests.apiserver import find_bin, start
 
     b = find_bin()
     if b is None:

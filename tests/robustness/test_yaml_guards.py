@@ -85,19 +85,19 @@ def test_inventory_refuses_alias_bombs_and_huge_ints(tmp_path: Path) -> None:
     for name, body in (("inv-bomb.yaml", LAUGHS), ("inv-int.yaml", HUGE_INT)):
         f = tmp_path / name
         f.write_text(body)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         with pytest.raises(InventoryError) as info:
             load_inventory(f)
-        assert time.perf_counter() - t0 < 1.0
+        assert time.process_time() - t0 < 1.0  # CPU seconds
         assert name in str(info.value)
 
 
 def test_policies_refuse_alias_bombs(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text(POLICY_BOMB)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(PolicyError) as info:
         load_policies(tmp_path)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0  # CPU seconds
     text = str(info.value)
     assert "bomb.yaml" in text and "YAML alias expansion too large" in text
 

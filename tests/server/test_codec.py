@@ -55,6 +55,7 @@ HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":
         (HEAD + b'{"uid":"u","x":NaN}}', "malformed-json"),
         (HEAD + b'{"uid":"\\ud800"}}', "malformed-json"),
         (HEAD + b'{"uid":"u","x":1e400}}', "malformed-json"),
+        (HEAD + b'{"uid":"u","x":Infinity}}', "malformed-json"),
     ],
 )
 def test_hostile_bodies_are_refused_with_a_reason(body: bytes, reason: str) -> None:

@@ -44,7 +44,7 @@ def _wait(port: int, status: int, timeout: float, log: Path) -> str:
 @pytest.mark.timeout(300)
 def test_unready_while_the_api_server_is_gone(tmp_path: Path, certs: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "driver"))
-    from apiserver import find_bin, start
+    from tests.apiserver import find_bin, start
 
     bin_dir = find_bin()
     if bin_dir is None:
