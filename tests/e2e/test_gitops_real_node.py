@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,12 +89,14 @@ def empty(cluster: LocalCluster, kubectl: Kubectl, real_node: str, tmp_path_fact
 
 
 def _tool(name: str, cluster: LocalCluster, manifests: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    t0 = time.monotonic()
     res = subprocess.run(
         [str(go_tool(name)), "--kubeconfig", str(cluster.kubeconfig), "--manifests", str(manifests),
          "--timeout", f"{SYNC_TIMEOUT}s", *extra],
         capture_output=True, text=True, timeout=SYNC_TIMEOUT + 60, check=False,
     )  # fmt: skip
     assert res.stdout.strip(), f"{name} printed nothing (rc {res.returncode}):\n{res.stderr[-3000:]}"
+    print(f"{name} {' '.join(extra)}: rc {res.returncode} in {time.monotonic() - t0:.1f}s")
     return res.returncode, json.loads(res.stdout)
 
 
