@@ -8,9 +8,10 @@ controller-manager, scheduler; no nodes, so nothing is scheduled):
   configures it (staged server-side apply, every object dry-run first, then a kstatus wait).
 
 No webhook serves in any of these syncs (no node runs its pods; the Service has no endpoints): the
-bundle's own objects must never wait on it. Every overlay needs webhook and certificate pods to end
-healthy, which only a cluster with a real node runs, so these tests check the order, the dry-runs and
-that caBundle survives a re-sync, not the final health.
+bundle's own objects must never wait on it. These tests check the order, the dry-runs and that
+caBundle survives a re-sync for every overlay; the final health (every object Healthy for Argo CD,
+Current for Flux, after a first sync, a re-sync, Replace=true and a sync with no webhook pod) is
+checked on the real node by tests/e2e/test_gitops_real_node.py.
 """
 
 from __future__ import annotations
