@@ -38,15 +38,15 @@ TEMPLATE_CLASS = "gpu.nvidia.com-h100"
 class Api:
     """A kept-alive HTTPS connection to the API server with the admin client certificate."""
 
-    def __init__(self, server: str, certs: Path) -> None:
+    def __init__(self, server: str, certs: Path, timeout: float = 30.0) -> None:
         host, port = server.removeprefix("https://").split(":")
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         ctx.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
-        self.host, self.port, self.ctx = host, int(port), ctx
+        self.host, self.port, self.ctx, self.timeout = host, int(port), ctx, timeout
         self.conn = self._connect()
 
     def _connect(self) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=30)
+        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=self.timeout)
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
         data = None if body is None else json.dumps(body).encode()

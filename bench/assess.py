@@ -17,10 +17,8 @@ Prints seconds and peak RSS (MiB) per arm and pod count, and assess's ratio to t
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import resource
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -32,34 +30,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.apiserver import Api  # noqa: E402  (the repository root goes on the path first)
+
 NS = "bench-assess"
 DEPLOYMENTS = 20
-
-
-class Api:
-    """A kept-alive HTTPS connection with the admin client certificate."""
-
-    def __init__(self, server: str, certs: Path) -> None:
-        host, port = server.removeprefix("https://").split(":")
-        self.ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-        self.ctx.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
-        self.host, self.port = host, int(port)
-        self.conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=60)
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        for attempt in (1, 2):
-            try:
-                self.conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-                r = self.conn.getresponse()
-                raw = r.read()
-                return r.status, (json.loads(raw) if raw else None)
-            except (http.client.HTTPException, OSError):
-                self.conn.close()
-                self.conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=60)
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
 
 
 def pod(i: int, node: str, owner: dict[str, Any] | None) -> dict[str, Any]:
@@ -97,10 +71,10 @@ def populate(cluster: Any, start: int, stop: int, gpu_share: float, owners: list
     lock = threading.Lock()
 
     def work(offset: int) -> None:
-        api = Api(cluster.server, cluster.paths.certs)
+        api = Api(cluster.server, cluster.paths.certs, timeout=60)
         for i in range(start + offset, stop, 4):
             owner = owners[i % len(owners)] if every and i % every == 0 else None
-            status, body = api.call(
+            status, body, _ = api.call(
                 "POST", f"/api/v1/namespaces/{NS}/pods", pod(i, nodes[i % len(nodes)], owner)
             )
             if status not in (201, 409):
@@ -197,7 +171,7 @@ def main() -> int:
     rows = []
     try:
         cluster.up(with_driver=False, with_webhook=False)
-        api = Api(cluster.server, cluster.paths.certs)
+        api = Api(cluster.server, cluster.paths.certs, timeout=60)
         api.call(
             "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
         )
@@ -224,7 +198,7 @@ def main() -> int:
                     },
                 },
             }
-            status, body = api.call("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", dep)
+            status, body, _ = api.call("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", dep)
             if status != 201:
                 raise SystemExit(f"cannot create a Deployment: {status} {body}")
             owners.append(body)
