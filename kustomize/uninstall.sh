@@ -36,5 +36,29 @@ kubectl -n draguard-driver delete daemonset draguard-driver --ignore-not-found
 kubectl delete resourceslices --field-selector spec.driver=gpu.nvidia.com --ignore-not-found
 
 say "4/4 everything else of $overlay (DeviceClasses, policies, RBAC, the namespaces and their Secrets)"
-kubectl delete -k "$overlay" --ignore-not-found --wait=false
+# The PolicyReport CRDs are shared with other tools (Kyverno installs the same two): deleting a CRD
+# deletes every report of its kind, so they stay while any report not written by draguard exists.
+report_crds='policyreports.wgpolicyk8s.io clusterpolicyreports.wgpolicyk8s.io'
+mine='app.kubernetes.io/managed-by=draguard-audit'
+others="$( { kubectl get policyreports.wgpolicyk8s.io -A -l "${mine/=/!=}" -o name 2>/dev/null
+            kubectl get clusterpolicyreports.wgpolicyk8s.io -l "${mine/=/!=}" -o name 2>/dev/null; } |
+          wc -l)"
+if (( others > 0 )); then
+    say "keeping the CRDs $report_crds: $others reports of other tools use them"
+    kubectl delete policyreports.wgpolicyk8s.io -A -l "$mine" --ignore-not-found
+    kubectl delete clusterpolicyreports.wgpolicyk8s.io -l "$mine" --ignore-not-found
+    # kubectl kustomize separates documents with a line '---'; drop the two CRDs' documents.
+    kubectl kustomize "$overlay" | awk -v names="$report_crds" '
+        function flush() {
+            if (doc != "" && !(doc ~ /\nkind: CustomResourceDefinition\n/ && doc ~ drop)) printf "%s---\n", doc
+            doc = ""
+        }
+        BEGIN { n = split(names, a, " "); drop = "\n  name: ("; for (i = 1; i <= n; i++) drop = drop (i > 1 ? "|" : "") a[i]; drop = drop ")\n" }
+        $0 == "---" { flush(); next }
+        { doc = doc (doc == "" ? "\n" : "") $0 "\n" }
+        END { flush() }' |
+        kubectl delete -f - --ignore-not-found --wait=false
+else
+    kubectl delete -k "$overlay" --ignore-not-found --wait=false
+fi
 say "done"

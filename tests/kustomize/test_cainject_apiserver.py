@@ -195,6 +195,18 @@ def _claim(api: Api) -> None:
     assert res.returncode == 0, res.stderr
 
 
+REPORT_CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
+
+
+def _report(api: Api, kind: str, name: str, namespace: str | None, labels: dict[str, str]) -> None:
+    meta: dict[str, Any] = {"name": name, "labels": labels}
+    if namespace:
+        meta["namespace"] = namespace
+    doc = {"apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": kind, "metadata": meta, "results": []}
+    res = api.kubectl("create", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert res.returncode == 0, res.stderr
+
+
 def _uninstall(api: Api, *extra: str) -> Any:
     import os
     import subprocess
@@ -223,8 +235,16 @@ def test_uninstall_removes_webhook_configurations_first_and_waits_for_claims(api
     assert api.kubectl("-n", "draguard-system", "get", "deployment", "draguard-webhook").returncode != 0
 
     assert api.kubectl("-n", "kube-system", "delete", "resourceclaim", "held").returncode == 0
+    # Another tool's reports share the PolicyReport CRDs: they outlive draguard's uninstall.
+    _report(api, "ClusterPolicyReport", "other-tool", None, {})
+    _report(api, "PolicyReport", "draguard-ns", "kube-system", {"app.kubernetes.io/managed-by": "draguard-audit"})
     second = _uninstall(api)
     assert second.returncode == 0, second.stdout + second.stderr
+    assert "keeping the CRDs" in second.stdout and "1 reports of other tools" in second.stdout, second.stdout
+    for crd in REPORT_CRDS:
+        assert api.kubectl("get", "crd", crd).returncode == 0, crd
+    assert api.kubectl("get", "clusterpolicyreport", "other-tool").returncode == 0
+    assert api.kubectl("-n", "kube-system", "get", "policyreport", "draguard-ns").returncode != 0
     steps = [line for line in second.stdout.splitlines() if line.startswith("[uninstall]")]
     assert [s.split()[1] for s in steps[:4]] == ["1/4", "2/4", "3/4", "4/4"]
     for kind in ("deviceclass", "clusterrole", "validatingadmissionpolicy"):
@@ -233,3 +253,12 @@ def test_uninstall_removes_webhook_configurations_first_and_waits_for_claims(api
     ns = json.loads(api.kubectl("get", "namespace", "draguard-system", "-o", "json").stdout or "{}")
     # No namespace controller runs here: the namespace is left terminating, not deleted.
     assert not ns or ns["metadata"].get("deletionTimestamp"), ns
+
+    # Once no other tool's report is left, the CRDs go with the rest.
+    assert api.kubectl("delete", "clusterpolicyreport", "other-tool").returncode == 0
+    third = _uninstall(api)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "keeping the CRDs" not in third.stdout
+    for crd in REPORT_CRDS:
+        gone = api.kubectl("get", "crd", crd, "-o", "jsonpath={.metadata.deletionTimestamp}")
+        assert gone.returncode != 0 or gone.stdout.strip(), crd
