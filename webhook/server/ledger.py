@@ -376,9 +376,10 @@ class QuotaLedger:
     def reconcile(self) -> int:
         """One pass over every ledger and the watched claims; returns the ledgers rewritten.
 
-        Blocking (API calls): run it in a thread. Never shrinks a ledger on the word of a lagging
-        watch alone: an entry leaves only when a GET says its claim is gone (or a reservation's
-        create never happened within `ttl`).
+        Blocking (API calls): run it in a thread, one pass at a time. Never changes a ledger on the
+        word of a lagging watch alone: an entry leaves only when a GET says its claim is gone, a claim
+        is added only when a GET finds it, and nothing is dropped or lowered within `ttl` of its
+        reservation (its create may still be on its way).
         """
         if self.snapshot is None or not self.synced():
             return 0
