@@ -12,10 +12,15 @@ decides against a ledger kept in the API server, as Kubernetes' ResourceQuota ad
   ledger by an update carrying the read `resourceVersion` (409 Conflict: read again, decide again);
 - concurrent requests for one group on one replica share one read and one write (a batch), so a
   burst costs a few round trips per replica, not one per request;
-- a background pass reconciles each ledger with the watched claims: entries of claims that are
-  gone (checked with a GET) are dropped, a reservation whose create never happened (no claim after
-  `ttl` seconds, default 10: the validating webhook times out after 3 s, so a create allowed in
-  time is persisted long before) expires, claims created while draguard was not asked are added.
+- a background pass reconciles each ledger with the watched claims. A watch lags (and each
+  replica's by a different amount), so it only ever suggests; a GET of the claim decides: entries of
+  claims that are gone are dropped, a claim the ledger lacks (created while draguard was not asked)
+  is added only if the GET finds it, so a lagging watch cannot put a deleted claim back. An entry
+  is neither dropped nor lowered within `ttl` seconds (default 10) of its reservation: its create
+  may still be on its way (the validating webhook times out after 3 s, so a create allowed in time
+  is persisted long before); a reservation whose create never happened expires after that.
+  Claims a GET found gone while this replica's watch still lists them are remembered (at most
+  MAX_GONE, and only while the watch lists them) so they are not asked about on every pass.
 
 The request path waits on the API server here: a claim is decided within `timeout` seconds (default
 1.5 s) or denied with a message to retry; a ledger write already under way then finishes within
@@ -31,6 +36,7 @@ import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -52,10 +58,14 @@ GROUP_ANNOTATION = "draguard.io/budget-group"
 DATA_KEY = "claims"
 MAX_LEDGER_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB
 MAX_BATCH = 256
-CHECKS_PER_PASS = 64
+CHECKS_PER_PASS = 64  # GETs of claims per ledger per reconcile pass
 # One ledger read or write. A request is decided within --quota-timeout; a write already under way
 # then finishes within this, so the answer comes before the validating webhook's 3 s timeout.
-WRITE_TIMEOUT = 1.0  # GETs of vanished claims per ledger per reconcile pass
+WRITE_TIMEOUT = 1.0
+# Watched claims (`namespace/name`, uid) that a GET found gone: a lagging watch's deleted claims, kept
+# so they are not fetched again each pass. Bounded: a tenant creating and deleting claims in a loop
+# makes the oldest forgotten (costing one more GET each), never more memory (~0.5 KiB an entry).
+MAX_GONE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +183,9 @@ class QuotaLedger:
         self.clock = clock
         self._groups: dict[str, _Group] = {}
         self._watched_memo: tuple[Any, dict[str, dict[str, tuple[str, ClaimCharge]]]] | None = None
-        self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0}
+        self._gone: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0,
+                      "checks": 0}  # fmt: skip
 
     # --- which requests --------------------------------------------------------------------------
 
@@ -296,8 +308,15 @@ class QuotaLedger:
             if charge is None:
                 _resolve(it, out)
                 continue
-            entries[it.key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now)
-            usage = _add(usage, _usage_from_charges([charge], labels, teams))
+            old = entries.get(it.key)
+            if old is None:
+                entries[it.key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now)
+                usage = _add(usage, _usage_from_charges([charge], labels, teams))
+            else:
+                # A create under the name of a ledgered claim: that claim may still exist (the API
+                # server then refuses this create), so its charge is not replaced by a smaller one.
+                entries[it.key] = LedgerEntry(*_larger(old, charge), now)
+                usage = None
             allowed.append((it, out))
         return allowed
 
@@ -357,9 +376,10 @@ class QuotaLedger:
     def reconcile(self) -> int:
         """One pass over every ledger and the watched claims; returns the ledgers rewritten.
 
-        Blocking (API calls): run it in a thread. Never shrinks a ledger on the word of a lagging
-        watch alone: an entry leaves only when a GET says its claim is gone (or a reservation's
-        create never happened within `ttl`).
+        Blocking (API calls): run it in a thread, one pass at a time. Never changes a ledger on the
+        word of a lagging watch alone: an entry leaves only when a GET says its claim is gone, a claim
+        is added only when a GET finds it, and nothing is dropped or lowered within `ttl` of its
+        reservation (its create may still be on its way).
         """
         if self.snapshot is None or not self.synced():
             return 0
@@ -375,6 +395,7 @@ class QuotaLedger:
             if group:
                 ledgers[group] = cm
         watched = self._watched(snap)
+        self._prune_gone(watched)
         written = 0
         for group in sorted(set(ledgers) | set(watched)):
             cm = ledgers.get(group)
@@ -419,40 +440,69 @@ class QuotaLedger:
         entries = decode(as_str(as_map(cm.get("data")).get(DATA_KEY)) if cm else None)
         now = self.clock()
         new = dict(entries)
-        check: list[str] = []
+        check: list[str] = []  # a GET decides: entries the watch does not confirm, claims it adds
         for key, e in entries.items():
-            w = watched.get(key)
-            if w is not None:
-                if e.uid != w[0]:
-                    new[key] = LedgerEntry(dict(w[1].devices), w[1].gpu_equivalents, e.reserved, w[0])
-            elif e.uid or now - e.reserved > self.ttl:
+            w = self._listed(key, watched.get(key))
+            if w is not None and w[0] == e.uid:
+                continue
+            if w is not None and not e.uid and _same(e, w[1]):
+                new[key] = replace(e, uid=w[0])  # the reservation's claim, as charged
+            elif now - e.reserved > self.ttl:
                 check.append(key)
-        for key, (uid, charge) in watched.items():
-            if key not in entries:
-                new[key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now, uid)
+            # else: reserved within ttl, its create may still be on its way; nothing lowers it yet.
+        check += [key for key, w in watched.items() if key not in entries and self._listed(key, w)]
         calc = inventory_calculator(snap.inventory)
         for key in check[:CHECKS_PER_PASS]:
             ns, _, name = key.partition("/")
+            self.stats["checks"] += 1
+            w = watched.get(key)
             try:
                 obj = self.http.get_json(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
                                          timeout=5.0)  # fmt: skip
             except ApiError as e:
                 if e.status != 404:
                     raise
-                self.stats["expired" if not entries[key].uid else "released"] += 1
-                new.pop(key, None)
+                if w is not None:
+                    self._forget(key, w[0])
+                if key in entries:
+                    self.stats["expired" if not entries[key].uid else "released"] += 1
+                    new.pop(key, None)
                 continue
             uid = as_str(as_map(obj.get("metadata")).get("uid")) or ""
+            if w is not None and w[0] != uid:
+                self._forget(key, w[0])
             found = _charge_obj({**obj, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}, calc)
             if found is None or budget_group(snap.policies, ns, snap.namespace_labels.get(ns)) != group:
                 new.pop(key, None)
-            elif entries[key].uid != uid or not entries[key].uid:
-                reserved = entries[key].reserved
-                new[key] = LedgerEntry(dict(found.devices), found.gpu_equivalents, reserved, uid)
+                continue
+            old = entries.get(key)
+            if old is None or old.uid != uid or not _same(old, found):
+                new[key] = LedgerEntry(dict(found.devices), found.gpu_equivalents,
+                                       old.reserved if old is not None else now, uid)  # fmt: skip
         if new == entries or (cm is None and not new):
             return False
         self._write(group, cm, new)
         return True
+
+    def _listed(self, key: str, w: tuple[str, ClaimCharge] | None) -> tuple[str, ClaimCharge] | None:
+        """The watch's claim for `key`, unless a GET already found that claim gone."""
+        return None if w is None or (key, w[0]) in self._gone else w
+
+    def _forget(self, key: str, uid: str) -> None:
+        if not uid:
+            return
+        self._gone[(key, uid)] = None
+        self._gone.move_to_end((key, uid))
+        while len(self._gone) > MAX_GONE:
+            self._gone.popitem(last=False)
+
+    def _prune_gone(self, watched: Mapping[str, Mapping[str, tuple[str, ClaimCharge]]]) -> None:
+        """Forget gone claims the watch no longer lists (it has caught up with their deletes)."""
+        if not self._gone:
+            return
+        listed = {(key, w[0]) for claims in watched.values() for key, w in claims.items()}
+        for pair in [p for p in self._gone if p not in listed]:
+            del self._gone[pair]
 
     async def run(self, interval: float = 1.0) -> None:
         """Reconcile every `interval` seconds until cancelled."""
@@ -486,6 +536,18 @@ def _charge_obj(obj: Mapping[str, Any], calc: Any) -> ClaimCharge | None:
         return None
     ns = as_str(as_map(obj.get("metadata")).get("namespace")) or "default"
     return charge_of(ns, read[0], calc)
+
+
+def _same(e: LedgerEntry, c: ClaimCharge) -> bool:
+    return dict(e.devices) == dict(c.devices) and e.gpu == c.gpu_equivalents
+
+
+def _larger(e: LedgerEntry, c: ClaimCharge) -> tuple[dict[str, int], Fraction]:
+    """Per device class and in GPU-equivalents, the larger of an entry's charge and a claim's."""
+    devices = dict(e.devices)
+    for cls, n in c.devices.items():
+        devices[cls] = max(devices.get(cls, 0), n)
+    return devices, max(e.gpu, c.gpu_equivalents)
 
 
 def _why(e: BaseException) -> str:
