@@ -237,7 +237,8 @@ def test_uninstall_removes_webhook_configurations_first_and_waits_for_claims(api
     assert api.kubectl("-n", "kube-system", "delete", "resourceclaim", "held").returncode == 0
     # Another tool's reports share the PolicyReport CRDs: they outlive draguard's uninstall.
     _report(api, "ClusterPolicyReport", "other-tool", None, {})
-    _report(api, "PolicyReport", "draguard-ns", "kube-system", {"app.kubernetes.io/managed-by": "draguard-audit"})
+    mine = {"app.kubernetes.io/managed-by": "draguard-audit"}
+    _report(api, "PolicyReport", "draguard-ns", "kube-system", mine)
     second = _uninstall(api)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "keeping the CRDs" in second.stdout and "1 reports of other tools" in second.stdout, second.stdout
