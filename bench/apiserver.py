@@ -8,10 +8,14 @@ kube-apiserver, controller-manager, scheduler, simulated GPU nodes with the simu
 and `draguard serve` on loopback. Every object requests a GPU through a ResourceClaimTemplate, so
 each create passes the validating webhook's matchConditions and calls /validate (pods without GPUs
 skip the webhooks entirely; /mutate is only called for device-plugin `nvidia.com/*` requests, which
-it migrates). One client creates objects one after another over
-a kept-alive connection and times each POST; arms alternate in blocks (webhooks registered, then
-not), so drift in etcd or background controllers hits both. Prints p50/p99 per arm and kind and
-the added latency (target: <= 5 ms at p99).
+it migrates). The controller-manager is stopped once the namespaces have their ServiceAccounts, so
+what is timed is the admission of each object alone: no claims are made from the templates (each
+would be a create of its own, reviewed and charged to the namespace's quota), no ReplicaSets.
+One client creates objects one after another over a kept-alive connection and times each POST;
+arms alternate in blocks (webhooks registered, then not), so drift in etcd hits both. Prints
+p50/p99 per arm and kind, the added latency with 90 % bootstrap intervals (targets: p50 <= 2 ms,
+p99 <= 3 ms), and where the added time goes: the webhook's own handler time and process CPU per
+call, and how many connections the API server opened to it.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import argparse
 import http.client
 import json
 import math
+import os
 import random
 import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -159,6 +165,41 @@ def set_webhooks(cluster: Any, api: Api, port: int, on: bool, probe_ns: str) -> 
         time.sleep(0.2)
 
 
+def webhook_peers(port: int) -> set[int]:
+    """Client ports of the established TCP connections to `port` on this host (/proc/net/tcp)."""
+    peers: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                peers.add(int(f[2].rsplit(":", 1)[1], 16))
+    return peers
+
+
+class ConnWatch(threading.Thread):
+    """Samples the connections to the webhook every 50 ms: how many the API server opened."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.seen, self.most = port, set[int](), 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            now = webhook_peers(self.port)
+            self.seen |= now
+            self.most = max(self.most, len(now))
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def create_all(api: Api, objs: list[tuple[str, dict[str, Any]]]) -> tuple[list[float], list[str]]:
     lat: list[float] = []
     errors: list[str] = []
@@ -178,7 +219,7 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=2000, help="pods per arm")
     ap.add_argument("--deployments", type=int, default=500, help="Deployments per arm")
     ap.add_argument("--blocks", type=int, default=4, help="alternations between the arms")
-    ap.add_argument("--replicas", type=int, default=1, help="replicas of each Deployment")
+    ap.add_argument("--replicas", type=int, default=1, help="replicas of each Deployment (not started)")
     ap.add_argument("--state-dir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
     ap.add_argument("--json", metavar="FILE")
@@ -207,6 +248,12 @@ def main() -> int:
             )
             if status not in (201, 409):
                 raise SystemExit(f"cannot create the claim template in {ns}: {status} {body}")
+        # What is timed is each object's own admission (see the module docstring).
+        cluster.stop("kube-controller-manager")
+        webhook_pid = int(cluster.state["pids"]["webhook"])
+        conns = ConnWatch(port)
+        conns.start()
+        webhook_cpu = 0.0
         lat: dict[tuple[str, str], list[float]] = {
             (a, k): [] for a in ("off", "on") for k in ("Pod", "Deployment")
         }
@@ -236,12 +283,16 @@ def main() -> int:
                     objs.append((f"/apis/apps/v1/namespaces/{ns}/deployments", dep))
                 next_pod[arm] += n_p
                 next_dep[arm] += n_d
+                cpu0 = proc_cpu_s(webhook_pid)
                 lp, errs = create_all(api, objs)
+                if arm == "on":
+                    webhook_cpu += proc_cpu_s(webhook_pid) - cpu0
                 errors[arm] += errs
                 for (_path, obj), sec in zip(objs, lp, strict=True):
                     lat[(arm, obj["kind"])].append(sec)
                 print(f"  block {b + 1}/{args.blocks} webhooks {arm}: {len(objs)} creates, "
                       f"p50 {statistics.median(lp) * 1000:.1f} ms", file=sys.stderr, flush=True)  # fmt: skip
+        conns.done.set()
         metrics_text = ""
         try:
             import urllib.request
@@ -323,12 +374,22 @@ def main() -> int:
     for arm, errs in errors.items():
         for e in errs[:5]:
             print(f"  {arm}: {e}")
-    worst_row = max(rows, key=lambda r: r["added_p99_ms"])
-    worst = worst_row["added_p99_ms"]
-    verdict = "within" if worst <= 5.0 else "OVER"
-    lo, hi = worst_row["added_p99_ci90_ms"]
-    print(f"added latency at p99: {worst:.2f} ms ({verdict} the 5 ms target; "
-          f"90% bootstrap interval {lo:.2f} to {hi:.2f} ms, {worst_row['kind']})")  # fmt: skip
+    total_calls = sum(calls.values())
+    cpu_per_call_ms = webhook_cpu / total_calls * 1000 if total_calls else None
+    if cpu_per_call_ms is not None:
+        print(f"webhook process CPU during the webhooks-on blocks: {webhook_cpu:.2f} s, "
+              f"{cpu_per_call_ms:.2f} ms per call (TLS, HTTP, handler; /proc/<pid>/stat)")  # fmt: skip
+    print(f"connections from the API server to the webhook: {len(conns.seen)} seen over the run, "
+          f"at most {conns.most} open at once (sampled every 50 ms)")  # fmt: skip
+    met = True
+    for q, target in ((50, 2.0), (99, 3.0)):
+        worst_row = max(rows, key=lambda r: r[f"added_p{q}_ms"])
+        worst = worst_row[f"added_p{q}_ms"]
+        lo, hi = worst_row[f"added_p{q}_ci90_ms"]
+        met = met and worst <= target
+        verdict = "within" if worst <= target else "OVER"
+        print(f"added latency at p{q}: {worst:.2f} ms ({verdict} the {target:g} ms target; "
+              f"90% bootstrap interval {lo:.2f} to {hi:.2f} ms, {worst_row['kind']})")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -338,12 +399,15 @@ def main() -> int:
                     "webhook_requests": served,
                     "handler_mean_ms": handler_ms,
                     "handler_calls": calls,
+                    "webhook_cpu_ms_per_call": round(cpu_per_call_ms, 3) if cpu_per_call_ms else None,
+                    "connections_seen": len(conns.seen),
+                    "connections_max_open": conns.most,
                     "rebuilds": {w: {"count": int(n), "cpu_s": round(t, 3)} for w, (t, n) in rebuild.items()},
                 },
                 indent=2,
             )
         )
-    return 0 if worst <= 5.0 and not any(errors.values()) else 2
+    return 0 if met and not any(errors.values()) else 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Peer comparison: `draguard review` vs the Kyverno CLI on the same 2,000 manifests, same policy idea.
 
     python bench/peer.py [--workloads 2000] [--kyverno PATH] [--repeat 3] [--json OUT]
+    python bench/peer.py --webhook [...]   Kyverno's admission controller beside draguard's webhook
+                                           on one local control plane (bench/peer_webhook.py)
 
 The manifests are bench/engine.py's generated workloads (Pods, Deployments, StatefulSets, Jobs,
 CronJobs, DaemonSets, ReplicaSets; 20 % still on nvidia.com/gpu) plus the claim templates they use,
@@ -134,6 +136,10 @@ def denied_by_draguard(out: str) -> int:
 
 
 def main() -> int:
+    if "--webhook" in sys.argv[1:]:
+        from bench.peer_webhook import main as webhook_main
+
+        return webhook_main([a for a in sys.argv[1:] if a != "--webhook"])
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workloads", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
