@@ -245,13 +245,21 @@ def set_arm_selector(hooks: list[dict[str, Any]], arm: str) -> None:
             sel["matchExpressions"] = [*exprs, {"key": ARM_LABEL, "operator": "In", "values": [arm]}]
 
 
+def create(api: Api, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    """POST one object: (status, message), a webhook's denial always as 403 (Kyverno answers 400)."""
+    status, resp, _h = api.call("POST", path, body)
+    msg = str((resp or {}).get("message", "")) if isinstance(resp, dict) else ""
+    if status in (400, 403) and "denied the request" in msg:
+        status = 403
+    return status, msg
+
+
 def probe(api: Api, ns: str, template: str) -> tuple[int, str]:
     """A dry-run create of a vLLM pod on `template`: (status, message)."""
     path, body, _ = workload(0, ns)
     body["metadata"]["name"] = f"probe-{template}"
     body["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
-    status, resp, _h = api.call("POST", f"{path}?dryRun=All", body)
-    return status, str((resp or {}).get("message", ""))
+    return create(api, f"{path}?dryRun=All", body)
 
 
 def crds_established(cluster: Any) -> bool:
@@ -367,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {msg}", file=sys.stderr, flush=True)
 
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="draguard-bench-peer-"))
-    cluster = LocalCluster(state, None, progress=say)
+    cluster = LocalCluster(state, None, progress=say, tie_to_parent=True)
     res: dict[str, Any] = {
         "arms": arms,
         "objects_per_arm": args.objects,
@@ -461,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in order:
                     path, body, _bad = workload(i, f"bench-{arm}")
                     t = time.perf_counter()
-                    status, _b, _h = api.call("POST", path, body)
+                    status, _msg = create(api, path, body)
                     out[arm].append((i, body["kind"], time.perf_counter() - t, status))
                 if record and (k + 1) % step == 0:
                     p50s = (f"{a} p50 {statistics.median(x[2] for x in out[a]) * 1000:.1f} ms" for a in arms)
