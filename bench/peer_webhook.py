@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,12 +229,18 @@ class Server:
     pid: int
     metrics_url: str
     metric: str
+    handler: str  # the server's own request-duration histogram
     ctx: ssl.SSLContext | None = None
-    samples: list[tuple[float, float]] = field(default_factory=list)
 
-    def reviews(self) -> float:
+    def counters(self) -> tuple[float, float, float]:
+        """(reviews, handler seconds, handler observations) from the server's /metrics."""
         with urllib.request.urlopen(self.metrics_url, context=self.ctx, timeout=5) as r:
-            return metric_sum(r.read().decode(), self.metric)
+            text = r.read().decode()
+        return (
+            metric_sum(text, self.metric),
+            metric_sum(text, f"{self.handler}_sum"),
+            metric_sum(text, f"{self.handler}_count"),
+        )
 
 
 def set_arm_selector(hooks: list[dict[str, Any]], arm: str) -> None:
@@ -419,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx = ssl.create_default_context(cafile=str(cluster.paths.certs / "webhook-ca.crt"))
             servers["draguard"] = Server(
                 "draguard", int(cluster.state["pids"]["webhook"]), f"https://127.0.0.1:{port}/metrics",
-                "draguard_admission_requests_total", ctx,
+                "draguard_admission_requests_total", "draguard_admission_duration_seconds", ctx,
             )  # fmt: skip
         if "kyverno" in arms:
             assert binary is not None and crds is not None
@@ -427,8 +433,9 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.monotonic()
             kpid = start_kyverno(cluster, binary, crds, kport, mport)
             servers["kyverno"] = Server(
-                "kyverno", kpid, f"http://127.0.0.1:{mport}/metrics", "kyverno_admission_requests_total"
-            )
+                "kyverno", kpid, f"http://127.0.0.1:{mport}/metrics", "kyverno_admission_requests_total",
+                "kyverno_admission_review_duration_seconds",
+            )  # fmt: skip
             took = cluster.wait(
                 "kyverno",
                 lambda: (
@@ -483,11 +490,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(5.0)
         for a, s in servers.items():
             idle[a] = (proc_cpu_s(s.pid) - c0[a]) / 5.0
-        before = {a: (proc_cpu_s(s.pid), s.reviews()) for a, s in servers.items()}
+        before = {a: (proc_cpu_s(s.pid), *s.counters()) for a, s in servers.items()}
         t_stream = time.monotonic()
         data = run(0, args.objects, True)
         wall = time.monotonic() - t_stream
-        after = {a: (proc_cpu_s(s.pid), s.reviews()) for a, s in servers.items()}
+        after = {a: (proc_cpu_s(s.pid), *s.counters()) for a, s in servers.items()}
         rss = {a: proc_rss_mib(s.pid) for a, s in servers.items()}
     except ClusterError as exc:
         print(f"bench/peer.py --webhook: the local control plane is not available: {exc}", file=sys.stderr)
@@ -523,8 +530,8 @@ def summarise(
     data: dict[str, list[Sample]],
     compared: set[int],
     servers: dict[str, Server],
-    before: dict[str, tuple[float, float]],
-    after: dict[str, tuple[float, float]],
+    before: dict[str, tuple[float, float, float, float]],
+    after: dict[str, tuple[float, float, float, float]],
     idle: dict[str, float],
     rss: dict[str, tuple[float, float]],
     wall: float,
@@ -554,12 +561,14 @@ def summarise(
     if arm in servers:
         cpu = after[arm][0] - before[arm][0]
         n = after[arm][1] - before[arm][1]
+        h_s, h_n = after[arm][2] - before[arm][2], after[arm][3] - before[arm][3]
         r["server"] = {
             "reviews": int(n),
             "cpu_s": round(cpu, 3),
             "cpu_ms_per_review": round(cpu / n * 1000, 3) if n else None,
             "idle_cpu_ms_per_s": round(idle[arm] * 1000, 2),
             "cpu_ms_per_review_less_idle": round((cpu - idle[arm] * wall) / n * 1000, 3) if n else None,
+            "handler_mean_ms": round(h_s / h_n * 1000, 3) if h_n else None,
             "rss_mib": round(rss[arm][0], 1),
             "peak_rss_mib": round(rss[arm][1], 1),
         }
@@ -587,13 +596,14 @@ def report(res: dict[str, Any], arms: list[str], objects: int, compared: int, ex
                     line += f" {k[f'added_p{q}_ms']:>8.2f} {f'[{lo:+.2f}, {hi:+.2f}]':>16}"
             print(line)
     print(f"{'server':<9} {'reviews':>8} {'CPU s':>7} {'CPU/review':>11} {'less idle':>10} "
-          f"{'idle CPU':>11} {'RSS':>9} {'peak RSS':>9}")  # fmt: skip
+          f"{'idle CPU':>11} {'RSS':>9} {'peak RSS':>9} {'handler mean':>13}")  # fmt: skip
     for arm in arms:
         s = rows[arm].get("server")
         if s:
             print(f"{arm:<9} {s['reviews']:>8} {s['cpu_s']:>7.2f} {s['cpu_ms_per_review'] or 0:>8.3f} ms "
                   f"{s['cpu_ms_per_review_less_idle'] or 0:>7.3f} ms {s['idle_cpu_ms_per_s']:>6.1f} ms/s "
-                  f"{s['rss_mib']:>5.0f} MiB {s['peak_rss_mib']:>5.0f} MiB")  # fmt: skip
+                  f"{s['rss_mib']:>5.0f} MiB {s['peak_rss_mib']:>5.0f} MiB "
+                  f"{s['handler_mean_ms'] or 0:>10.3f} ms")  # fmt: skip
     for arm in arms:
         got = set(res["denied"][arm])
         want = expected_bad if arm != "none" else set()
