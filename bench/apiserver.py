@@ -162,7 +162,7 @@ from aiohttp import web
 async def handle(req):
     doc = json.loads(await req.read())
     resp = {"uid": doc["request"]["uid"], "allowed": True}
-    if (doc["request"].get("name") or "") == "probe":
+    if (doc["request"].get("name") or "").startswith("probe"):
         resp["warnings"] = ["BARE_WARNING"]
     out = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
     return web.Response(body=json.dumps(out), content_type="application/json")

@@ -1,11 +1,13 @@
 """Kyverno's admission controller beside draguard's webhook, on one local control plane.
 
-    python bench/peer.py --webhook [--objects 1500] [--arms none,draguard,kyverno] [--kyverno PATH]
+    python bench/peer.py --webhook [--objects 1500] [--arms none,null,draguard,kyverno] [--kyverno PATH]
                                    [--quick] [--keep] [--json OUT]
 
 One kube-apiserver + etcd (`webhook/dev`, as bench/apiserver.py starts it) with three namespaces
 that differ only in one label, `bench.draguard.io/arm`:
 - `bench-none`: no webhook is called (the baseline, measured in the same run);
+- `bench-null`: draguard's webhook configurations aimed at a null webhook (aiohttp over TLS, parses
+  each review and allows it): what calling any webhook costs the API server here;
 - `bench-draguard`: draguard's webhooks (kustomize/overlays/local, the shipped policies), their
   namespaceSelector narrowed to this label;
 - `bench-kyverno`: Kyverno's admission controller, run out of cluster (`-kubeconfig`, `-serverIP`),
@@ -43,9 +45,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.apiserver import Api, added_interval, pct  # noqa: E402
+from bench.apiserver import BARE_SERVER, BARE_WARNING, Api, added_interval, pct  # noqa: E402
 
-ARMS = ("none", "draguard", "kyverno")
+ARMS = ("none", "null", "draguard", "kyverno")
+JUDGES = ("draguard", "kyverno")  # the arms whose webhook applies the policy
 ARM_LABEL = "bench.draguard.io/arm"
 KYVERNO_NS = "kyverno"
 H100_CLASSES = [
@@ -227,13 +230,15 @@ class Server:
 
     arm: str
     pid: int
-    metrics_url: str
+    metrics_url: str | None  # None: one review per create in its namespace
     metric: str
     handler: str  # the server's own request-duration histogram
     ctx: ssl.SSLContext | None = None
 
     def counters(self) -> tuple[float, float, float]:
         """(reviews, handler seconds, handler observations) from the server's /metrics."""
+        if self.metrics_url is None:
+            return 0.0, 0.0, 0.0
         with urllib.request.urlopen(self.metrics_url, context=self.ctx, timeout=5) as r:
             text = r.read().decode()
         return (
@@ -251,17 +256,18 @@ def set_arm_selector(hooks: list[dict[str, Any]], arm: str) -> None:
             sel["matchExpressions"] = [*exprs, {"key": ARM_LABEL, "operator": "In", "values": [arm]}]
 
 
-def create(api: Api, path: str, body: dict[str, Any]) -> tuple[int, str]:
-    """POST one object: (status, message), a webhook's denial always as 403 (Kyverno answers 400)."""
-    status, resp, _h = api.call("POST", path, body)
+def create(api: Api, path: str, body: dict[str, Any]) -> tuple[int, str, str]:
+    """POST one object: (status, message, warnings), a webhook's denial always as 403 (Kyverno
+    answers 400)."""
+    status, resp, headers = api.call("POST", path, body)
     msg = str((resp or {}).get("message", "")) if isinstance(resp, dict) else ""
     if status in (400, 403) and "denied the request" in msg:
         status = 403
-    return status, msg
+    return status, msg, headers.get("warning", "")
 
 
-def probe(api: Api, ns: str, template: str) -> tuple[int, str]:
-    """A dry-run create of a vLLM pod on `template`: (status, message)."""
+def probe(api: Api, ns: str, template: str) -> tuple[int, str, str]:
+    """A dry-run create of a vLLM pod on `template`: (status, message, warnings)."""
     path, body, _ = workload(0, ns)
     body["metadata"]["name"] = f"probe-{template}"
     body["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
@@ -341,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/peer.py --webhook", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--objects", type=int, default=1500, help="objects per arm (1 in 5 a Deployment)")
     ap.add_argument("--warmup", type=int, default=60, help="objects per arm created first and not counted")
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of none,draguard,kyverno")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     ap.add_argument("--kyverno", default=None, help="Kyverno's admission controller binary")
     ap.add_argument("--quick", action="store_true", help="60 objects per arm, 10 warm-up: a smoke run")
     ap.add_argument("--state-dir", type=Path, default=None)
@@ -350,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if "none" not in arms or any(a not in ARMS for a in arms) or len(arms) < 2:
-        ap.error(f"--arms: 'none' and at least one of draguard, kyverno (got {args.arms!r})")
+        ap.error(f"--arms: 'none' and at least one of null, draguard, kyverno (got {args.arms!r})")
     if args.quick:
         args.objects, args.warmup = 60, 10
     binary = crds = None
@@ -361,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"bench/peer.py --webhook: Kyverno's admission controller is not built (looked at {where}).\n"
                 "  Build it with `scripts/build-peer.sh` (about 35 minutes; not part of CI), or leave it out "
-                "with --arms none,draguard.",
+                "with --arms none,null,draguard.",
                 file=sys.stderr,
             )
             return 3
@@ -414,6 +420,28 @@ def main(argv: list[str] | None = None) -> int:
         # claims are made from the pods' templates (nor their reviews, nor quota usage building up).
         cluster.stop("kube-controller-manager")
         servers: dict[str, Server] = {}
+        if "null" in arms:
+            # draguard's configurations, aimed at a server that parses each review and allows it:
+            # what calling any webhook costs the API server, on this machine, in this run.
+            nport, c = free_port(), cluster.paths.certs
+            null_argv = [
+                sys.executable,
+                "-c",
+                BARE_SERVER,
+                str(nport),
+                str(c / "webhook.crt"),
+                str(c / "webhook.key"),
+            ]
+            npid = cluster.spawn("null-webhook", null_argv)
+            nobjs, _src = webhook_objects(cluster, nport)
+            nhooks = [o for o in nobjs if o.get("kind", "").endswith("WebhookConfiguration")]
+            for o in nhooks:
+                o["metadata"]["name"] = "bench-null-webhook"
+            set_arm_selector(nhooks, "null")
+            ndoc = json.dumps({"apiVersion": "v1", "kind": "List", "items": nhooks})
+            cluster.kubectl("apply", "--server-side", "-f", "-", input=ndoc)
+            servers["null"] = Server("null", npid, None, "", "")
+            cluster.wait("null-webhook", lambda: BARE_WARNING in probe(api, "bench-null", "one-a100")[2], 60)
         if "draguard" in arms:
             port = int(cluster.state["ports"]["webhook"])
             objs, _src = webhook_objects(cluster, port)
@@ -459,10 +487,14 @@ def main(argv: list[str] | None = None) -> int:
         # Each arm's own webhook, and only it, judges its namespace.
         probes: dict[str, dict[str, Any]] = {}
         for arm in arms:
-            ok_status, _ = probe(api, f"bench-{arm}", "one-h100")
-            bad_status, msg = probe(api, f"bench-{arm}", "one-a100")
+            ok_status, _, _ = probe(api, f"bench-{arm}", "one-h100")
+            bad_status, msg, warn = probe(api, f"bench-{arm}", "one-a100")
             probes[arm] = {"h100": ok_status, "a100": bad_status, "message": msg[:200]}
-            want_bad = 201 if arm == "none" else 403
+            want_bad = 201 if arm in ("none", "null") else 403
+            if (BARE_WARNING in warn) != (arm == "null"):
+                raise SystemExit(
+                    f"arm {arm}: the null webhook {'did not answer' if arm == 'null' else 'answered'}"
+                )
             if ok_status != 201 or bad_status != want_bad:
                 raise SystemExit(f"arm {arm}: probe got H100 {ok_status}, A100 {bad_status} ({msg[:300]})")
         res["probes"] = probes
@@ -476,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in order:
                     path, body, _bad = workload(i, f"bench-{arm}")
                     t = time.perf_counter()
-                    status, _msg = create(api, path, body)
+                    status, _msg, _warn = create(api, path, body)
                     out[arm].append((i, body["kind"], time.perf_counter() - t, status))
                 if record and (k + 1) % step == 0:
                     p50s = (f"{a} p50 {statistics.median(x[2] for x in out[a]) * 1000:.1f} ms" for a in arms)
@@ -517,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     bad = any(res["other_errors"].values()) or any(
-        set(res["denied"][a]) != (expected_bad if a != "none" else set()) for a in arms
+        set(res["denied"][a]) != (expected_bad if a in JUDGES else set()) for a in arms
     )
     return 1 if bad else 0
 
@@ -560,7 +592,7 @@ def summarise(
         r[kind] = row
     if arm in servers:
         cpu = after[arm][0] - before[arm][0]
-        n = after[arm][1] - before[arm][1]
+        n = after[arm][1] - before[arm][1] if servers[arm].metrics_url else len(data[arm])
         h_s, h_n = after[arm][2] - before[arm][2], after[arm][3] - before[arm][3]
         r["server"] = {
             "reviews": int(n),
@@ -606,7 +638,7 @@ def report(res: dict[str, Any], arms: list[str], objects: int, compared: int, ex
                   f"{s['handler_mean_ms'] or 0:>10.3f} ms")  # fmt: skip
     for arm in arms:
         got = set(res["denied"][arm])
-        want = expected_bad if arm != "none" else set()
+        want = expected_bad if arm in JUDGES else set()
         verdict = "agrees" if got == want else f"DIFFERS at {sorted(got ^ want)[:10]}"
         print(f"{arm}: denied {len(got)} of {objects} (the policy forbids {len(want)}); {verdict}; "
               f"other errors {res['other_errors'][arm]}")  # fmt: skip

@@ -1,4 +1,4 @@
-"""`bench/peer.py --webhook --quick` on its own local control plane, draguard and the baseline only.
+"""`bench/peer.py --webhook --quick` on its own local control plane: baseline, null webhook, draguard.
 
 Kyverno's admission controller (a 35-minute build, not part of CI) is left out with --arms; this
 checks that the side-by-side harness runs end to end: the namespaces' selectors route each create to
@@ -31,7 +31,7 @@ def test_quick_run_without_kyverno(tmp_path: Path) -> None:
         pytest.skip(str(exc))
     out = tmp_path / "peer.json"
     proc = subprocess.run(
-        [sys.executable, "bench/peer.py", "--webhook", "--quick", "--arms", "none,draguard",
+        [sys.executable, "bench/peer.py", "--webhook", "--quick", "--arms", "none,null,draguard",
          "--state-dir", str(tmp_path / "state"), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -39,9 +39,11 @@ def test_quick_run_without_kyverno(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     n = res["objects_per_arm"]
     forbidden = sorted(i for i in range(n) if pw.workload(i, "x")[2])
-    assert forbidden and res["denied"] == {"none": [], "draguard": forbidden}
-    assert res["other_errors"] == {"none": 0, "draguard": 0}
-    assert res["probes"]["none"]["a100"] == 201 and res["probes"]["draguard"]["a100"] == 403
+    assert forbidden and res["denied"] == {"none": [], "null": [], "draguard": forbidden}
+    assert res["other_errors"] == {"none": 0, "null": 0, "draguard": 0}
+    assert res["probes"]["none"]["a100"] == 201 and res["probes"]["null"]["a100"] == 201
+    assert res["probes"]["draguard"]["a100"] == 403
+    assert res["rows"]["null"]["server"]["reviews"] == n  # one call per create in its namespace
     server = res["rows"]["draguard"]["server"]
     assert server["reviews"] >= n  # every create in its namespace was reviewed
     assert server["cpu_s"] > 0 and server["rss_mib"] > 0

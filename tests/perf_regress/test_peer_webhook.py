@@ -35,7 +35,7 @@ def test_missing_kyverno_is_a_clear_error_before_anything_starts(tmp_path: Path)
     proc = run_bench("--kyverno", str(missing), "--state-dir", str(state))
     assert proc.returncode == 3
     assert str(missing) in proc.stderr
-    assert "scripts/build-peer.sh" in proc.stderr and "--arms none,draguard" in proc.stderr
+    assert "scripts/build-peer.sh" in proc.stderr and "--arms none,null,draguard" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not state.exists()  # no control plane was started
 
