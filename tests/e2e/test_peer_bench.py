@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,18 @@ def test_quick_run_without_kyverno(tmp_path: Path) -> None:
             pytest.fail(f"control-plane binaries missing under CI: {exc}")
         pytest.skip(str(exc))
     out = tmp_path / "peer.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/peer.py", "--webhook", "--quick", "--arms", "none,null,draguard",
-         "--state-dir", str(tmp_path / "state"), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    # Short: the drivers' unix sockets live under the state directory (107-byte limit).
+    short = Path(tempfile.mkdtemp(prefix="dgp-"))
+    state = short / "s"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "bench/peer.py", "--webhook", "--quick", "--arms", "none,null,draguard",
+             "--state-dir", str(state), "--json", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        state_left = state.exists()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     n = res["objects_per_arm"]
@@ -52,4 +61,4 @@ def test_quick_run_without_kyverno(tmp_path: Path) -> None:
     lo, hi = row["added_p50_ci90_ms"]
     assert lo <= hi
     assert "draguard: denied" in proc.stdout and "agrees" in proc.stdout
-    assert not (tmp_path / "state").exists()  # the bench took its control plane down
+    assert not state_left  # the bench took its control plane down
