@@ -16,8 +16,8 @@ H100s":
 Kyverno auto-generates the same rule for pod controllers.
 
 Both run as processes over the same file, best of --repeat, with a one-document run to separate
-start-up from per-document cost. The Kyverno CLI is looked up at --kyverno, $DRAGUARD_KYVERNO, or
-~/.cache/draguard/peer/bin/kubectl-kyverno (built from github.com/kyverno/kyverno/cmd/cli/kubectl-kyverno);
+start-up from per-document cost. The Kyverno CLI is looked up at --kyverno, $DRAGUARD_KYVERNO, where
+`scripts/build-peer.sh cli` builds it, or ~/.cache/draguard/peer/bin/kubectl-kyverno;
 without it the draguard half runs alone and the script exits 3 (skipped) saying why.
 """
 
@@ -80,10 +80,23 @@ spec:
 DEFAULT_KYVERNO = Path.home() / ".cache" / "draguard" / "peer" / "bin" / "kubectl-kyverno"
 
 
+def built_cli() -> str | None:
+    """Where `scripts/build-peer.sh cli` puts the CLI (built or not)."""
+    try:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build-peer.sh"), "--path", "cli"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def find_kyverno(explicit: str | None) -> Path | None:
     for cand in (
         explicit,
         os.environ.get("DRAGUARD_KYVERNO"),
+        built_cli(),
         str(DEFAULT_KYVERNO),
         shutil.which("kubectl-kyverno"),
     ):
@@ -215,10 +228,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if kyverno is None:
         print(
-            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO or "
-            "~/.cache/draguard/peer/bin/kubectl-kyverno); build it with: cd <kyverno v1.19.1 source> && "
-            "go build -o ~/.cache/draguard/peer/bin/kubectl-kyverno "
-            "./cmd/cli/kubectl-kyverno"
+            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO, `scripts/build-peer.sh --path cli` or "
+            "~/.cache/draguard/peer/bin/kubectl-kyverno); build it with: scripts/build-peer.sh cli"
         )
         return 3
     return 0
