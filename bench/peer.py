@@ -1,6 +1,8 @@
 """Peer comparison: `draguard review` vs the Kyverno CLI on the same 2,000 manifests, same policy idea.
 
     python bench/peer.py [--workloads 2000] [--kyverno PATH] [--repeat 3] [--json OUT]
+    python bench/peer.py --webhook [...]   Kyverno's admission controller beside draguard's webhook
+                                           on one local control plane (bench/peer_webhook.py)
 
 The manifests are bench/engine.py's generated workloads (Pods, Deployments, StatefulSets, Jobs,
 CronJobs, DaemonSets, ReplicaSets; 20 % still on nvidia.com/gpu) plus the claim templates they use,
@@ -14,8 +16,8 @@ H100s":
 Kyverno auto-generates the same rule for pod controllers.
 
 Both run as processes over the same file, best of --repeat, with a one-document run to separate
-start-up from per-document cost. The Kyverno CLI is looked up at --kyverno, $DRAGUARD_KYVERNO, or
-~/.cache/draguard/peer/bin/kubectl-kyverno (built from github.com/kyverno/kyverno/cmd/cli/kubectl-kyverno);
+start-up from per-document cost. The Kyverno CLI is looked up at --kyverno, $DRAGUARD_KYVERNO, where
+`scripts/build-peer.sh cli` builds it, or ~/.cache/draguard/peer/bin/kubectl-kyverno;
 without it the draguard half runs alone and the script exits 3 (skipped) saying why.
 """
 
@@ -78,10 +80,23 @@ spec:
 DEFAULT_KYVERNO = Path.home() / ".cache" / "draguard" / "peer" / "bin" / "kubectl-kyverno"
 
 
+def built_cli() -> str | None:
+    """Where `scripts/build-peer.sh cli` puts the CLI (built or not)."""
+    try:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build-peer.sh"), "--path", "cli"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def find_kyverno(explicit: str | None) -> Path | None:
     for cand in (
         explicit,
         os.environ.get("DRAGUARD_KYVERNO"),
+        built_cli(),
         str(DEFAULT_KYVERNO),
         shutil.which("kubectl-kyverno"),
     ):
@@ -134,6 +149,10 @@ def denied_by_draguard(out: str) -> int:
 
 
 def main() -> int:
+    if "--webhook" in sys.argv[1:]:
+        from bench.peer_webhook import main as webhook_main
+
+        return webhook_main([a for a in sys.argv[1:] if a != "--webhook"])
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workloads", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
@@ -209,10 +228,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if kyverno is None:
         print(
-            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO or "
-            "~/.cache/draguard/peer/bin/kubectl-kyverno); build it with: cd <kyverno v1.19.1 source> && "
-            "go build -o ~/.cache/draguard/peer/bin/kubectl-kyverno "
-            "./cmd/cli/kubectl-kyverno"
+            "kyverno CLI not found (--kyverno, $DRAGUARD_KYVERNO, `scripts/build-peer.sh --path cli` or "
+            "~/.cache/draguard/peer/bin/kubectl-kyverno); build it with: scripts/build-peer.sh cli"
         )
         return 3
     return 0

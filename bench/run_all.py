@@ -30,6 +30,7 @@ FULL_ARGS: dict[str, list[str]] = {
     "webhook_concurrency": ["--json", "{out}/webhook_concurrency.json"],
     "apiserver": ["--json", "{out}/apiserver.json"],
     "peer": ["--json", "{out}/peer.json"],
+    "peer_webhook": ["--json", "{out}/peer_webhook.json"],
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "scaling": ["--devices", "1000,10000", "--policies", "10,100", "--reviews", "60"],
@@ -37,6 +38,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "webhook": ["--seconds", "2", "--warmup", "1", "--paced-seconds", "2", "--devices", "1000"],
     "apiserver": ["--pods", "200", "--deployments", "50", "--blocks", "2"],
     "peer": ["--workloads", "200"],
+    "peer_webhook": ["--quick"],
     "engine": ["--workloads", "300", "--repeat", "1"],
     "cel_lint": ["--nodes", "1000", "--repeat", "1"],
     "driver": ["--iterations", "50"],
