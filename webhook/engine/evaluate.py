@@ -80,6 +80,7 @@ def _evaluate(
 
 
 _SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_TREE: frozenset[type] = frozenset({dict, list})
 
 
 def too_deep(value: Any, limit: int) -> str | None:
@@ -104,7 +105,7 @@ bomb's levels grow exponentially; parsed JSON, the admission case, is a tree).""
 def _tree_within_depth(value: Any, limit: int) -> bool | None:
     """`_within_depth` for plain dicts and lists, one level at a time; None past TREE_NODES
     containers, or on other container types (the alias-aware walk decides those)."""
-    level: list[Any] = [value] if type(value) in (dict, list) else []
+    level: list[Any] = [value] if type(value) in _TREE else []
     if not level and type(value) not in _SCALARS:
         return None
     depth, seen = 0, 0
@@ -116,8 +117,7 @@ def _tree_within_depth(value: Any, limit: int) -> bool | None:
             return None
         below: list[Any] = []
         for node in level:
-            children = node.values() if type(node) is dict else node
-            for child in children:
+            for child in node.values() if type(node) is dict else node:
                 t = type(child)
                 if t is dict or t is list:
                     below.append(child)
