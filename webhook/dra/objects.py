@@ -7,8 +7,10 @@ API version the user sent, so that patches apply to the object as sent.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +28,42 @@ ALL = "All"
 
 # Fields of a request we do not model but must carry through a rewrite unchanged.
 _PASSTHROUGH_REQUEST_FIELDS = ("tolerations", "capacity")
+
+
+# -- reading an object once per evaluation ------------------------------------------------------
+
+# (what, id(object)) -> (object, what was read): held so that the id is not reused while cached.
+_MEMO: contextvars.ContextVar[dict[tuple[str, int], tuple[Any, Any]] | None] = contextvars.ContextVar(
+    "object_memo", default=None
+)
+
+
+@contextlib.contextmanager
+def reading_once() -> Iterator[None]:
+    """Within the block (one evaluation), each reader wrapped by `read_once` reads an object once.
+
+    Several rules ask the same object for its pod templates or claim spec; the objects do not
+    change during an evaluation, and the memo ends with it (nothing is kept across requests).
+    """
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def read_once(what: str, obj: Any, read: Callable[[Any], Any]) -> Any:
+    """`read(obj)`, remembered for `obj` inside `reading_once()` (read each time outside it)."""
+    memo = _MEMO.get()
+    if memo is None:
+        return read(obj)
+    key = (what, id(obj))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    value = read(obj)
+    memo[key] = (obj, value)
+    return value
 
 
 # -- lenient accessors -------------------------------------------------------------------------
@@ -302,6 +340,11 @@ def read_claim_spec(spec: object, api_version: object, pointer_prefix: str = "/s
 
 def claim_spec_of(obj: Mapping[str, Any]) -> tuple[ClaimSpec, str] | None:
     """The claim spec of a ResourceClaim or ResourceClaimTemplate, with its pointer; None otherwise."""
+    found: tuple[ClaimSpec, str] | None = read_once("claim_spec", obj, _claim_spec_of)
+    return found
+
+
+def _claim_spec_of(obj: Mapping[str, Any]) -> tuple[ClaimSpec, str] | None:
     kind = obj.get("kind")
     if dra_version(obj.get("apiVersion")) is None:
         return None

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.dra.objects import as_int, as_list, as_map, as_str
+from webhook.dra.objects import as_int, as_list, as_map, as_str, read_once
 
 # kind -> path (as keys) from the object root to the PodSpec.
 POD_SPEC_PATHS: Mapping[str, tuple[str, ...]] = {
@@ -191,6 +191,11 @@ def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
 
 def pod_templates_of(obj: Mapping[str, Any]) -> list[PodTemplate]:
     """Every pod template of a workload (built-in kinds have one; CRDs may have several)."""
+    found: list[PodTemplate] = read_once("pod_templates", obj, _pod_templates_of)
+    return found
+
+
+def _pod_templates_of(obj: Mapping[str, Any]) -> list[PodTemplate]:
     crd = crd_templates(obj)
     if crd is not None:
         return crd
@@ -211,6 +216,11 @@ def _walk(obj: Mapping[str, Any], path: tuple[str, ...]) -> Mapping[str, Any] | 
 def pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
     """(JSON pointer, PodSpec) of a workload object, or None for other kinds or a missing spec.
     For a workload CRD with several pod templates (see crd_table()): the first PodSpec."""
+    found: tuple[str, Mapping[str, Any]] | None = read_once("pod_spec", obj, _pod_spec_of)
+    return found
+
+
+def _pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
     path = POD_SPEC_PATHS.get(as_str(obj.get("kind")) or "")
     if path is None:
         crd = crd_templates(obj)

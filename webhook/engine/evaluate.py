@@ -9,7 +9,7 @@ from typing import Any
 from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.dra.objects import DRA_KINDS
+from webhook.dra.objects import DRA_KINDS, reading_once
 from webhook.dra.workloads import WORKLOAD_KINDS, is_workload_kind, using_crd_table
 from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule, modules
@@ -38,7 +38,7 @@ def evaluate(
     Never raises on bad objects: a rule that fails becomes an `internal/<module>` finding on the
     object it failed on. `rule_modules` restricts the run to some rule modules (tests, benches).
     """
-    with using_crd_table(policies.crd_table):
+    with using_crd_table(policies.crd_table), reading_once():
         return _evaluate(objects, policies, inventory, ctx, rule_modules)
 
 
@@ -80,6 +80,7 @@ def _evaluate(
 
 
 _SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_TREE: frozenset[type] = frozenset({dict, list})
 
 
 def too_deep(value: Any, limit: int) -> str | None:
@@ -88,9 +89,43 @@ def too_deep(value: Any, limit: int) -> str | None:
     Iterative (no stack to exhaust) and alias-aware: a container reached again is walked again
     only when reached deeper than before, so shared subtrees (YAML aliases) cost little.
     """
-    if _within_depth(value, limit):
+    within = _tree_within_depth(value, limit)
+    if within is None:  # more containers than a tree of this size has: maybe shared subtrees
+        within = _within_depth(value, limit)
+    if within:
         return None  # the usual case, decided without building pointers (admission hot path)
     return _deep_pointer(value, limit)
+
+
+TREE_NODES = 50_000
+"""Containers the level-by-level walk visits before handing over to the alias-aware one (an alias
+bomb's levels grow exponentially; parsed JSON, the admission case, is a tree)."""
+
+
+def _tree_within_depth(value: Any, limit: int) -> bool | None:
+    """`_within_depth` for plain dicts and lists, one level at a time; None past TREE_NODES
+    containers, or on other container types (the alias-aware walk decides those)."""
+    level: list[Any] = [value] if type(value) in _TREE else []
+    if not level and type(value) not in _SCALARS:
+        return None
+    depth, seen = 0, 0
+    while level:
+        if depth > limit:
+            return False
+        seen += len(level)
+        if seen > TREE_NODES:
+            return None
+        below: list[Any] = []
+        for node in level:
+            for child in node.values() if type(node) is dict else node:
+                t = type(child)
+                if t is dict or t is list:
+                    below.append(child)
+                elif t not in _SCALARS:
+                    return None
+        level = below
+        depth += 1
+    return True
 
 
 def _within_depth(value: Any, limit: int) -> bool:

@@ -141,6 +141,7 @@ class MigrationPlan:
     patch: JsonPatch
     templates: list[dict[str, Any]]
     source: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    template_names: list[str] = field(default_factory=list)
     _rewritten: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -315,12 +316,16 @@ def plan_pod_spec(
     rewrite: bool = True,
     uses: list[LegacyUse] | None = None,
     allowed: Callable[[str], bool] | None = None,
+    build: bool = True,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
     `rewrite=False` leaves the rewritten object to be built on first use of `plan.rewritten`
-    (admission only sends the patch); by default it is built, and checked, here.
+    (admission only sends the patch); by default it is built, and checked, here. `build=False`
+    plans only what describes the rewrite (edits, template names): no patch, no template objects.
     """
+    if not build:
+        rewrite = False
     uses = find_legacy(podspec, pod_spec_pointer) if uses is None else uses
     node_labels = node_labels_of(podspec)
     existing_claims = podspec.get("resourceClaims")
@@ -352,7 +357,7 @@ def plan_pod_spec(
         if tname not in templates:  # built once per distinct template, not once per container
             templates[tname] = claim_template_for(
                 tname, namespace, mapping, count, resource, api_version or policy.claim_api_version
-            )
+            ) if build else {}
         return tname
 
     # Kubernetes' effective request: app containers (and restartable sidecar init containers, which
@@ -416,9 +421,10 @@ def plan_pod_spec(
         uses=uses,
         edits=edits,
         unmapped=unmapped,
-        patch=_build_patch(podspec, pod_spec_pointer, edits),
-        templates=list(templates.values()),
+        patch=_build_patch(podspec, pod_spec_pointer, edits) if build else [],
+        templates=list(templates.values()) if build else [],
         source=obj,
+        template_names=list(templates),
     )
     if rewrite:
         plan.rewritten  # noqa: B018  (built now so a patch that does not apply fails here)

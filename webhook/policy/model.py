@@ -53,17 +53,73 @@ def any_glob(patterns: Iterable[str], value: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class GlobSet:
+    """`any_glob(patterns, value)` for a fixed list of patterns, as one set lookup and one regex."""
+
+    literal: frozenset[str]
+    regex: re.Pattern[str] | None
+
+    @staticmethod
+    def of(patterns: Iterable[str]) -> GlobSet:
+        pats = tuple(dict.fromkeys(patterns))
+        # A pattern equal to the value matches it even when its `[..]` would not (glob_match).
+        wild = [p for p in pats if any(ch in p for ch in "*?[")]
+        regex = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in wild)) if wild else None
+        return GlobSet(frozenset(pats), regex)
+
+    def __call__(self, value: str) -> bool:
+        if value in self.literal:
+            return True
+        return self.regex is not None and self.regex.match(value) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PhraseSet:
+    """`any(has_phrase(ph, text) for ph in phrases)` with the phrases split into words once."""
+
+    single: frozenset[str]
+    multi: tuple[tuple[str, ...], ...]
+
+    @staticmethod
+    def of(phrases: Iterable[str]) -> PhraseSet:
+        words = [w for w in (words_of(ph) for ph in phrases) if w]
+        return PhraseSet(
+            frozenset(w[0] for w in words if len(w) == 1),
+            tuple(dict.fromkeys(w for w in words if len(w) > 1)),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.single or self.multi)
+
+    def __call__(self, text: str) -> bool:
+        have = words_of(text)
+        if self.single and not self.single.isdisjoint(have):
+            return True
+        for want in self.multi:
+            n = len(want)
+            if any(have[i : i + n] == want for i in range(len(have) - n + 1)):
+                return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
 class NamespaceScope:
     """Which namespaces a policy applies to: `namespaces` (globs, empty = all) minus `exclude`."""
 
     namespaces: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     match_labels: Mapping[str, str] = field(default_factory=dict)
+    _exclude: GlobSet = field(init=False, repr=False, compare=False)
+    _include: GlobSet = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_exclude", GlobSet.of(self.exclude))
+        object.__setattr__(self, "_include", GlobSet.of(self.namespaces))
 
     def applies(self, namespace: str, labels: Mapping[str, str] | None = None) -> bool:
-        if any_glob(self.exclude, namespace):
+        if self._exclude(namespace):
             return False
-        if self.namespaces and not any_glob(self.namespaces, namespace):
+        if self.namespaces and not self._include(namespace):
             return False
         if self.match_labels:
             # Unknown labels (offline review without namespace facts) cannot rule a namespace in.
@@ -138,6 +194,17 @@ class WorkloadMatch:
     label_words: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     image_words: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
+    # The matchers above in the form the request path asks them (built once, with the policy).
+    image_globs: GlobSet = field(init=False, repr=False, compare=False)
+    image_phrases: PhraseSet = field(init=False, repr=False, compare=False)
+    command_globs: GlobSet = field(init=False, repr=False, compare=False)
+    label_phrases: Mapping[str, PhraseSet] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_globs", GlobSet.of(self.images))
+        object.__setattr__(self, "image_phrases", PhraseSet.of(self.image_words))
+        object.__setattr__(self, "command_globs", GlobSet.of(self.commands))
+        object.__setattr__(self, "label_phrases", {k: PhraseSet.of(v) for k, v in self.label_words.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +215,13 @@ class TierClass:
     # Classes a workload whose images/commands say it is this class may declare itself (by label or
     # annotation) instead. Empty: metadata can narrow what the evidence allows, never widen it.
     relabel_to: tuple[str, ...] = ()
+    _allowed: GlobSet = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_allowed", GlobSet.of(self.device_classes))
 
     def allows(self, device_class: str) -> bool:
-        return any_glob(self.device_classes, device_class)
+        return self._allowed(device_class)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +254,9 @@ class GpuTierPolicy:
             for k, v in c.match.labels.items():
                 if k in facts.labels and glob_match(v, facts.labels[k]):
                     return Classification(c, f"label {k}={facts.labels[k]}")
-            for k, phrases in c.match.label_words.items():
+            for k, phrases in c.match.label_phrases.items():
                 value = facts.labels.get(k)
-                if value is not None and any(has_phrase(ph, value) for ph in phrases):
+                if value is not None and phrases(value):
                     return Classification(c, f"label {k}={value}")
         for c in self.classes:
             for k, v in c.match.annotations.items():
@@ -196,15 +267,18 @@ class GpuTierPolicy:
     def detected(self, facts: WorkloadFacts) -> Classification | None:
         """The class what the workload runs says: images first, then commands and `python -m` modules."""
         for c in self.classes:
+            m = c.match
+            if not m.images and not m.image_phrases:
+                continue
             for img in facts.images:
-                name = _image_name(img)
-                if any_glob(c.match.images, img) or any(has_phrase(ph, name) for ph in c.match.image_words):
+                if m.image_globs(img) or m.image_phrases(_image_name(img)):
                     return Classification(c, f'image "{img}"')
         for c in self.classes:
-            for tok in facts.command_tokens:
-                base = tok.rsplit("/", 1)[-1]
-                if any_glob(c.match.commands, tok) or any_glob(c.match.commands, base):
-                    return Classification(c, f'command "{tok}"')
+            m = c.match
+            if m.commands:
+                for tok in facts.command_tokens:
+                    if m.command_globs(tok) or m.command_globs(tok.rsplit("/", 1)[-1]):
+                        return Classification(c, f'command "{tok}"')
             for mod in facts.modules:
                 if any(module_matches(p, mod) for p in c.match.modules):
                     return Classification(c, f'command "python -m {mod}"')
@@ -348,6 +422,16 @@ class MigrationPolicy:
     scope: NamespaceScope = field(default_factory=NamespaceScope)
     source: str | None = None
     line: int | None = None
+    # Mappings by their literal resource name, each list in policy order (glob resources: `_globbed`).
+    _literal: Mapping[str, tuple[ResourceMapping, ...]] = field(init=False, repr=False, compare=False)
+    _globbed: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        literal: dict[str, list[ResourceMapping]] = {}
+        for m in self.mappings:
+            literal.setdefault(m.resource, []).append(m)
+        object.__setattr__(self, "_literal", {k: tuple(v) for k, v in literal.items()})
+        object.__setattr__(self, "_globbed", any(ch in m.resource for m in self.mappings for ch in "*?["))
 
     def mode_for(self, namespace: str, labels: Mapping[str, str] | None = None) -> MigrationMode:
         """Namespace label `draguard.io/migration-mode` wins, then labelled modes, then namespace
@@ -368,7 +452,9 @@ class MigrationPolicy:
     def mapping_for(self, resource: str, node_selector: Mapping[str, str]) -> ResourceMapping | None:
         """The most specific mapping (most nodeSelector keys) for a resource; None if unmapped."""
         best: ResourceMapping | None = None
-        for m in self.mappings:
+        # Without glob resources only the mappings named after the resource can match.
+        candidates = self.mappings if self._globbed else self._literal.get(resource, ())
+        for m in candidates:
             if m.matches(resource, node_selector) and (
                 best is None or len(m.node_selector) > len(best.node_selector)
             ):

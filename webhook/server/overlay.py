@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.server import codec
+
 # Kind -> (API group, cache resource name). Only these kinds change what admission of *other*
 # objects depends on (claim resolution, classes, quota usage), and the API server sends them.
 OVERLAY_KINDS: Mapping[str, tuple[str, str]] = {
@@ -68,7 +70,8 @@ def scope_of(request: Mapping[str, Any]) -> str:
         str(info.get("uid") or ""),
         sorted(str(g) for g in groups) if isinstance(groups, list) else [],
     ]
-    return hashlib.blake2b(json.dumps(ident).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    # orjson, as the rest of the request path (json writes what orjson refuses, a lone surrogate).
+    return hashlib.blake2b(codec.dumps(ident), digest_size=12).hexdigest()
 
 
 def _trim(obj: Mapping[str, Any]) -> dict[str, Any]:

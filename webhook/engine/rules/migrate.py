@@ -110,6 +110,8 @@ def _check_template(
         item.obj, pointer, podspec, policy, namespace=namespace,
         api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
         allowed=tier_allowed(rc.policies, item.obj, namespace, labels),
+        # Only a migrating namespace gets the patch and the templates; the others get the text.
+        build=mmode is MigrationMode.MIGRATE,
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
@@ -139,7 +141,7 @@ def _claim_template(
     first = plan.edits[0].use
     uses_text = "; ".join(_what(e.use) for e in plan.edits)
     rewrite_text = plan.describe()
-    templates = ", ".join(t["metadata"]["name"] for t in plan.templates)
+    templates = ", ".join(plan.template_names)
     fix = (
         "run `draguard migrate <file>` to rewrite the manifest and write the ResourceClaimTemplates "
         f"({templates}), or label the namespace draguard.io/migration-mode=migrate to have admission do it"

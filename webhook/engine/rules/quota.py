@@ -8,7 +8,7 @@ immutable and a workload's existing pods are already in the usage.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -183,32 +183,38 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                 want = sum(n for c, n in demand.devices.items() if glob_match(pattern, c))
                 if want == 0:
                     continue
-                origin = "; ".join(
-                    f"{c}: {', '.join(demand.origin[c])}" for c in demand.devices if glob_match(pattern, c)
-                )
+                def origin(pattern: str = pattern) -> str:
+                    shown = (c for c in demand.devices if glob_match(pattern, c))
+                    return "; ".join(f"{c}: {', '.join(demand.origin[c])}" for c in shown)
+
                 used = _used(usage, scope, pattern) if usage is not None else 0
                 yield from _over(item, rc, pol, where, f"devices of class {pattern}", want, used, limit,
                                  origin, demand, usage is not None)
             if b.gpu_equivalents is not None and demand.gpu_equivalents > 0:
                 used_ge = usage.gpu_equivalents.get(scope, 0.0) if usage is not None else 0.0
-                calc = _calculator(rc)
-                ge_origin = ", ".join(
-                    f"{n} x {c} at {calc.class_fraction(c)}" for c, n in sorted(demand.devices.items())
-                )
+                def ge_origin() -> str:
+                    calc = _calculator(rc)
+                    return ", ".join(
+                        f"{n} x {c} at {calc.class_fraction(c)}" for c, n in sorted(demand.devices.items())
+                    )
+
                 yield from _over(item, rc, pol, where, "GPU-equivalents", demand.gpu_equivalents, used_ge,
                                  b.gpu_equivalents, ge_origin, demand, usage is not None)
             if b.claims is not None and demand.claims > 0:
                 used_c = usage.claims.get(scope, 0) if usage is not None else 0
                 yield from _over(item, rc, pol, where, "ResourceClaims", demand.claims, used_c, b.claims,
-                                 f"{demand.pods} pod(s)", demand, usage is not None)
+                                 lambda: f"{demand.pods} pod(s)", demand, usage is not None)
 
 
 def _over(
     item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, what: str,
-    want: float | Fraction, used: float, limit: float, origin: str, demand: Demand, live: bool,
+    want: float | Fraction, used: float, limit: float, origin_of: Callable[[], str], demand: Demand,
+    live: bool,
 ) -> Iterable[Finding]:
     mode = pol.mode
+    # The origin text is only written into a finding: most demands are within budget.
     if float(want) > limit + _EPSILON:
+        origin = origin_of()
         yield rc.finding(
             item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
             f"asks for {_fmt(want)} {what} ({origin}) but the budget of {where} in GpuQuotaPolicy "
@@ -217,6 +223,7 @@ def _over(
             pointer=demand.pointer,
         )
     elif live and float(want) + used > limit + _EPSILON:
+        origin = origin_of()
         yield rc.finding(
             item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
             f"would bring {where} to {_fmt(float(want) + used)} {what} (in use {_fmt(used)} + this "

@@ -9,7 +9,7 @@ from typing import Any
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of
+from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
 from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
 from webhook.engine.resolve import (
     IMPLICIT_CLASS_PREFIX,
@@ -34,6 +34,11 @@ from webhook.policy.tier_index import TierIndex
 
 def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     """Labels, annotations, images and command tokens of a workload's pods; None for non-workloads."""
+    facts: WorkloadFacts | None = read_once("workload_facts", obj, _workload_facts)
+    return facts
+
+
+def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     found = pod_spec_of(obj)
     if found is None:
         return None
