@@ -422,6 +422,10 @@ def _finding(f: Finding) -> dict[str, Any]:
     if out.get("file"):
         with contextlib.suppress(ValueError):
             out["file"] = str(Path(out["file"]).resolve().relative_to(ROOT))
+    for key in ("message", "fix"):
+        # Paths in the text are the checkout's; the recorded verdicts must hold in any checkout.
+        if isinstance(out.get(key), str):
+            out[key] = out[key].replace(f"{ROOT}/", "")
     if f.patch:
         out["patch"] = f.patch
     if f.generated:
