@@ -260,12 +260,14 @@ class Server:
     def keep_registered(self, stop: threading.Event, interval: float = 0.5) -> None:
         """Serve and register, and again whenever the kubelet restarts, until `stop` is set."""
         while not stop.is_set():
-            if self._server is None or self._kubelet_changed():
+            if not (self.dir / KUBELET_SOCKET).is_socket():
+                pass  # no kubelet (yet, or restarting): it makes the directory and its socket
+            elif self._server is None or self._kubelet_changed():
                 try:
                     self.stop()
                     self.serve()
                     self.register()
-                except (grpc.RpcError, OSError) as exc:
+                except (grpc.RpcError, OSError, RuntimeError) as exc:  # RuntimeError: bind failed
                     log.warning("registration with the kubelet failed (retrying): %s", exc)
                     self._kubelet_ino = None
             stop.wait(interval)
