@@ -125,15 +125,21 @@ def workload_image(real_node: str) -> str:
     return _IMAGES[0].workload
 
 
+@pytest.fixture(scope="session")
+def node_archives(real_node: str) -> list[Path]:
+    """The image archives imported into the real node's containerd (for a node added later)."""
+    return list(_IMAGES[0].archives)
+
+
 @pytest.fixture(scope="module")
-def device_plugin_node(cluster: LocalCluster, real_node: str) -> Iterator[str]:
+def device_plugin_node(cluster: LocalCluster, node_archives: list[Path]) -> Iterator[str]:
     """A second real node whose GPUs come from the simulated NVIDIA device plugin (`nvidia.com/gpu`,
     4 A100s) and where draguard's DRA driver does not run; tainted `realnodes.DEVICE_PLUGIN_TAINT`.
     Started for the module that asks for it (a second kubelet and containerd are heavy) and removed
     after it."""
     name = "gpu-legacy-0"
     try:
-        added = cluster.add_node(name, images=_IMAGES[0].archives)
+        added = cluster.add_node(name, images=node_archives)
     except ClusterError as exc:
         pytest.fail(f"the device-plugin node did not start: {exc}", pytrace=False)
     print(f"e2e: node {name} added in {added.took:.1f}s", file=sys.stderr)
