@@ -400,7 +400,10 @@ class LocalCluster(Supervisor):
         stopped: list[str] = []
         net = self.net
         for extra in realnodes.names(self):
-            stopped += realnodes.remove(self, extra)
+            try:
+                stopped += realnodes.remove(self, extra)
+            except ClusterError as exc:
+                self.progress(f"node {extra} not fully removed: {exc}")
         if net is not None:
             for name in (*NODE_FIRST, *[n for n in self.running() if n.startswith("driver-")]):
                 if self.stop(name):
@@ -449,6 +452,7 @@ class LocalCluster(Supervisor):
             },
             "ports": self.state.get("ports") or {},
             "nodes": [n["name"] for n in self.state.get("nodes") or []],
+            "added_nodes": realnodes.names(self),
             "feature_gates": self.state.get("feature_gates"),
             "logs": str(self.paths.logs),
         }

@@ -187,6 +187,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {name:<28} pid {c['pid']:<8} {'running' if c['alive'] else 'STOPPED'} {port}")
         if st["nodes"]:
             print(f"nodes:      {', '.join(st['nodes'])}")
+        if st["added_nodes"]:
+            print(f"added:      {', '.join(st['added_nodes'])} (real nodes with the simulated device plugin)")
         node = st.get("real_node")
         if node:
             print(f"real node:  {node['name']} ({node['topology']}) at {node['node_ip']} in netns "

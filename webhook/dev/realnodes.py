@@ -81,7 +81,7 @@ def add(
         raise ClusterError(
             "adding a real node needs a cluster with a real node (dev up without --no-real-node)"
         )
-    if name in names(cluster) or name == cluster.real_node or name in cluster.status()["nodes"]:
+    if name in names(cluster) or name in {n["name"] for n in cluster.state.get("nodes") or []}:
         raise ClusterError(f"node {name} is already part of this cluster")
     sandbox = (cluster.state.get("images") or {}).get("sandbox")
     if not sandbox:
