@@ -40,7 +40,8 @@ spec:
   classes:
   - name: llm
     match:
-      imageWords: [vllm]
+      labelWords:
+        app: [llm]
     deviceClasses: [gpu.nvidia.com-h200]
 """
 
