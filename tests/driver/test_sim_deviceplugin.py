@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import queue
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -20,6 +22,8 @@ from driver.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from driver.sim import load_topology
 from driver.sim.deviceplugin import ENDPOINT, KUBELET_SOCKET, DevicePlugin, Server
 from driver.sim.driverroot import make_driver_root
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeKubeletRegistration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -182,3 +186,24 @@ def test_registers_again_when_the_kubelet_restarts(node: Any) -> None:
             assert len(next(iter(s.ListAndWatch(pb.Empty(), timeout=5))).devices) == 4
     finally:
         second.stop()
+
+
+def _main(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "driver.sim.deviceplugin", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_bad_arguments_get_one_clear_line(short_dir: Path) -> None:
+    done = _main("--topology", str(short_dir / "none.yaml"), "--kubelet-dir", str(short_dir),
+                 "--driver-root", str(short_dir / "root"))  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(
+        f"device plugin: cannot read simulated NVML topology {short_dir / 'none.yaml'}"
+    )
+    deep = short_dir / ("d" * 100)
+    done = _main(
+        "--topology", "a100-4x-nvlink", "--kubelet-dir", str(deep), "--driver-root", str(short_dir / "r")
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "unix sockets allow 107 (shorten --kubelet-dir)" in done.stderr
+    assert not (short_dir / "r").exists(), "nothing is laid out before the arguments are checked"
