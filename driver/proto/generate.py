@@ -12,7 +12,7 @@ from pathlib import Path
 PYI_HEADER = '# mypy: disable-error-code="type-arg"\n'
 PROTOS = (
     "dra_v1.proto", "dra_v1beta1.proto", "pluginregistration.proto",
-    "dra_health_v1.proto", "dra_health_v1alpha1.proto",
+    "dra_health_v1.proto", "dra_health_v1alpha1.proto", "deviceplugin_v1beta1.proto",
 )  # fmt: skip
 
 

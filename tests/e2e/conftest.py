@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import Kubectl
-from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir
+from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir, wait_until
 from webhook.dev.node import NodeImages, RealNode, real_node_prerequisites
 
 E2E_DIR = Path(__file__).parent
@@ -122,6 +123,60 @@ def real_node(cluster: LocalCluster) -> str:
 def workload_image(real_node: str) -> str:
     """An image imported into the real node's containerd that has a shell and Python."""
     return _IMAGES[0].workload
+
+
+@pytest.fixture(scope="session")
+def node_archives(real_node: str) -> list[Path]:
+    """The image archives imported into the real node's containerd (for a node added later)."""
+    return list(_IMAGES[0].archives)
+
+
+@pytest.fixture(scope="module")
+def device_plugin_node(cluster: LocalCluster, node_archives: list[Path]) -> Iterator[str]:
+    """A second real node whose GPUs come from the simulated NVIDIA device plugin (`nvidia.com/gpu`,
+    4 A100s) and where draguard's DRA driver does not run; tainted `realnodes.DEVICE_PLUGIN_TAINT`.
+    Started for the module that asks for it (a second kubelet and containerd are heavy) and removed
+    after it."""
+    name = "gpu-legacy-0"
+    try:
+        added = cluster.add_node(name, images=node_archives)
+    except ClusterError as exc:
+        pytest.fail(f"the device-plugin node did not start: {exc}", pytrace=False)
+    print(f"e2e: node {name} added in {added.took:.1f}s", file=sys.stderr)
+    try:
+        yield name
+    finally:
+        t0 = time.monotonic()
+        cluster.remove_node(name)
+        print(f"e2e: node {name} removed in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def h100_real_node(cluster: LocalCluster, real_node: str) -> Iterator[str]:
+    """The real node with 8 simulated H100s (its driver restarted on h100-8x-nvlink) for the module;
+    its own A100s are published again afterwards, so later tests see the node as it was."""
+    kube = cluster.kube()
+    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{real_node}"
+
+    def products() -> set[str]:
+        items = kube.get(slices).get("items") or []
+        return {
+            str(d.get("attributes", {}).get("productName", {}).get("string", ""))
+            for s in items
+            for d in s["spec"].get("devices") or []
+        }
+
+    def restart(topology: str | None, product: str) -> None:
+        cluster.stop(f"driver-{real_node}")
+        cluster.start_real_node_driver(topology=topology)
+        wait_until(lambda: {p.split(" ")[1] for p in products() if " " in p} == {product}, 60,
+                   f"{real_node}'s ResourceSlices to list only {product} GPUs")  # fmt: skip
+
+    restart("h100-8x-nvlink.yaml", "H100")
+    try:
+        yield real_node
+    finally:
+        restart(None, "A100")
 
 
 @pytest.fixture

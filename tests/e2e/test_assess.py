@@ -1,6 +1,7 @@
-"""`draguard assess` on the real local cluster: legacy pods under a Deployment and under a CronJob's
-Job, a DRA Deployment with allocated claims, an LLM Deployment the webhook admitted before a
-stricter tier policy existed, a node advertising device-plugin GPUs, and the drivers' ResourceSlices."""
+"""`draguard assess` on the real local cluster, every workload running: legacy pods under a
+Deployment and under a CronJob's Job on a second real node whose GPUs come from the simulated NVIDIA
+device plugin (`nvidia.com/gpu`), and an LLM Deployment the webhook admitted before a stricter tier
+policy existed, on H100s the draguard driver prepared on the first real node."""
 
 from __future__ import annotations
 
@@ -8,20 +9,25 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.helpers import Kubectl, wait_for
-from webhook.dev import scenarios
+from driver.sim import load_topology
+from tests.e2e.helpers import Kubectl, published_devices, wait_for
+from webhook.dev import realnodes, scenarios
+from webhook.dev.addons import topology_path
 from webhook.dev.cluster import LocalCluster
 from webhook.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-TAINT = "draguard.io/assess-e2e"
+TAINT = realnodes.DEVICE_PLUGIN_TAINT
+# What each container prints: the GPUs it was given, as a CUDA program would find them.
+SHOW = (
+    'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
+    'for d in /dev/nvidia*; do [ -c "$d" ] && stat -c "node %n %t:%T" "$d"; done; '
+    'echo "== end"; exec sleep 3600'
+)
 
 STRICT = """\
 apiVersion: policy.draguard.io/v1alpha1
@@ -34,12 +40,13 @@ spec:
   classes:
   - name: llm
     match:
-      imageWords: [vllm]
+      labelWords:
+        app: [llm]
     deviceClasses: [gpu.nvidia.com-h200]
 """
 
 
-def _legacy_deployment(ns: str) -> str:
+def _legacy_deployment(ns: str, image: str) -> str:
     return f"""\
 apiVersion: apps/v1
 kind: Deployment
@@ -51,14 +58,16 @@ spec:
     metadata: {{labels: {{app: legacy-train}}}}
     spec:
       tolerations: [{{key: {TAINT}, operator: Exists}}]
+      terminationGracePeriodSeconds: 1
       containers:
       - name: trainer
-        image: nvcr.io/nvidia/pytorch:24.01-py3
+        image: {image}
+        command: [sh, -c, {json.dumps(SHOW)}]
         resources: {{limits: {{nvidia.com/gpu: 1}}}}
 """
 
 
-def _cronjob(ns: str) -> str:
+def _cronjob(ns: str, image: str) -> str:
     return f"""\
 apiVersion: batch/v1
 kind: CronJob
@@ -72,9 +81,11 @@ spec:
         spec:
           restartPolicy: Never
           tolerations: [{{key: {TAINT}, operator: Exists}}]
+          terminationGracePeriodSeconds: 1
           containers:
           - name: eval
-            image: nvcr.io/nvidia/pytorch:24.01-py3
+            image: {image}
+            command: [sh, -c, {json.dumps(SHOW)}]
             resources: {{limits: {{nvidia.com/gpu: 1}}}}
 """
 
@@ -103,30 +114,24 @@ def _job_of(cron: dict[str, Any]) -> str:
     return json.dumps(job)
 
 
-@pytest.fixture
-def gpu_node(cluster: LocalCluster, kubectl: Kubectl) -> Iterator[str]:
-    """A node that advertises 4 device-plugin GPUs (tainted so no other test's pods land on it)."""
-    name = f"assess-legacy-{uuid.uuid4().hex[:6]}"
-    kube = cluster.kube()
-    kube.create(
-        "/api/v1/nodes",
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                },
-            },
-            "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
-        },
-    )
-    gpus = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"}
-    kube.merge_patch(f"/api/v1/nodes/{name}/status", {"status": {"capacity": gpus, "allocatable": gpus}})
-    yield name
-    kubectl.run("delete", "node", name, "--wait=false")
+def _shown(kubectl: Kubectl, ns: str, pod: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """(UUIDs in NVIDIA_VISIBLE_DEVICES, {device node: (major, minor)}) as the container printed them."""
+
+    def printed() -> str | None:
+        out = kubectl.ok("logs", "-n", ns, pod)
+        return out if "== end" in out else None
+
+    out = str(wait_for(printed, f"{ns}/{pod} to print its GPUs", timeout=60))
+    uuids: list[str] = []
+    nodes: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        if line.startswith("NVIDIA_VISIBLE_DEVICES="):
+            uuids = [u for u in line.split("=", 1)[1].split(",") if u]
+        elif line.startswith("node "):
+            _, path, numbers = line.split()
+            major, minor = numbers.split(":")
+            nodes[path] = (int(major, 16), int(minor, 16))
+    return uuids, nodes
 
 
 def _assess(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -135,42 +140,71 @@ def _assess(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[st
 
 
 def test_assess_a_mixed_cluster(
-    cluster: LocalCluster, kubectl: Kubectl, namespace: Callable[..., str], gpu_node: str, tmp_path: Path
+    cluster: LocalCluster,
+    kubectl: Kubectl,
+    namespace: Callable[..., str],
+    device_plugin_node: str,
+    h100_real_node: str,
+    workload_image: str,
+    tmp_path: Path,
 ) -> None:
     legacy_ns = namespace("assess")
     strict_ns = namespace("assess-strict")
-    assert kubectl.apply(_legacy_deployment(legacy_ns)).returncode == 0
-    assert kubectl.apply(_cronjob(legacy_ns)).returncode == 0
+    assert kubectl.apply(_legacy_deployment(legacy_ns, workload_image)).returncode == 0
+    assert kubectl.apply(_cronjob(legacy_ns, workload_image)).returncode == 0
     cron = kubectl.get("cronjob", "nightly", legacy_ns)
     made = kubectl.apply(_job_of(cron))
     assert made.returncode == 0, made.stderr
     # An LLM on H100s: today's shipped policies admit it; the stricter policy below came later.
     assert kubectl.apply(scenarios.llm_template(strict_ns, scenarios.H100)).returncode == 0
+    llm = scenarios.llm_deployment(
+        strict_ns, scenarios.H100, 1, image=workload_image, node=h100_real_node, command=SHOW
+    )
     wait_for(
-        lambda: (
-            kubectl.run(
-                "apply",
-                "--dry-run=server",
-                "-f",
-                "-",
-                input=scenarios.llm_deployment(strict_ns, scenarios.H100, 1),
-            ).returncode
-            == 0
-        ),
+        lambda: kubectl.run("apply", "--dry-run=server", "-f", "-", input=llm).returncode == 0,
         "the webhook to know the new claim template",
         timeout=20,
     )
-    made = kubectl.apply(scenarios.llm_deployment(strict_ns, scenarios.H100, replicas=1))
+    made = kubectl.apply(llm)
     assert made.returncode == 0, made.stderr
 
-    def settled() -> bool:
-        legacy = kubectl.items("pods", legacy_ns)
-        llm = kubectl.items("pods", strict_ns)
-        claims = kubectl.items("resourceclaims", strict_ns)
-        allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
-        return len(legacy) == 3 and len(llm) == 1 and len(allocated) == 1
+    def running(ns: str, want: int) -> list[dict[str, Any]] | None:
+        pods = kubectl.items("pods", ns)
+        for p in pods:
+            phase = p["status"].get("phase")
+            assert phase not in ("Failed", "Succeeded"), json.dumps(p["status"], indent=1)
+        up = [p for p in pods if p["status"].get("phase") == "Running"]
+        return up if len(pods) == want and len(up) == want else None
 
-    wait_for(settled, "3 legacy pods and 1 LLM pod with an allocated claim", timeout=90)
+    legacy_pods = wait_for(lambda: running(legacy_ns, 3), "3 legacy pods Running", timeout=180)
+    [llm_pod] = wait_for(lambda: running(strict_ns, 1), "the LLM pod Running", timeout=180)
+
+    # The legacy pods run on the device-plugin node, each with its own GPU from the plugin.
+    a100 = {g.uuid: g.minor for g in load_topology(topology_path("a100-4x-nvlink.yaml")).gpus}
+    seen: list[str] = []
+    for p in legacy_pods:
+        assert p["spec"]["nodeName"] == device_plugin_node
+        uuids, nodes = _shown(kubectl, legacy_ns, p["metadata"]["name"])
+        assert len(uuids) == 1 and uuids[0] in a100, uuids
+        gpu_nodes = {k: v for k, v in nodes.items() if k.removeprefix("/dev/nvidia").isdigit()}
+        assert gpu_nodes == {f"/dev/nvidia{a100[uuids[0]]}": (195, a100[uuids[0]])}
+        assert nodes["/dev/nvidiactl"] == (195, 255)
+        seen += uuids
+    assert len(set(seen)) == 3, "each legacy pod has a GPU of its own"
+    # draguard's driver does not serve that node: the device plugin's GPUs are its only ones.
+    assert published_devices(kubectl, device_plugin_node) == {}
+    owners = {p["metadata"]["ownerReferences"][0]["kind"] for p in legacy_pods}
+    assert owners == {"ReplicaSet", "Job"}
+
+    # The LLM pod runs on the first real node, with the H100 its claim was allocated.
+    assert llm_pod["spec"]["nodeName"] == h100_real_node
+    [claim] = kubectl.items("resourceclaims", strict_ns)
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    h100 = load_topology(topology_path("h100-8x-nvlink.yaml")).gpus
+    gpu = next(g for g in h100 if f"gpu-{g.minor}" == result["device"])
+    uuids, nodes = _shown(kubectl, strict_ns, llm_pod["metadata"]["name"])
+    assert uuids == [gpu.uuid]
+    assert {k for k in nodes if k.removeprefix("/dev/nvidia").isdigit()} == {f"/dev/nvidia{gpu.minor}"}
 
     policies = tmp_path / "policies"
     shutil.copytree(ROOT / "policies", policies, ignore=shutil.ignore_patterns("tests"))
@@ -200,8 +234,9 @@ def test_assess_a_mixed_cluster(
     assert classes[scenarios.H100]["devices"] == h100
     assert classes[scenarios.H100]["allocated"] >= 1
 
-    node = next(n for n in a["nodes"] if n["name"] == gpu_node)
-    assert node["capacity"] == {"nvidia.com/gpu": "4"} and node["model"] == "NVIDIA-A100-SXM4-80GB"
+    node = next(n for n in a["nodes"] if n["name"] == device_plugin_node)
+    assert node["capacity"] == {"nvidia.com/gpu": "4"} and node["model"] == "NVIDIA-A100-80GB-PCIe"
+    assert node["allocatable"] == {"nvidia.com/gpu": "4"}
 
     legacy = {
         (w["owner"]["kind"], w["owner"]["namespace"], w["owner"]["name"]): w for w in a["legacyWorkloads"]
@@ -222,8 +257,8 @@ def test_assess_a_mixed_cluster(
     ]
 
     denied = {(w["owner"]["kind"], w["owner"]["namespace"], w["owner"]["name"]): w for w in a["wouldDeny"]}
-    llm = denied[("Deployment", strict_ns, "llm-inference-h100")]
-    assert [f["rule"] for f in llm["deny"]] == ["tier/llm-on-h200"]
+    llm_denied = denied[("Deployment", strict_ns, "llm-inference-h100")]
+    assert [f["rule"] for f in llm_denied["deny"]] == ["tier/llm-on-h200"]
     assert not any(k[1] == legacy_ns for k in denied), "the legacy workloads only warn"
 
     status = {i["id"]: i["status"] for i in a["checklist"]}
@@ -237,11 +272,7 @@ def test_assess_a_mixed_cluster(
 
     # The snapshot is what review reads: the LLM Deployment is denied there too, with the live classes.
     manifest = tmp_path / "llm.yaml"
-    manifest.write_text(
-        scenarios.llm_template(strict_ns, scenarios.H100)
-        + "---\n"
-        + scenarios.llm_deployment(strict_ns, scenarios.H100, 1)
-    )
+    manifest.write_text(scenarios.llm_template(strict_ns, scenarios.H100) + "---\n" + llm)
     review = subprocess.run(
         [
             sys.executable,

@@ -1,4 +1,5 @@
-"""Background audit on the real control plane: existing objects judged, PolicyReports written.
+"""Background audit on the real cluster: existing objects judged, PolicyReports written. The audited
+LLM Deployment runs on the real node, on an H100 the draguard driver prepared.
 
 The audit runs as `draguard audit run` with the bundle's own ServiceAccount and RBAC (a token for
 `draguard-audit`), so the test also shows that the shipped permissions are enough.
@@ -40,7 +41,8 @@ spec:
   classes:
   - name: llm
     match:
-      imageWords: [vllm]
+      labelWords:
+        app: [llm]
     deviceClasses: [gpu.nvidia.com-h200]
 """
 
@@ -152,17 +154,32 @@ def _violations(port: int) -> dict[tuple[str, str], float]:
 
 
 def test_audit_reports_follow_policies_and_deletions(
-    kubectl: Kubectl, namespace: Callable[..., str], run_audit: Callable[[Path], int], tmp_path: Path
+    kubectl: Kubectl,
+    namespace: Callable[..., str],
+    run_audit: Callable[[Path], int],
+    h100_real_node: str,
+    workload_image: str,
+    tmp_path: Path,
 ) -> None:
     ns = namespace("audit")
     assert kubectl.apply(scenarios.llm_template(ns, scenarios.H100)).returncode == 0
-    dep = scenarios.llm_deployment(ns, scenarios.H100, replicas=1)
+    dep = scenarios.llm_deployment(
+        ns, scenarios.H100, replicas=1, image=workload_image, node=h100_real_node, command="exec sleep 3600"
+    )
     # Admitted under today's policies (the webhook resolves the template from its watch cache).
     wait_for(lambda: kubectl.run("apply", "--dry-run=server", "-f", "-", input=dep).returncode == 0,
              "the webhook to know the new claim template", timeout=30)  # fmt: skip
     made = kubectl.apply(dep)
     assert made.returncode == 0, made.stderr
     name = "llm-inference-h100"
+
+    def running() -> dict[str, Any] | None:
+        pods = kubectl.items("pods", ns, "-l", "app=llm-inference-h100")
+        return pods[0] if len(pods) == 1 and pods[0]["status"].get("phase") == "Running" else None
+
+    # The workload the audit judges really runs: on the real node, on the H100 its claim holds.
+    pod = wait_for(running, "the LLM pod Running on the real node", timeout=180)
+    assert pod["spec"]["nodeName"] == h100_real_node
 
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies, ignore=shutil.ignore_patterns("tests"))

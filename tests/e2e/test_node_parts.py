@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 from webhook.dev import containerd, kubelet, network
-from webhook.dev.node import NodeBins
+from webhook.dev.node import NodeBins, NodeFiles
 from webhook.dev.procs import Supervisor
 
 
@@ -68,3 +68,29 @@ def test_kubelet_is_never_anonymous(tmp_path: Path) -> None:
     assert cfg["cgroupRoot"] == f"/draguard-{net.run_id}"
 
 
+def test_an_added_node_shares_no_name_file_or_certificate_with_the_first(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path)
+    first_net, added_net = network.NodeNet.for_slot("0123abcd", 3), network.NodeNet.for_slot("4567ef01", 4)
+    first = NodeFiles(sup.paths.node)
+    added = NodeFiles(tmp_path / "nodes" / "gpu-legacy-0", tag="-gpu-legacy-0", certs="kubelet-gpu-legacy-0")
+    assert {first.name(c) for c in ("kubelet", "containerd")}.isdisjoint(
+        {added.name(c) for c in ("kubelet", "containerd")}
+    )
+    cps = [containerd.ContainerdPaths.of(f.dir, n) for f, n in ((first, first_net), (added, added_net))]
+    for field in ("root", "state", "socket", "config", "cdi", "cni_conf", "cni_ipam"):
+        assert getattr(cps[0], field) != getattr(cps[1], field), field
+    a = kubelet.config(sup, first_net, cps[0], first)
+    b = kubelet.config(sup, added_net, cps[1], added)
+    assert a["tlsCertFile"].endswith("/kubelet-serving.crt")
+    assert b["tlsCertFile"].endswith("/kubelet-gpu-legacy-0-serving.crt")
+    for key in (
+        "address",
+        "podLogsDir",
+        "resolvConf",
+        "cgroupRoot",
+        "containerRuntimeEndpoint",
+        "tlsCertFile",
+    ):
+        assert a[key] != b[key], key
+    assert kubelet.device_plugin_dir(added_net) != kubelet.device_plugin_dir(first_net)
+    assert str(kubelet.device_plugin_dir(added_net)).startswith(str(containerd.runtime_dir(added_net)))

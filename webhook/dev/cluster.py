@@ -9,7 +9,6 @@ it started.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from webhook.dev import addons, apiserver, containerd, controllers, etcd, kubelet, network, pki
+from webhook.dev import addons, apiserver, containerd, controllers, etcd, kubelet, network, pki, realnodes
 from webhook.dev.addons import FIELD_MANAGER, DriverDirs, generated_webhook_configs
 from webhook.dev.kube import ApiError, Kube
 from webhook.dev.node import NodeBins, RealNode, find_node_bins
@@ -316,6 +315,13 @@ class LocalCluster(Supervisor):
         n = self.kube().get(f"/api/v1/nodes/{self.real_node}")
         return {k: v for k, v in n["metadata"]["labels"].items() if k.startswith("draguard.io/gpu")}
 
+    def add_node(self, name: str, **kw: Any) -> realnodes.AddedNode:
+        """One more real node (webhook/dev/realnodes.py); by default GPUs from a device plugin."""
+        return realnodes.add(self, name, **kw)
+
+    def remove_node(self, name: str) -> list[str]:
+        return realnodes.remove(self, name)
+
     def wait_default_sa(self, namespace: str, timeout: float = 60.0) -> None:
         kube = self.kube()
         deadline = time.monotonic() + timeout
@@ -393,6 +399,11 @@ class LocalCluster(Supervisor):
         """Stop every recorded process and undo the real node's host changes; returns what went."""
         stopped: list[str] = []
         net = self.net
+        for extra in realnodes.names(self):
+            try:
+                stopped += realnodes.remove(self, extra)
+            except ClusterError as exc:
+                self.progress(f"node {extra} not fully removed: {exc}")
         if net is not None:
             for name in (*NODE_FIRST, *[n for n in self.running() if n.startswith("driver-")]):
                 if self.stop(name):
@@ -407,18 +418,8 @@ class LocalCluster(Supervisor):
             except ClusterError as exc:
                 self.progress(f"pods not removed through containerd: {exc}")
         stopped += self.stop_all()
-        undone: list[str] = []
         if net is not None:
-            cp = containerd.ContainerdPaths.of(self.paths.node, net)
-            if shims := containerd.kill_shims(cp):
-                undone.append(f"{len(shims)} leftover shims")
-            run_dir = containerd.runtime_dir(net)
-            if mounts := containerd.unmount_all(self.paths.node, run_dir):
-                undone.append(f"{len(mounts)} mounts")
-            undone += network.teardown(net)
-            undone += [f"cni cache {p}" for p in network.remove_cni_cache(net)]
-            undone += [f"cgroup {p}" for p in kubelet.remove_cgroup_root(net)]
-            shutil.rmtree(run_dir, ignore_errors=True)
+            undone = realnodes.teardown_host(self, net, self.paths.node)
             self.state.pop("node_net", None)
             if undone:
                 self.progress("undone: " + ", ".join(undone))
@@ -451,6 +452,7 @@ class LocalCluster(Supervisor):
             },
             "ports": self.state.get("ports") or {},
             "nodes": [n["name"] for n in self.state.get("nodes") or []],
+            "added_nodes": realnodes.names(self),
             "feature_gates": self.state.get("feature_gates"),
             "logs": str(self.paths.logs),
         }

@@ -55,6 +55,24 @@ def register(subparsers: Any) -> None:
     down.add_argument("--purge", action="store_true", help="also delete the state directory (logs included)")
     down.set_defaults(func=cmd_down)
 
+    node = sub.add_parser("node", help="add or remove one more real node on a running cluster")
+    nsub = node.add_subparsers(dest="node_command", metavar="ACTION")
+    add = nsub.add_parser(
+        "add",
+        parents=[common],
+        help="a real node whose GPUs come from the simulated NVIDIA device plugin (nvidia.com/gpu); "
+        "draguard's driver does not run there",
+    )
+    add.add_argument("name", help="the node's name, e.g. gpu-legacy-0")
+    add.add_argument(
+        "--topology", default="a100-4x-nvlink.yaml", help="simulated GPUs (driver/sim/topologies)"
+    )
+    add.set_defaults(func=cmd_node_add)
+    rm = nsub.add_parser("remove", parents=[common], help="stop an added node and undo its host changes")
+    rm.add_argument("name")
+    rm.set_defaults(func=cmd_node_remove)
+    node.set_defaults(func=lambda _a: (node.print_help(sys.stderr), 2)[1])
+
     st = sub.add_parser("status", parents=[common], help="what runs, on which ports, where the logs are")
     st.add_argument("-o", "--output", choices=("text", "json"), default="text")
     st.set_defaults(func=cmd_status)
@@ -134,6 +152,27 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_add(args: argparse.Namespace) -> int:
+    try:
+        cluster = _cluster(args)
+        if not cluster.is_up():
+            return _fail(f"no running cluster in {cluster.paths.root}; start one with `draguard dev up`")
+        added = cluster.add_node(args.name, topology=args.topology)
+    except ClusterError as exc:
+        return _fail(str(exc))
+    print(f"{added.name}: {added.gpus} x nvidia.com/gpu at {added.net.node_ip} ({added.took:.1f}s)")
+    return 0
+
+
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    try:
+        done = _cluster(args).remove_node(args.name)
+    except ClusterError as exc:
+        return _fail(str(exc))
+    print(f"removed {args.name}: {', '.join(done)}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     st = cluster.status()
@@ -148,6 +187,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {name:<28} pid {c['pid']:<8} {'running' if c['alive'] else 'STOPPED'} {port}")
         if st["nodes"]:
             print(f"nodes:      {', '.join(st['nodes'])}")
+        if st["added_nodes"]:
+            print(f"added:      {', '.join(st['added_nodes'])} (real nodes with the simulated device plugin)")
         node = st.get("real_node")
         if node:
             print(f"real node:  {node['name']} ({node['topology']}) at {node['node_ip']} in netns "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webhook.dev.network import NodeNet
-from webhook.dev.node import NodeBins
+from webhook.dev.node import NodeBins, NodeFiles
 from webhook.dev.procs import ClusterError, Supervisor, run
 
 NAMESPACE = "k8s.io"
@@ -123,15 +123,22 @@ def crictl(bins: NodeBins, p: ContainerdPaths, *args: str, check: bool = True, t
 
 
 def start(
-    sup: Supervisor, net: NodeNet, bins: NodeBins, sandbox_image: str, timeout: float
+    sup: Supervisor,
+    net: NodeNet,
+    bins: NodeBins,
+    sandbox_image: str,
+    timeout: float,
+    files: NodeFiles | None = None,
 ) -> ContainerdPaths:
-    p = ContainerdPaths.of(sup.paths.node, net)
+    files = files or NodeFiles(sup.paths.node)
+    p = ContainerdPaths.of(files.dir, net)
     for d in (p.root, p.state, p.cdi, p.cni_conf, p.cni_ipam):
         d.mkdir(parents=True, exist_ok=True)
     p.config.write_text(config_toml(p, bins, sandbox_image))
     path = f"{bins.bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    name = files.name("containerd")
     sup.spawn(
-        "containerd",
+        name,
         [str(bins.bin / "containerd"), "--config", str(p.config), "--log-level", "info"],
         env={"PATH": path},
         netns=net.netns,
@@ -140,7 +147,7 @@ def start(
     def ready() -> bool:
         return p.socket.is_socket() and "RuntimeReady" in crictl(bins, p, "info", check=False)
 
-    took = sup.wait("containerd", ready, timeout)
+    took = sup.wait(name, ready, timeout)
     sup.progress(f"containerd ready on {p.socket} ({took:.1f}s)")
     return p
 

@@ -12,13 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from webhook.dev.apiserver import server_url
 from webhook.dev.containerd import ContainerdPaths, runtime_dir
 from webhook.dev.kube import Kube
 from webhook.dev.network import NodeNet
-from webhook.dev.node import NodeBins, RealNode
+from webhook.dev.node import NodeBins, NodeFiles, RealNode
 from webhook.dev.procs import ClusterError, Supervisor, run
 
 CGROUP_FS = Path("/sys/fs/cgroup")
+FIXED_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # Named hierarchies and the v2 mount are not controllers the kubelet's cgroupfs driver writes to.
 SKIP_HIERARCHIES = {"unified"}
 
@@ -32,6 +34,11 @@ def root_dir(net: NodeNet) -> Path:
 def plugin_dirs(net: NodeNet) -> tuple[Path, Path]:
     """(plugins, plugins_registry) of the kubelet: where a DRA driver puts its sockets."""
     return root_dir(net) / "plugins", root_dir(net) / "plugins_registry"
+
+
+def device_plugin_dir(net: NodeNet) -> Path:
+    """Where a kubelet started with `own_device_plugins` serves kubelet.sock for device plugins."""
+    return root_dir(net) / "device-plugins"
 
 
 def cgroup_name(net: NodeNet) -> str:
@@ -81,8 +88,11 @@ def _is_mount_point(path: Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
-def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]:
+def config(
+    sup: Supervisor, net: NodeNet, cp: ContainerdPaths, files: NodeFiles | None = None
+) -> dict[str, Any]:
     c = sup.paths.certs
+    files = files or NodeFiles(sup.paths.node)
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -97,17 +107,17 @@ def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]
             "x509": {"clientCAFile": str(c / "ca.crt")},
         },
         "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(c / "kubelet-serving.crt"),
-        "tlsPrivateKeyFile": str(c / "kubelet-serving.key"),
+        "tlsCertFile": str(c / f"{files.certs}-serving.crt"),
+        "tlsPrivateKeyFile": str(c / f"{files.certs}-serving.key"),
         # This machine has cgroup v1, which the kubelet refuses unless told otherwise.
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": f"/{cgroup_name(net)}",
         "containerRuntimeEndpoint": f"unix://{cp.socket}",
         "failSwapOn": False,
-        "podLogsDir": str(sup.paths.node / "pod-logs"),
+        "podLogsDir": str(files.dir / "pod-logs"),
         # No cluster DNS and an empty resolv.conf: a pod has no name server to send queries to.
-        "resolvConf": str(sup.paths.node / "resolv.conf"),
+        "resolvConf": str(files.dir / "resolv.conf"),
         "clusterDomain": "cluster.local",
         # A loaded 2-core dev machine must not evict the demo's pods or GC its imported images.
         "evictionHard": {
@@ -127,8 +137,22 @@ def config(sup: Supervisor, net: NodeNet, cp: ContainerdPaths) -> dict[str, Any]
 
 
 def start(
-    sup: Supervisor, net: NodeNet, bins: NodeBins, cp: ContainerdPaths, node: RealNode, timeout: float
+    sup: Supervisor,
+    net: NodeNet,
+    bins: NodeBins,
+    cp: ContainerdPaths,
+    node: RealNode,
+    timeout: float,
+    files: NodeFiles | None = None,
+    *,
+    own_device_plugins: bool = False,
 ) -> None:
+    """Start the kubelet and wait until its node is Ready and untainted by the node controller.
+
+    `own_device_plugins`: device plugins register with this kubelet at `device_plugin_dir(net)`
+    instead of the machine-wide /var/lib/kubelet/device-plugins (which this kubelet then never sees).
+    """
+    files = files or NodeFiles(sup.paths.node)
     root = root_dir(net)
     root.mkdir(parents=True, exist_ok=True)
     # A shared mount of its own: the driver's plugin directory is mounted Bidirectional, which needs
@@ -136,36 +160,50 @@ def start(
     if not _is_mount_point(root):
         run(["mount", "--bind", str(root), str(root)])
         run(["mount", "--make-rshared", str(root)])
-    (sup.paths.node / "pod-logs").mkdir(parents=True, exist_ok=True)
-    (sup.paths.node / "resolv.conf").write_text("# no name servers: dev-node pods resolve nothing\n")
+    (files.dir / "pod-logs").mkdir(parents=True, exist_ok=True)
+    (files.dir / "resolv.conf").write_text("# no name servers: dev-node pods resolve nothing\n")
     make_cgroup_root(net)
-    cfg = sup.paths.node / "kubelet-config.json"
-    cfg.write_text(json.dumps(config(sup, net, cp), indent=2))
+    cfg = files.dir / "kubelet-config.json"
+    cfg.write_text(json.dumps(config(sup, net, cp, files), indent=2))
     labels = {
         "nvidia.com/gpu.present": "true",
-        "draguard.io/real-node": "true",
+        **({"draguard.io/real-node": "true"} if node.draguard else {}),
         **node.labels,
     }
+    name = files.name("kubelet")
     path = f"{bins.bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    wrap: list[str] = []
+    if own_device_plugins:
+        # The kubelet's device plugin socket is not under --root-dir: it is fixed at
+        # /var/lib/kubelet/device-plugins/, where every kubelet on a machine would empty the others'.
+        # This kubelet gets its own mount namespace with its root's directory bound there; the root
+        # itself is a shared mount, so its volume mounts still reach containerd on the host.
+        dp = device_plugin_dir(net)
+        dp.mkdir(parents=True, exist_ok=True)
+        FIXED_DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+        bind = 'mount --bind "$0" "$1" && shift && exec "$@"'
+        wrap = ["unshare", "--mount", "--propagation", "unchanged", "--",
+                "sh", "-c", bind, str(dp), str(FIXED_DEVICE_PLUGIN_DIR)]  # fmt: skip
     sup.spawn(
-        "kubelet",
+        name,
         [
+            *wrap,
             str(bins.bin / "kubelet"),
             f"--config={cfg}",
-            f"--kubeconfig={sup.paths.root / 'kubelet.kubeconfig'}",
+            f"--kubeconfig={sup.paths.root / f'{files.certs}.kubeconfig'}",
             f"--root-dir={root}",
             f"--cert-dir={root / 'pki'}",
             f"--hostname-override={node.name}",
             f"--node-ip={net.node_ip}",
             "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+            *([f"--register-with-taints={','.join(node.taints)}"] if node.taints else []),
             "--v=2",
         ],
         env={"PATH": path},
         netns=net.netns,
     )
     c = sup.paths.certs
-    server = f"https://{net.host_ip}:{sup.state['ports']['kube-apiserver']}"
-    kube = Kube(server, c / "ca.crt", c / "admin.crt", c / "admin.key")
+    kube = Kube(server_url(sup.state), c / "ca.crt", c / "admin.crt", c / "admin.key")
 
     def ready() -> bool:
         n = kube.get(f"/api/v1/nodes/{node.name}")
@@ -175,5 +213,5 @@ def start(
         ]
         return conds.get("Ready") == "True" and not taints
 
-    took = sup.wait("kubelet", ready, timeout)
+    took = sup.wait(name, ready, timeout)
     sup.progress(f"kubelet: node {node.name} Ready on {net.node_ip} ({took:.1f}s)")

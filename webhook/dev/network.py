@@ -136,8 +136,13 @@ def _ns_sysctl(net: NodeNet, key: str, value: str) -> None:
     ns_run(net, "sh", "-c", f"echo {value} > {path}")
 
 
-def setup(net: NodeNet) -> None:
-    """Create the namespace, the link and the routes (before any component starts)."""
+def setup(net: NodeNet, apiserver: str | None = None) -> None:
+    """Create the namespace, the link and the routes (before any component starts).
+
+    `apiserver`: the API server's address when it is on another node's link (a node added to a
+    running cluster); the namespace gets a host route to it through this node's link, and still no
+    default route.
+    """
     run(["ip", "netns", "add", net.netns])
     run(["ip", "link", "add", net.host_if, "type", "veth", "peer", "name", net.node_if, "netns", net.netns])
     run(["ip", "addr", "add", f"{net.host_ip}/30", "dev", net.host_if])
@@ -152,6 +157,9 @@ def setup(net: NodeNet) -> None:
     run(["ip", "route", "add", net.pod_cidr, "via", net.node_ip, "dev", net.host_if])
     run(["ip", "route", "add", "unreachable", net.service_cidr])
     ns_run(net, "ip", "route", "add", "unreachable", net.service_cidr)
+    if apiserver is not None and apiserver != net.host_ip:
+        # The host answers for all its addresses on any link: no forwarding is involved.
+        ns_run(net, "ip", "route", "add", f"{apiserver}/32", "via", net.host_ip, "dev", net.node_if)
 
 
 def teardown(net: NodeNet) -> list[str]:

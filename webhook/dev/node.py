@@ -27,11 +27,35 @@ class NodeBins:
 
 @dataclass(frozen=True)
 class RealNode:
-    """A node with a kubelet: its name, the simulated GPUs its driver publishes, its labels."""
+    """A node with a kubelet: its name, the simulated GPUs its driver publishes, its labels.
+
+    `draguard`: the node carries `draguard.io/real-node=true`, which the bundle's pods (the DRA
+    driver's DaemonSet among them) are pinned to; a device-plugin node does not. `taints` are
+    registered by the kubelet (`key=value:Effect`).
+    """
 
     name: str = "gpu-a100-0"
     topology: str = "a100-4x-nvlink.yaml"
     labels: dict[str, str] = field(default_factory=lambda: {"draguard.io/gpu-product": "a100"})
+    draguard: bool = True
+    taints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where one real node keeps its files and what its processes are called.
+
+    The cluster's first real node uses `<state>/node` and plain names; a node added later
+    (webhook/dev/realnodes.py) its own directory, a `-<node>` suffix on every component and its own
+    kubelet certificates, so two nodes share no containerd, kubelet root, socket or log.
+    """
+
+    dir: Path
+    tag: str = ""
+    certs: str = "kubelet"  # certs/<certs>.crt (client), certs/<certs>-serving.crt
+
+    def name(self, component: str) -> str:
+        return component + self.tag
 
 
 def default_node_cache() -> Path:

@@ -148,11 +148,18 @@ def node_certs(directory: Path, *, node_name: str, node_ip: str) -> None:
     """A real node's identities: kubelet client (Node authorizer), kubelet serving, kube-proxy, and
     the API server's client for kubelets (logs, exec)."""
     ca = KeyPair(directory / "ca.crt", directory / "ca.key")
-    issue(ca, directory, "kubelet", cn=f"system:node:{node_name}", org="system:nodes", client=True)
-    issue(ca, directory, "kubelet-serving", cn=node_name, server_names=(node_ip, node_name))
+    kubelet_certs(directory, node_name=node_name, node_ip=node_ip)
     issue(ca, directory, "kube-proxy", cn="system:kube-proxy", client=True)
     # system:masters may use every kubelet API; the kubelet authorizes it through the API server.
     issue(
         ca, directory, "apiserver-kubelet-client", cn="kube-apiserver-kubelet-client",
         org="system:masters", client=True,
     )  # fmt: skip
+
+
+def kubelet_certs(directory: Path, *, node_name: str, node_ip: str, name: str = "kubelet") -> None:
+    """One kubelet's identities from the cluster CA: <name>.crt (client, as `system:node:<node>`,
+    which the Node authorizer confines to that node's objects) and <name>-serving.crt."""
+    ca = KeyPair(directory / "ca.crt", directory / "ca.key")
+    issue(ca, directory, name, cn=f"system:node:{node_name}", org="system:nodes", client=True)
+    issue(ca, directory, f"{name}-serving", cn=node_name, server_names=(node_ip, node_name))

@@ -117,13 +117,28 @@ def llm_template(ns: str, device_class: str) -> str:
     return _template(ns, f"llm-{device_class.rsplit('-', 1)[-1]}", device_class)
 
 
-def llm_deployment(ns: str, device_class: str, replicas: int = 2) -> str:
+def llm_deployment(
+    ns: str,
+    device_class: str,
+    replicas: int = 2,
+    *,
+    image: str | None = None,
+    node: str | None = None,
+    command: str | None = None,
+) -> str:
     """An LLM inference Deployment (app: llm-inference-*) using the llm_template of `device_class`.
 
     Apply the template first: the webhook resolves claim templates from its watch cache, which
-    learns of a new template a moment after it is created.
+    learns of a new template a moment after it is created. `image`, `node` and `command` make it
+    one that runs on a real node (the `app` label still marks it an LLM for the tier policy).
     """
     short = device_class.rsplit("-", 1)[-1]
+    extra = ""
+    if node:
+        extra += f"      nodeSelector:\n        kubernetes.io/hostname: {node}\n"
+    if command:
+        extra += "      terminationGracePeriodSeconds: 1\n"
+    run = f"        command: [sh, -c, {json.dumps(command)}]\n" if command else ""
     return f"""\
 apiVersion: apps/v1
 kind: Deployment
@@ -140,10 +155,10 @@ spec:
       labels:
         app: llm-inference-{short}
     spec:
-      containers:
+{extra}      containers:
       - name: inference-server
-        image: vllm/vllm-openai:v0.6.3
-        resources:
+        image: {image or "vllm/vllm-openai:v0.6.3"}
+{run}        resources:
           claims:
           - name: gpu
       resourceClaims:
