@@ -15,7 +15,7 @@ from webhook.audit.report import (
     Collector,
     build_reports,
 )
-from webhook.audit.source import ClusterState, judged_pages, read_state
+from webhook.audit.source import ClusterState, judged_pages, read_state, refresh_namespace
 from webhook.policy.model import PolicySet
 from webhook.server.caches import KubeHttp
 
@@ -33,6 +33,7 @@ class ScanOutcome:
     collector: Collector
     objects: int  # objects judged
     seconds: float
+    state: ClusterState | None = None
 
 
 def judge_pages(
@@ -65,6 +66,22 @@ def scan_cluster(http: KubeHttp, policies: PolicySet, limits: Limits = Limits())
     state = read_state(http)
     out = judge_pages(judged_pages(http, state, auditable), policies, state, limits)
     out.seconds = time.monotonic() - start
+    out.state = state
+    return out
+
+
+def scan_namespace(
+    http: KubeHttp, policies: PolicySet, state: ClusterState, namespace: str, limits: Limits = Limits()
+) -> ScanOutcome:
+    """Judge one namespace again, as a full scan would (its labels, claims and templates re-read;
+    the rest of `state` as the last full scan left it). Only that namespace's reports come out."""
+    start = time.monotonic()
+    refresh_namespace(http, state, namespace)
+    pages = judged_pages(http, state, auditable, namespace=namespace)
+    out = judge_pages(pages, policies, state, limits)
+    out.reports = [r for r in out.reports if (r.get("metadata") or {}).get("namespace") == namespace]
+    out.seconds = time.monotonic() - start
+    out.state = state
     return out
 
 

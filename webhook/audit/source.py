@@ -43,14 +43,21 @@ def trim(obj: dict[str, Any], keep_status: bool = False) -> dict[str, Any]:
     return out
 
 
-def api_path(group_version_resource: str) -> str:
-    if group_version_resource.startswith("v1/"):
-        return f"/api/{group_version_resource}"
-    return f"/apis/{group_version_resource}"
+def api_path(group_version_resource: str, namespace: str | None = None) -> str:
+    """The collection's path, across namespaces or in one."""
+    gv, _, resource = group_version_resource.rpartition("/")
+    base = f"/api/{gv}" if gv == "v1" else f"/apis/{gv}"
+    return f"{base}/namespaces/{namespace}/{resource}" if namespace else f"{base}/{resource}"
 
 
 def list_pages(
-    http: KubeHttp, path: str, api_version: str, kind: str, page: int = PAGE, keep_status: bool = False
+    http: KubeHttp,
+    path: str,
+    api_version: str,
+    kind: str,
+    page: int = PAGE,
+    keep_status: bool = False,
+    query: tuple[tuple[str, str], ...] = (),
 ) -> Iterator[list[dict[str, Any]]]:
     """One list of `path`, page by page. A continue token that expired (410) restarts the list,
     skipping objects already yielded (by uid)."""
@@ -58,7 +65,7 @@ def list_pages(
     seen: set[str] | None = None
     yielded: set[str] = set()
     while True:
-        q: list[tuple[str, Any]] = [("limit", page)]
+        q: list[tuple[str, Any]] = [("limit", page), *query]
         if cont:
             q.append(("continue", cont))
         try:
@@ -95,6 +102,7 @@ class ClusterState:
     namespace_labels: dict[str, dict[str, str]]
     served_versions: frozenset[str]
     dra_objects: list[dict[str, Any]] = field(default_factory=list)
+    dra_version: str | None = None
 
 
 def read_state(http: KubeHttp) -> ClusterState:
@@ -114,23 +122,70 @@ def read_state(http: KubeHttp) -> ClusterState:
             meta = ns.get("metadata") or {}
             lab = meta.get("labels") or {}
             labels[str(meta.get("name"))] = {str(k): str(v) for k, v in lab.items()}
-    return ClusterState(Inventory.from_objects(dra), labels, served, dra)
+    return ClusterState(Inventory.from_objects(dra), labels, served, dra, version)
 
 
-def workload_pages(http: KubeHttp, page: int = PAGE) -> Iterator[list[dict[str, Any]]]:
+NAMESPACED_DRA = ("ResourceClaim", "ResourceClaimTemplate")
+
+
+def refresh_namespace(http: KubeHttp, state: ClusterState, namespace: str) -> None:
+    """Bring `state` up to date for one namespace: its labels, claims and templates (the cluster's
+    slices and classes stay as the last full scan read them)."""
+    labels: dict[str, str] | None = None
+    q = (("fieldSelector", f"metadata.name={namespace}"),)
+    for items in list_pages(http, "/api/v1/namespaces", "v1", "Namespace", query=q):
+        for ns in items:
+            lab = (ns.get("metadata") or {}).get("labels") or {}
+            labels = {str(k): str(v) for k, v in lab.items()}
+    if labels is None:
+        state.namespace_labels.pop(namespace, None)
+    else:
+        state.namespace_labels[namespace] = labels
+    if state.dra_version is None:
+        return
+    av = f"resource.k8s.io/{state.dra_version}"
+    fresh: list[dict[str, Any]] = []
+    for res, kind in DRA_RESOURCES:
+        if kind in NAMESPACED_DRA:
+            path = f"/apis/{av}/namespaces/{namespace}/{res}"
+            for items in list_pages(http, path, av, kind, keep_status=kind == "ResourceClaim"):
+                fresh.extend(items)
+    kept = [
+        o
+        for o in state.dra_objects
+        if not (o.get("kind") in NAMESPACED_DRA and (o.get("metadata") or {}).get("namespace") == namespace)
+    ]
+    state.dra_objects = kept + fresh
+    state.inventory = Inventory.from_objects(state.dra_objects)
+
+
+def workload_pages(
+    http: KubeHttp, page: int = PAGE, namespace: str | None = None
+) -> Iterator[list[dict[str, Any]]]:
     for gvr, kind in WORKLOADS:
         api_version = gvr.rsplit("/", 1)[0]
-        yield from list_pages(http, api_path(gvr), api_version, kind, page)
+        yield from list_pages(http, api_path(gvr, namespace), api_version, kind, page)
 
 
 def judged_pages(
-    http: KubeHttp, state: ClusterState, keep: Callable[[Mapping[str, Any]], bool], page: int = PAGE
+    http: KubeHttp,
+    state: ClusterState,
+    keep: Callable[[Mapping[str, Any]], bool],
+    page: int = PAGE,
+    namespace: str | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
-    """Pages of objects to judge: the DRA objects already read, then every workload list."""
-    dra = [o for o in state.dra_objects if o.get("kind") != "ResourceSlice" and keep(o)]
+    """Pages of objects to judge: the DRA objects already read, then every workload list (of one
+    namespace, or of all)."""
+    dra = [
+        o
+        for o in state.dra_objects
+        if o.get("kind") != "ResourceSlice"
+        and (namespace is None or (o.get("metadata") or {}).get("namespace") == namespace)
+        and keep(o)
+    ]
     for i in range(0, len(dra), page):
         yield dra[i : i + page]
-    for items in workload_pages(http, page):
+    for items in workload_pages(http, page, namespace):
         kept = [o for o in items if keep(o)]
         if kept:
             yield kept
