@@ -202,6 +202,8 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         **{("batch", r): lw for r in ("jobs", "cronjobs")},
         **{("resource.k8s.io", r): lw for r in ("deviceclasses", "resourceclaims", "resourceclaimtemplates")},
         ("resource.k8s.io", "resourceslices"): {"list"},
+        # the built-in workload CRD table, exactly
+        **{(g, r): lw for (g, _k), (r, _vs) in CRD_RESOURCES.items()},
         **{
             ("wgpolicyk8s.io", r): {"get", "list", "create", "patch", "delete"}
             for r in ("policyreports", "clusterpolicyreports")

@@ -12,12 +12,14 @@ from typing import Any
 from webhook.audit.metrics import AuditMetrics
 from webhook.audit.report import RESULTS
 from webhook.audit.scan import Limits, ScanOutcome, scan_cluster, scan_namespace
-from webhook.audit.source import ClusterState
+from webhook.audit.source import BUILTIN, ClusterState, Collection, ScanError, crd_collections
 from webhook.audit.watch import (
     WATCH_SECONDS,
     Changes,
     Fingerprints,
     ResourceWatch,
+    Scope,
+    Watched,
     wait_ready,
     watched_resources,
 )
@@ -58,6 +60,7 @@ class AuditController:
         self.changes = Changes(opts.debounce, opts.max_delay)
         self.fingerprints = Fingerprints()
         self.watches: list[ResourceWatch] = []
+        self.scope = Scope()
         self.last_full_start = float("-inf")
         # What the metrics add up, per scope (a namespace, None for the cluster), so that a
         # namespace's rescan replaces only its own share.
@@ -91,9 +94,10 @@ class AuditController:
             self._failed(e)
             return None
         done = self._done(out, written, start)
-        if done is not None:
+        if done is not None and out.state is not None:
             self.state = out.state
             self.changes.full_started(start)
+            self._follow(out.state.collections)
         return done
 
     def scan_namespace(self, namespace: str) -> ScanOutcome | None:
@@ -201,20 +205,47 @@ class AuditController:
         after their resourceVersions, so no change falls between the two."""
         if not self.opts.watch or self.watches:
             return
-        resources = watched_resources(self.http, self.policies)
-        _pool_for(self.http, len(resources) + 8)
+        table = self.policies.crd_table if self.policies is not None else None
+        crds: list[Collection] = []
+        try:
+            crds = crd_collections(self.http, table.keys()) if table is not None else []
+        except ScanError as e:  # the built-in kinds are still watched; the full scan says more
+            log.warning("workload CRDs not discovered", extra={"reason": str(e)[:300]})
+        self.scope = Scope(table, frozenset((c.group, c.kind) for c in crds))
+        resources = watched_resources(self.http, [*crds, *BUILTIN])
+        _pool_for(self.http, len(resources) + 16)
         for res in resources:
-            w = ResourceWatch(
-                self.http,
-                res,
-                self.changes,
-                self.fingerprints,
-                on_event=lambda r, what: self.metrics.watch_events.labels(r, what).inc(),
-                timeout=self.opts.watch_timeout,
-            )
-            self.watches.append(w)
-            w.start()
+            self._watch(res, late=False)
         wait_ready(self.watches, 30.0)
+
+    def _watch(self, res: Watched, late: bool) -> None:
+        w = ResourceWatch(
+            self.http,
+            res,
+            self.changes,
+            self.fingerprints,
+            on_event=lambda r, what: self.metrics.watch_events.labels(r, what).inc(),
+            timeout=self.opts.watch_timeout,
+            scope=self.scope,
+            late=late,
+        )
+        self.watches.append(w)
+        w.start()
+
+    def _follow(self, collections: tuple[Collection, ...]) -> None:
+        """After a full scan: watch workload CRDs installed (or added by a policy) since, and judge
+        relevance with the policies and kinds now in force."""
+        if not self.opts.watch or not self.watches or self.policies is None:
+            return
+        crds = frozenset((c.group, c.kind) for c in collections if c.crd)
+        scope = Scope(self.policies.crd_table, crds)
+        self.scope = scope
+        for w in self.watches:
+            w.scope = scope
+        known = {w.res.path for w in self.watches}
+        for c in collections:
+            if c.path() not in known:
+                self._watch(Watched(c.path(), c.group_version, c.kind), late=True)
 
     def run(self) -> None:
         self.load_policies()

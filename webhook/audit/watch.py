@@ -18,12 +18,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.audit.evaluate import WORKLOADS, controlled_by_audited, uses_devices
-from webhook.audit.source import api_path, trim
+from webhook.audit.evaluate import controlled_by_audited, uses_devices
+from webhook.audit.source import Collection, trim
+from webhook.dra.workloads import CrdTable, using_crd_table
 from webhook.server import codec
 from webhook.server.caches import ApiError, Gone, KubeHttp, discover_dra_versions
 
@@ -155,6 +156,15 @@ class Watched:
         return self.path.rsplit("/", 1)[-1]
 
 
+@dataclass
+class Scope:
+    """What relevance is judged by, shared by the watches, replaced by the controller when the
+    policies or the collections change: the workload CRD table in force and the CRD kinds listed."""
+
+    table: CrdTable | None = None
+    crds: frozenset[tuple[str, str]] = frozenset()
+
+
 class EventError(Exception):
     """An event that cannot be read (too large, too deep, not JSON)."""
 
@@ -214,6 +224,8 @@ class ResourceWatch:
         fingerprints: Fingerprints,
         on_event: Callable[[str, str], None] = lambda _res, _what: None,
         timeout: int = WATCH_SECONDS,
+        scope: Scope | None = None,
+        late: bool = False,
     ) -> None:
         self.http = http
         self.res = res
@@ -221,6 +233,10 @@ class ResourceWatch:
         self.fps = fingerprints
         self.on_event = on_event  # (resource, what): metrics
         self.timeout = timeout
+        self.scope = scope or Scope()
+        # Started after the first full scan (a CRD installed since): its first resourceVersion
+        # postdates that scan, so it asks for another.
+        self.late = late
         self.resource_version = ""
         self.ready = threading.Event()  # a resourceVersion was obtained (or the first attempt failed)
         self.absent = False  # the API server does not serve this resource
@@ -250,8 +266,8 @@ class ResourceWatch:
     def _run(self) -> None:
         backoff = self.backoff_initial
         # The first resourceVersion comes before the first full scan; any later one needs a scan.
-        first = not self.resource_version
-        if not first:
+        first = not self.resource_version and not self.late
+        if self.resource_version:
             self.ready.set()
         while not self._stop.is_set():
             try:
@@ -337,7 +353,10 @@ class ResourceWatch:
         obj.setdefault("apiVersion", self.res.api_version)
         obj.setdefault("kind", self.res.kind)
         self.on_event(self.res.name, "event")
-        if self.relevant(str(typ), obj):
+        scope = self.scope
+        with using_crd_table(scope.table):
+            relevant = self.relevant(str(typ), obj, scope.crds)
+        if relevant:
             self.on_event(self.res.name, "change")
             if self.res.effect == "full":
                 self.changes.request_full()
@@ -346,7 +365,7 @@ class ResourceWatch:
                 if isinstance(ns, str) and ns:
                     self.changes.touch(ns)
 
-    def relevant(self, typ: str, obj: dict[str, Any]) -> bool:
+    def relevant(self, typ: str, obj: dict[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
         """Whether the change can alter a report: pods a judged controller made are judged through
         it; an object seen before with the same fingerprint changed only its status."""
         uid = str((obj.get("metadata") or {}).get("uid") or "")
@@ -354,7 +373,7 @@ class ResourceWatch:
             labels = (obj.get("metadata") or {}).get("labels")
             fp = hashlib.blake2b(codec.dumps(labels or {}), digest_size=16).digest()
             return self.fps.changed(uid, None if typ == "DELETED" else fp) and typ != "DELETED"
-        if self.res.effect == "namespace" and controlled_by_audited(obj):
+        if self.res.effect == "namespace" and controlled_by_audited(obj, crds):
             return False
         if typ == "DELETED":
             self.fps.changed(uid, None)
@@ -374,11 +393,11 @@ def wait_ready(watches: list[ResourceWatch], timeout: float) -> None:
         w.ready.wait(max(0.0, deadline - time.monotonic()))
 
 
-def watched_resources(http: KubeHttp, policies: object = None) -> list[Watched]:
-    """What the audit watches: the workloads it judges, namespaces (their labels), and the DRA
+def watched_resources(http: KubeHttp, collections: Iterable[Collection]) -> list[Watched]:
+    """What the audit watches: the workloads it lists, namespaces (their labels), and the DRA
     objects it judges or consults (a DeviceClass change needs a full scan). ResourceSlices are not
     watched: drivers republish them often, and the periodic scan reads them."""
-    out = [Watched(api_path(gvr), gvr.rsplit("/", 1)[0], kind) for gvr, kind in WORKLOADS]
+    out = [Watched(c.path(), c.group_version, c.kind) for c in collections]
     out.append(Watched("/api/v1/namespaces", "v1", "Namespace", "labels"))
     version, _served = discover_dra_versions(http)
     if version is not None:
