@@ -246,3 +246,35 @@ def test_a_full_scan_asked_for_by_a_watch_runs(api: tuple[Api, Path], controller
     controller.changes.request_full()
     wait_for(lambda: controller.scans_ok >= 2, "the full scan a watch asked for")
     assert controller.changes.full_since is None
+
+
+def test_a_namespace_label_change_re_judges_the_namespace(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    a, _ = api
+    assert a.kubectl("create", "namespace", "legacy").returncode == 0
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "old-gpu", "namespace": "legacy"},
+        "spec": {
+            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        },
+    }
+    assert a.kubectl("-n", "legacy", "create", "serviceaccount", "default").returncode == 0
+    _apply(a, pod)
+
+    def legacy() -> list[tuple[str, str]]:
+        res = a.kubectl("get", "policyreports.wgpolicyk8s.io", "draguard-audit", "-n", "legacy", "-o", "json")
+        if res.returncode != 0:
+            return []
+        return sorted((r["result"], r["rule"]) for r in json.loads(res.stdout).get("results", []))
+
+    wait_for(lambda: legacy() == [("warn", "migrate/legacy-gpu")], "the legacy pod as a warning", timeout=30)
+    # The namespace moves to enforce: nothing about the pod changed, only its namespace's label.
+    res = a.kubectl("label", "namespace", "legacy", "draguard.io/migration-mode=enforce")
+    assert res.returncode == 0, res.stderr
+    wait_for(
+        lambda: legacy() == [("fail", "migrate/legacy-gpu")], "the pod to fail under enforce", timeout=30
+    )
+    assert controller.scans_ok == 1

@@ -361,7 +361,7 @@ class ResourceWatch:
             if self.res.effect == "full":
                 self.changes.request_full()
             else:
-                ns = obj["metadata"].get("name") if self.res.effect == "labels" else meta.get("namespace")
+                ns = meta.get("name") if self.res.effect == "labels" else meta.get("namespace")
                 if isinstance(ns, str) and ns:
                     self.changes.touch(ns)
 
