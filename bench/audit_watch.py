@@ -90,7 +90,7 @@ def rescan() -> None:
 
     from webhook.audit.evaluate import auditable
     from webhook.audit.scan import judge_pages
-    from webhook.audit.source import ClusterState
+    from webhook.audit.source import ClusterState, trim
     from webhook.dra.inventory import Inventory
     from webhook.policy.load import load_policies
 
@@ -108,22 +108,24 @@ def rescan() -> None:
         frozenset({"v1"}),
         templates,
     )
-    # One namespace's share of 50,000 objects over 500 namespaces.
-    page = [o for p in scan_bench.pages(50_000) for o in p if o["metadata"]["namespace"] == "team-007"]
+    # One namespace's share of 50,000 objects over 500 namespaces, with the scan's mix of kinds.
+    page = []
+    for o in scan_bench.objects(100):
+        o["metadata"]["namespace"] = "team-007"
+        page.append(trim(json.loads(json.dumps(o)), keep_status=o["kind"] == "ResourceClaim"))
     judged = [o for o in page if auditable(o)]
     best_inv = best_judge = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
-        state.inventory = Inventory.from_objects(dra)
+        state.inventory = Inventory.from_objects(dra)  # paid only when the namespace's claims changed
         t1 = time.perf_counter()
         judge_pages([judged], policies, state)
         t2 = time.perf_counter()
         best_inv, best_judge = min(best_inv, t1 - t0), min(best_judge, t2 - t1)
     print(
         f"rescan of one namespace ({len(page)} objects, {len(judged)} judged; inventory of {len(dra)} "
-        f"DRA objects): inventory {best_inv * 1e3:.1f} ms + judge {best_judge * 1e3:.1f} ms "
-        f"= {(best_inv + best_judge) * 1e3:.1f} ms ({(best_inv + best_judge) / len(judged) * 1e3:.2f} ms "
-        "per judged object)"
+        f"DRA objects): judge {best_judge * 1e3:.1f} ms ({best_judge / len(judged) * 1e3:.2f} ms per judged "
+        f"object), plus {best_inv * 1e3:.1f} ms to rebuild the inventory when its claims or templates changed"
     )
 
 

@@ -261,13 +261,19 @@ def refresh_namespace(http: KubeHttp, state: ClusterState, namespace: str) -> No
             path = f"/apis/{av}/namespaces/{namespace}/{res}"
             for items in list_pages(http, path, av, kind, keep_status=kind == "ResourceClaim"):
                 fresh.extend(items)
-    kept = [
-        o
-        for o in state.dra_objects
-        if not (o.get("kind") in NAMESPACED_DRA and (o.get("metadata") or {}).get("namespace") == namespace)
-    ]
+    kept: list[dict[str, Any]] = []
+    before: list[dict[str, Any]] = []
+    for o in state.dra_objects:
+        mine = o.get("kind") in NAMESPACED_DRA and (o.get("metadata") or {}).get("namespace") == namespace
+        (before if mine else kept).append(o)
+    if _by_key(before) == _by_key(fresh):
+        return  # the inventory stands (building it is most of a small namespace's rescan)
     state.dra_objects = kept + fresh
     state.inventory = Inventory.from_objects(state.dra_objects)
+
+
+def _by_key(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(str(o.get("kind")), str((o.get("metadata") or {}).get("name"))): o for o in objs}
 
 
 def workload_pages(
