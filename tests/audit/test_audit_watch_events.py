@@ -123,14 +123,21 @@ def test_bookmarks_move_the_resource_version_and_410_is_gone() -> None:
         w.handle(_line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"}))
 
 
-def test_a_deeply_nested_event_asks_for_a_full_scan_instead_of_failing() -> None:
+def test_a_deeply_nested_event_is_read_with_the_deep_part_cut_off() -> None:
+    ch = Changes(debounce=0.0)
+    w = _watch(ch)
+    dep = json.dumps(_deployment("deep", extra="DEEP")).encode()
+    dep = dep.replace(b'"DEEP"', b"[" * 100_000 + b"]" * 100_000)
+    w.handle(b'{"type":"ADDED","object":' + dep + b"}")
+    assert ch.due()[0] == ["ml"] and ch.full_since is None
+
+
+def test_an_event_that_cannot_be_read_asks_for_a_full_scan() -> None:
     ch = Changes()
     w = _watch(ch)
-    deep = b'{"type":"ADDED","object":{"spec":' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
-    w.handle(deep)
+    w.handle(b'{"type":"ADDED","object":{"metadata":')  # cut short
     assert ch.full_since is not None and ch.pending() == 0
-    w.handle(b"not json")
-    w.handle(b"[1, 2]")
+    w.handle(b"[1, 2]")  # not an event: ignored
 
 
 def test_a_huge_object_is_not_kept() -> None:

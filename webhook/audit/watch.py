@@ -5,9 +5,10 @@ deep as the admission path's decoder allows), reduced to its namespace and a fin
 rules read, and dropped. Only the fingerprints of recently seen objects are kept (at most
 `FINGERPRINTS`), so that status-only updates, the bulk of a busy cluster's events, are ignored. A
 namespace that changed is re-judged after `debounce` seconds of quiet (at most `max_delay` after its
-first event), so a burst of events writes its report once. A watch that expires (410 Gone), or an
-event that cannot be read, asks for a full scan: the periodic scan's relist, which covers whatever
-the watch may have missed.
+first event), so a burst of events writes its report once. An event nested deeper than that is
+read with its deep part cut off, as the scan's list pages are. A watch that expires (410 Gone), or
+an event that still cannot be read, asks for a full scan: the periodic scan's relist, which covers
+whatever the watch may have missed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.audit.evaluate import controlled_by_audited, uses_devices
-from webhook.audit.source import Collection, trim
+from webhook.audit.source import Collection, shallow, trim
 from webhook.dra.workloads import CrdTable, using_crd_table
 from webhook.server import codec
 from webhook.server.caches import ApiError, Gone, KubeHttp, discover_dra_versions
@@ -329,8 +330,11 @@ class ResourceWatch:
         try:
             ev = decode_event(line)
         except EventError as e:
-            self._unreadable(str(e))
-            return
+            try:  # nested too deep (a CRD keeps unknown fields): cut as the scan's lists are
+                ev = decode_event(shallow(line))
+            except EventError:
+                self._unreadable(str(e))
+                return
         typ = ev.get("type")
         obj = ev.get("object")
         if not isinstance(obj, dict):
