@@ -278,3 +278,22 @@ def test_a_namespace_label_change_re_judges_the_namespace(
         lambda: legacy() == [("fail", "migrate/legacy-gpu")], "the pod to fail under enforce", timeout=30
     )
     assert controller.scans_ok == 1
+
+
+def test_watches_that_could_not_start_begin_after_the_next_full_scan(
+    api: tuple[Api, Path], tmp_path: Path
+) -> None:
+    # As when the API server was down while the audit started: no watches yet, then a scan succeeds.
+    _, kubeconfig = api
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies, ignore=shutil.ignore_patterns("tests"))
+    ctl = AuditController(KubeHttp.from_kubeconfig(str(kubeconfig)), AuditOptions(str(policies)))
+    try:
+        assert ctl.load_policies() and ctl.watches == []
+        assert ctl.scan_once() is not None
+        assert ctl.watches and all(w.late for w in ctl.watches)
+        # Their resourceVersions postdate that scan: they ask for another, which covers the gap.
+        wait_for(lambda: ctl.changes.full_since is not None, "the late watches to ask for a full scan")
+        assert ctl.changes.full_since is not None and ctl.changes.full_since > ctl.last_full_start
+    finally:
+        ctl.stop()

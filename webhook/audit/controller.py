@@ -214,8 +214,9 @@ class AuditController:
         self.scope = Scope(table, frozenset((c.group, c.kind) for c in crds))
         resources = watched_resources(self.http, [*crds, *BUILTIN])
         _pool_for(self.http, len(resources) + 16)
+        late = self.scans_ok > 0  # started after a full scan: their first resourceVersion needs another
         for res in resources:
-            self._watch(res, late=False)
+            self._watch(res, late=late)
         wait_ready(self.watches, 30.0)
 
     def _watch(self, res: Watched, late: bool) -> None:
@@ -235,7 +236,13 @@ class AuditController:
     def _follow(self, collections: tuple[Collection, ...]) -> None:
         """After a full scan: watch workload CRDs installed (or added by a policy) since, and judge
         relevance with the policies and kinds now in force."""
-        if not self.opts.watch or not self.watches or self.policies is None:
+        if not self.opts.watch or self.policies is None:
+            return
+        if not self.watches:  # they could not start (the API server was down): try again now
+            try:
+                self.start_watches()
+            except Exception as e:
+                log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
             return
         crds = frozenset((c.group, c.kind) for c in collections if c.crd)
         scope = Scope(self.policies.crd_table, crds)
