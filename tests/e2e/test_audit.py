@@ -2,7 +2,9 @@
 LLM Deployment runs on the real node, on an H100 the draguard driver prepared.
 
 The audit runs as `draguard audit run` with the bundle's own ServiceAccount and RBAC (a token for
-`draguard-audit`), so the test also shows that the shipped permissions are enough.
+`draguard-audit`), so the test also shows that the shipped permissions are enough. Its periodic scan
+is an hour away: policy changes bring full scans, and workload changes reach the reports through the
+watches.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from webhook.dev.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 AUDIT = REPO / "kustomize" / "base" / "audit"
-AUDIT_RUN = (sys.executable, "-m", "webhook.cli", "audit", "run", "--interval", "5",
-             "--poll-interval", "0.3", "--metrics-host", "127.0.0.1")  # fmt: skip
+AUDIT_RUN = (sys.executable, "-m", "webhook.cli", "audit", "run", "--interval", "3600",
+             "--poll-interval", "0.3", "--debounce", "0.5", "--metrics-host", "127.0.0.1")  # fmt: skip
 H200_ONLY = """\
 apiVersion: policy.draguard.io/v1alpha1
 kind: GpuTierPolicy
@@ -120,14 +122,16 @@ def _entries(rep: dict[str, Any] | None, name: str) -> list[tuple[str, str]]:
     )
 
 
-def _wait_entries(kubectl: Kubectl, ns: str, name: str, want: list[tuple[str, str]], what: str) -> Any:
+def _wait_entries(
+    kubectl: Kubectl, ns: str, name: str, want: list[tuple[str, str]], what: str, timeout: float = 90
+) -> Any:
     """The namespace's report once `name`'s entries are `want`."""
 
     def check() -> dict[str, Any] | None:
         rep = _report(kubectl, ns)
         return rep if rep is not None and _entries(rep, name) == want else None
 
-    return wait_for(check, what, timeout=90)
+    return wait_for(check, what, timeout=timeout)
 
 
 def _write_policy(policies: Path, text: str) -> None:
@@ -212,14 +216,23 @@ def test_audit_reports_follow_policies_and_deletions(
     assert rep["summary"]["fail"] == 1
     wait_for(lambda: _violations(port).get((rule, "fail")) == 1.0, "the violation in the metrics", timeout=30)
 
+    # A Deployment created now (admitted: the cluster's webhook runs the shipped policies) is judged
+    # within seconds by the audit's stricter set, through the Deployment watch.
+    late = "llm-late-h100"
+    made = kubectl.apply(dep.replace(name, late))
+    assert made.returncode == 0, made.stderr
+    _wait_entries(kubectl, ns, late, [("fail", rule)], "the new Deployment to fail", timeout=30)
+    kubectl.ok("delete", "deployment", late, "-n", ns, "--wait=true")
+    _wait_entries(kubectl, ns, late, [], "the new Deployment's entry to go", timeout=30)
+
     # The policy is relaxed to warn: the entry follows.
     _write_policy(policies, H200_ONLY.format(mode="warn", ns=ns))
     _wait_entries(kubectl, ns, name, [("warn", rule)], "the entry to become a warning")
     assert _metrics(port)["draguard_audit_policy_reloads_total"][(("outcome", "ok"),)] == 3.0
 
-    # Deleting the workload clears its entry; the template's stays.
+    # Deleting the workload clears its entry (the watch, not a scan); the template's stays.
     kubectl.ok("delete", "deployment", name, "-n", ns, "--wait=true")
-    rep = _wait_entries(kubectl, ns, name, [], "the deleted Deployment's entry to go")
+    rep = _wait_entries(kubectl, ns, name, [], "the deleted Deployment's entry to go", timeout=30)
     assert _entries(rep, "llm-h100") == [("pass", "all")]
     assert rep["summary"] == {"pass": 1, "fail": 0, "warn": 0, "error": 0, "skip": 0}
     wait_for(
@@ -227,3 +240,7 @@ def test_audit_reports_follow_policies_and_deletions(
         "the violation to leave the metrics",
         timeout=30,
     )
+    metrics = _metrics(port)
+    assert metrics["draguard_audit_namespace_scans_total"][(("outcome", "ok"),)] >= 3
+    # Full scans: at start and at the two policy changes; the workload changes came through watches.
+    assert metrics["draguard_audit_scans_total"][(("outcome", "ok"),)] == 3.0

@@ -11,10 +11,10 @@ from kbundle import build, find, one
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 
-def _rules() -> dict[str, dict[str, object]]:
+def _rules(group: str = "draguard.dra") -> dict[str, dict[str, object]]:
     objs = build("eks", ("monitoring",))
     rule = one(objs, "PrometheusRule", "draguard")
-    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    return {r["alert"]: r for g in rule["spec"]["groups"] if g["name"] == group for r in g["rules"]}
 
 
 def _exported() -> dict[str, set[str]]:
@@ -74,6 +74,40 @@ def test_alerts_read_series_the_exporters_publish() -> None:
                 assert all(label in exported[s] for s in users), f"{name}: label {label} missing on {users}"
 
 
+def _audit_exported() -> dict[str, set[str]]:
+    from webhook.audit.metrics import AuditMetrics
+
+    m = AuditMetrics()
+    m.set_violations({("tier/gpu-tiers", "fail"): 1})
+    m.scans.labels("ok").inc()
+    out: dict[str, set[str]] = {}
+    for fam in prometheus_parser.text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
+def test_audit_alerts_read_series_the_audit_publishes() -> None:
+    rules = _rules("draguard.audit")
+    assert set(rules) == {
+        "DraguardAuditViolations",
+        "DraguardAuditRuleErrors",
+        "DraguardAuditScansStale",
+        "DraguardAuditDown",
+    }
+    exported = _audit_exported()
+    for name, rule in rules.items():
+        expr = str(rule["expr"])
+        used = set(re.findall(r"\b(draguard_audit_[a-z_]+)\b", expr))
+        assert used, name
+        for series in used:
+            assert series in exported, f"{name}: {series} is not exported by the audit"
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                assert all(label in exported[s] for s in used), f"{name}: label {label} missing"
+        assert rule["labels"] == {"severity": "warning"}, name  # type: ignore[comparison-overlap]
+
+
 def test_scrape_targets_match_the_workloads() -> None:
     objs = build("eks", ("monitoring",))
     monitors = {m["metadata"]["name"]: m for m in find(objs, "ServiceMonitor")}
@@ -112,3 +146,25 @@ def test_audit_metrics_are_scraped_from_its_metrics_port() -> None:
     assert port["targetPort"] == "metrics" and declared["metrics"] == port["port"]
     args = ctr["args"]
     assert args[args.index("--metrics-port") + 1] == str(port["port"])
+
+
+@pytest.mark.parametrize("overlay", ["base", "aks", "eks", "gke", "local"])
+def test_the_alerts_are_optional_and_build_on_every_overlay(overlay: str) -> None:
+    # Without the component nothing needs the Prometheus Operator's CRDs, so the bundle applies on
+    # clusters that lack them (tests/kustomize/test_kustomize_apiserver.py applies the overlays so).
+    plain = build(overlay)
+    assert not [o for o in plain if str(o["apiVersion"]).startswith("monitoring.coreos.com/")]
+    with_alerts = build(overlay, ("monitoring",))
+    ops = sorted(
+        (o["kind"], o["metadata"]["name"])
+        for o in with_alerts
+        if o["apiVersion"] == "monitoring.coreos.com/v1"
+    )
+    assert ops == [
+        ("PrometheusRule", "draguard"),
+        ("ServiceMonitor", "draguard-audit"),
+        ("ServiceMonitor", "draguard-driver"),
+        ("ServiceMonitor", "draguard-webhook"),
+    ]
+    groups = {g["name"] for g in one(with_alerts, "PrometheusRule", "draguard")["spec"]["groups"]}
+    assert groups == {"draguard.dra", "draguard.audit"}

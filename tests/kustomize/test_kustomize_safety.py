@@ -193,15 +193,17 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         # allows no other Event).
         ("events.k8s.io", "events"): {"create"},
     }
-    # The audit lists what it judges (no watch, no get: a scan is paged lists) and writes only reports.
+    # The audit lists and watches what it judges (no get: a scan is paged lists; slices are only
+    # listed, by the periodic scan) and writes only reports.
+    lw = {"list", "watch"}
     assert _verbs(one(objs, "ClusterRole", "draguard-audit")) == {
-        **{("", r): {"list"} for r in ("pods", "replicationcontrollers", "namespaces")},
-        **{("apps", r): {"list"} for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
-        **{("batch", r): {"list"} for r in ("jobs", "cronjobs")},
-        **{
-            ("resource.k8s.io", r): {"list"}
-            for r in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
-        },
+        **{("", r): lw for r in ("pods", "replicationcontrollers", "namespaces")},
+        **{("apps", r): lw for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
+        **{("batch", r): lw for r in ("jobs", "cronjobs")},
+        **{("resource.k8s.io", r): lw for r in ("deviceclasses", "resourceclaims", "resourceclaimtemplates")},
+        ("resource.k8s.io", "resourceslices"): {"list"},
+        # the built-in workload CRD table, exactly
+        **{(g, r): lw for (g, _k), (r, _vs) in CRD_RESOURCES.items()},
         **{
             ("wgpolicyk8s.io", r): {"get", "list", "create", "patch", "delete"}
             for r in ("policyreports", "clusterpolicyreports")

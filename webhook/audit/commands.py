@@ -50,6 +50,19 @@ def register(sub: Any) -> None:
         help="how often the policy files are checked for changes (default 2)",
     )
     r.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="no watches: changes to workloads show at the next scan only",
+    )
+    r.add_argument(
+        "--debounce",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="a namespace whose objects changed is judged again after S seconds without changes "
+        "(at most 10 s after its first change; default 1)",
+    )
+    r.add_argument(
         "--metrics-host", default="", help="address for /metrics, /healthz, /readyz (default: all)"
     )
     r.add_argument("--metrics-port", type=int, default=8082, help="0: no metrics server (default 8082)")
@@ -81,6 +94,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--max-parts must be at least 1, got {args.max_parts}"
     if getattr(args, "interval", 1.0) <= 0 or getattr(args, "poll_interval", 1.0) <= 0:
         return "--interval and --poll-interval must be positive"
+    if not 0 <= getattr(args, "debounce", 0.0) <= 10:
+        return f"--debounce must be between 0 and 10 seconds, got {args.debounce}"
     return None
 
 
@@ -149,6 +164,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         interval=args.interval,
         poll_interval=args.poll_interval,
         limits=Limits(max_results=args.max_results, max_parts=args.max_parts),
+        watch=not args.no_watch,
+        debounce=args.debounce,
     )
     ctl = AuditController(http, opts)
     if args.metrics_port:

@@ -1,4 +1,5 @@
-"""`draguard audit run`: a scan at start, every `interval`, and whenever the policy files change."""
+"""`draguard audit run`: a full scan at start, every `interval` and whenever the policy files change;
+in between, watches re-judge each namespace whose objects changed (debounced)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.audit.metrics import AuditMetrics
-from webhook.audit.scan import Limits, ScanOutcome, scan_cluster
+from webhook.audit.report import RESULTS
+from webhook.audit.scan import Limits, ScanOutcome, scan_cluster, scan_namespace
+from webhook.audit.source import BUILTIN, ClusterState, Collection, ScanError, crd_collections
+from webhook.audit.watch import (
+    WATCH_SECONDS,
+    Changes,
+    Fingerprints,
+    ResourceWatch,
+    Scope,
+    Watched,
+    wait_ready,
+    watched_resources,
+)
 from webhook.audit.writer import ReportWriter, WriteResult
 from webhook.policy.load import PolicyError
 from webhook.server.app import PolicyWatcher
@@ -25,6 +38,11 @@ class AuditOptions:
     poll_interval: float = 2.0
     retry_after: float = 30.0  # after a failed scan
     limits: Limits = field(default_factory=Limits)
+    watch: bool = True
+    debounce: float = 1.0  # a namespace is re-judged after this much quiet...
+    max_delay: float = 10.0  # ...or this long after its first change, whichever is first
+    full_scan_gap: float = 60.0  # least time between full scans that watches ask for
+    watch_timeout: int = WATCH_SECONDS
 
 
 class AuditController:
@@ -37,6 +55,18 @@ class AuditController:
         self.policies: Any = None
         self.stop_event = threading.Event()
         self.scans_ok = 0
+        self.namespace_scans_ok = 0
+        self.state: ClusterState | None = None
+        self.changes = Changes(opts.debounce, opts.max_delay)
+        self.fingerprints = Fingerprints()
+        self.watches: list[ResourceWatch] = []
+        self.scope = Scope()
+        self.last_full_start = float("-inf")
+        # What the metrics add up, per scope (a namespace, None for the cluster), so that a
+        # namespace's rescan replaces only its own share.
+        self._violations: dict[str | None, dict[tuple[str, str], int]] = {}
+        self._counts: dict[str | None, dict[str, int]] = {}
+        self._omitted: dict[str | None, int] = {}
 
     def load_policies(self) -> bool:
         """Load a changed policy set; a broken change keeps the last good one. True when a new set
@@ -56,13 +86,77 @@ class AuditController:
         if self.policies is None:
             return None
         start = time.monotonic()
+        self.last_full_start = start
         try:
             out = scan_cluster(self.http, self.policies, self.opts.limits)
             written = self.writer.sync(out.reports)
         except Exception as e:  # ScanError, ApiError, and the client's connection errors (not OSErrors)
             self._failed(e)
             return None
-        return self._done(out, written, start)
+        done = self._done(out, written, start)
+        if done is not None and out.state is not None:
+            self.state = out.state
+            self.changes.full_started(start)
+            self._follow(out.state.collections)
+        return done
+
+    def scan_namespace(self, namespace: str) -> ScanOutcome | None:
+        """Judge one namespace again and write its reports; None when it could not be done (the
+        namespace stays as it was, and the next full scan covers it)."""
+        if self.policies is None or self.state is None:
+            return None
+        start = time.monotonic()
+        try:
+            out = scan_namespace(self.http, self.policies, self.state, namespace, self.opts.limits)
+            written = self.writer.sync(out.reports, namespace=namespace)
+        except Exception as e:
+            self.metrics.namespace_scans.labels("error").inc()
+            log.warning(
+                "namespace scan failed",
+                extra={"namespace": namespace, "reason": f"{type(e).__name__}: {e}"[:300]},
+            )
+            return None
+        self.metrics.reports_written.inc(written.written)
+        self.metrics.reports_deleted.inc(written.deleted)
+        if written.failed:
+            self.metrics.namespace_scans.labels("write-failed").inc()
+            log.warning("namespace reports not all written", extra={"failed": written.failed[:5]})
+            return None
+        scope = out.collector.scopes.get(namespace)
+        self._violations.pop(namespace, None)
+        self._counts.pop(namespace, None)
+        self._omitted.pop(namespace, None)
+        if scope is not None:
+            self._violations[namespace] = dict(scope.by_rule)
+            self._counts[namespace] = dict(scope.counts)
+        self._omitted[namespace] = _omitted(out.reports)
+        self._publish()
+        self.metrics.namespace_scans.labels("ok").inc()
+        self.metrics.namespace_duration.observe(time.monotonic() - start)
+        self.namespace_scans_ok += 1
+        log.info(
+            "namespace re-judged",
+            extra={
+                "namespace": namespace,
+                "objects": out.objects,
+                "seconds": round(time.monotonic() - start, 3),
+            },
+        )
+        return out
+
+    def _publish(self) -> None:
+        violations: dict[tuple[str, str], int] = {}
+        for per in self._violations.values():
+            for k, v in per.items():
+                violations[k] = violations.get(k, 0) + v
+        self.metrics.set_violations(violations)
+        totals: dict[str, int] = {}
+        for per_counts in self._counts.values():
+            for res, n in per_counts.items():
+                totals[res] = totals.get(res, 0) + n
+        for res in RESULTS:
+            self.metrics.results.labels(res).set(totals.get(res, 0))
+        self.metrics.omitted.set(sum(self._omitted.values()))
 
     def _failed(self, e: Exception) -> None:
         self.metrics.scans.labels("error").inc()
@@ -79,17 +173,17 @@ class AuditController:
             log.error("reports not all written", extra={"failed": written.failed[:5]})
             return None
         c = out.collector
-        self.metrics.set_violations(c.violations())
+        self._violations = {ns: dict(sc.by_rule) for ns, sc in c.scopes.items()}
+        self._counts = {ns: dict(sc.counts) for ns, sc in c.scopes.items()}
+        self._omitted = {}
+        for r in out.reports:
+            ns = r["metadata"].get("namespace")
+            self._omitted[ns] = self._omitted.get(ns, 0) + _omitted([r])
+        self._publish()
         totals: dict[str, int] = {}
-        for scope in c.scopes.values():
-            for k, v in scope.counts.items():
+        for per_counts in self._counts.values():
+            for k, v in per_counts.items():
                 totals[k] = totals.get(k, 0) + v
-        for k, v in totals.items():
-            self.metrics.results.labels(k).set(v)
-        omitted = sum(
-            int(r["metadata"]["annotations"].get("draguard.io/results-omitted", 0)) for r in out.reports
-        )
-        self.metrics.omitted.set(omitted)
         self.metrics.objects.set(out.objects)
         self.metrics.last_success.set(time.time())
         self.metrics.scans.labels("ok").inc()
@@ -106,18 +200,107 @@ class AuditController:
         )
         return out
 
+    def start_watches(self) -> None:
+        """Watch every audited collection the API server serves; the first full scan starts from
+        after their resourceVersions, so no change falls between the two."""
+        if not self.opts.watch or self.watches:
+            return
+        table = self.policies.crd_table if self.policies is not None else None
+        crds: list[Collection] = []
+        try:
+            crds = crd_collections(self.http, table.keys()) if table is not None else []
+        except ScanError as e:  # the built-in kinds are still watched; the full scan says more
+            log.warning("workload CRDs not discovered", extra={"reason": str(e)[:300]})
+        self.scope = Scope(table, frozenset((c.group, c.kind) for c in crds))
+        resources = watched_resources(self.http, [*crds, *BUILTIN])
+        _pool_for(self.http, len(resources) + 16)
+        late = self.scans_ok > 0  # started after a full scan: their first resourceVersion needs another
+        for res in resources:
+            self._watch(res, late=late)
+        wait_ready(self.watches, 30.0)
+
+    def _watch(self, res: Watched, late: bool) -> None:
+        w = ResourceWatch(
+            self.http,
+            res,
+            self.changes,
+            self.fingerprints,
+            on_event=lambda r, what: self.metrics.watch_events.labels(r, what).inc(),
+            timeout=self.opts.watch_timeout,
+            scope=self.scope,
+            late=late,
+        )
+        self.watches.append(w)
+        w.start()
+
+    def _follow(self, collections: tuple[Collection, ...]) -> None:
+        """After a full scan: watch workload CRDs installed (or added by a policy) since, and judge
+        relevance with the policies and kinds now in force."""
+        if not self.opts.watch or self.policies is None:
+            return
+        if not self.watches:  # they could not start (the API server was down): try again now
+            try:
+                self.start_watches()
+            except Exception as e:
+                log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
+            return
+        crds = frozenset((c.group, c.kind) for c in collections if c.crd)
+        scope = Scope(self.policies.crd_table, crds)
+        self.scope = scope
+        for w in self.watches:
+            w.scope = scope
+        known = {w.res.path for w in self.watches}
+        for c in collections:
+            if c.path() not in known:
+                self._watch(Watched(c.path(), c.group_version, c.kind), late=True)
+
     def run(self) -> None:
         self.load_policies()
+        try:
+            self.start_watches()
+        except Exception as e:  # the scans still run; changes then show at the next one
+            log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
         next_scan = 0.0
         while not self.stop_event.is_set():
-            now = time.monotonic()
             changed = self.watcher.changed() and self.load_policies()
-            if changed or now >= next_scan:
+            now = time.monotonic()
+            asked = self.changes.full_since is not None
+            gap_left = self.last_full_start + self.opts.full_scan_gap - now
+            if changed or now >= next_scan or (asked and gap_left <= 0):
                 ok = self.scan_once() is not None
                 next_scan = time.monotonic() + (
                     self.opts.interval if ok else min(self.opts.retry_after, self.opts.interval)
                 )
-            self.stop_event.wait(self.opts.poll_interval)
+            due, wait = self.changes.due()
+            for ns in due:
+                if self.stop_event.is_set():
+                    return
+                self.scan_namespace(ns)
+            timeout = self.opts.poll_interval
+            if wait is not None:
+                timeout = min(timeout, wait)
+            if asked and gap_left > 0:
+                timeout = min(timeout, gap_left)
+            if not due:
+                self.changes.wake.wait(max(timeout, 0.01))
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.changes.wake.set()
+        for w in self.watches:
+            w.stop()
+
+
+def _pool_for(http: KubeHttp, connections: int) -> None:
+    """Room in the client's connection pool for one long-lived stream per watch besides the scans'
+    requests (else each request past the pool's size opens and drops a TLS connection)."""
+    pm = getattr(getattr(http.api, "rest_client", None), "pool_manager", None)
+    kw = getattr(pm, "connection_pool_kw", None)
+    if pm is None or not isinstance(kw, dict) or int(kw.get("maxsize") or 1) >= connections:
+        return
+    kw["maxsize"] = connections
+    pm.clear()
+
+
+def _omitted(reports: list[dict[str, Any]]) -> int:
+    return sum(int(r["metadata"]["annotations"].get("draguard.io/results-omitted", 0)) for r in reports)

@@ -16,8 +16,9 @@ from webhook.engine.evaluate import evaluate
 from webhook.engine.resolve import namespace_of
 from webhook.policy.model import PolicySet
 
-# What the audit lists, as (API path under /api or /apis, kind): the kinds the webhook judges at
-# admission. Workload CRDs are not listed: they are served only where their operator is installed.
+# What the audit lists, as (API path under /api or /apis, kind): the built-in kinds the webhook judges
+# at admission. Workload CRDs (the table in force, webhook/dra/workloads.py) are found by discovery,
+# where their operator is installed (source.crd_collections).
 WORKLOADS: tuple[tuple[str, str], ...] = (
     ("v1/pods", "Pod"),
     ("v1/replicationcontrollers", "ReplicationController"),
@@ -35,12 +36,19 @@ AUDITED_OWNERS = frozenset(
 JUDGED_DRA_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate"})
 
 
-def controlled_by_audited(obj: Mapping[str, Any]) -> bool:
+def controlled_by_audited(obj: Mapping[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
     """True when a controller the audit also judges made this object (a Deployment's ReplicaSet and
-    pods, a pod's generated claims): the finding belongs on the object a person edits."""
+    pods, a pod's generated claims, a PyTorchJob's pods when `crds`, the (group, kind)s the audit
+    lists, hold PyTorchJob): the finding belongs on the object a person edits."""
     for ref in as_list(as_map(obj.get("metadata")).get("ownerReferences")):
         ref = as_map(ref)
-        if ref.get("controller") is True and as_str(ref.get("kind")) in AUDITED_OWNERS:
+        if ref.get("controller") is not True:
+            continue
+        kind = as_str(ref.get("kind")) or ""
+        if kind in AUDITED_OWNERS:
+            return True
+        group = (as_str(ref.get("apiVersion")) or "").rpartition("/")[0]
+        if (group, kind) in crds:
             return True
     return False
 
@@ -64,8 +72,10 @@ def uses_devices(obj: Mapping[str, Any]) -> bool:
     return False
 
 
-def auditable(obj: Mapping[str, Any]) -> bool:
-    return uses_devices(obj) and not controlled_by_audited(obj)
+def auditable(obj: Mapping[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
+    """Judged by the audit: it uses devices, and no controller the audit judges made it. Call
+    within `using_crd_table` of the policies in force, so that workload CRDs are read."""
+    return uses_devices(obj) and not controlled_by_audited(obj, crds)
 
 
 def audit_context(

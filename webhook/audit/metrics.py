@@ -49,6 +49,25 @@ class AuditMetrics:
         self.reports_deleted = Counter(
             "draguard_audit_reports_deleted_total", "Stale report objects deleted", registry=r
         )
+        self.namespace_scans = Counter(
+            "draguard_audit_namespace_scans_total",
+            "Namespaces re-judged after a watched change, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.namespace_duration = Histogram(
+            "draguard_audit_namespace_scan_duration_seconds",
+            "Time to re-judge one namespace (read, judge, write)",
+            buckets=SCAN_BUCKETS,
+            registry=r,
+        )
+        self.watch_events = Counter(
+            "draguard_audit_watch_events_total",
+            "Watch events, by resource and what came of them (event: read; change: a namespace or full "
+            "scan asked for; expired: 410, relisted; unreadable: too large or not JSON, full scan; error)",
+            ["resource", "what"],
+            registry=r,
+        )
         self.policy_reloads = Counter(
             "draguard_audit_policy_reloads_total", "Policy set loads, by outcome", ["outcome"], registry=r
         )

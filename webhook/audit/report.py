@@ -146,6 +146,7 @@ class _Scope:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
     kept: dict[str, list[Result]] = field(default_factory=lambda: {r: [] for r in RESULTS})
     dropped: int = 0
+    by_rule: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class Collector:
@@ -174,6 +175,7 @@ class Collector:
         scope.counts[r.result] += 1
         if r.result in ("fail", "error", "warn"):
             self.by_rule[(r.rule, r.result)] = self.by_rule.get((r.rule, r.result), 0) + 1
+            scope.by_rule[(r.rule, r.result)] = scope.by_rule.get((r.rule, r.result), 0) + 1
         kept = scope.kept[r.result]
         if len(kept) < self.keep:
             kept.append(r)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +13,20 @@ from webhook.audit.report import (
     DEFAULT_MAX_PARTS,
     DEFAULT_MAX_RESULTS,
     Collector,
+    Result,
+    Subject,
     build_reports,
 )
-from webhook.audit.source import ClusterState, judged_pages, read_state
+from webhook.audit.source import (
+    BUILTIN,
+    ClusterState,
+    Collection,
+    crd_collections,
+    judged_pages,
+    read_state,
+    refresh_namespace,
+)
+from webhook.dra.workloads import using_crd_table
 from webhook.policy.model import PolicySet
 from webhook.server.caches import KubeHttp
 
@@ -33,6 +44,7 @@ class ScanOutcome:
     collector: Collector
     objects: int  # objects judged
     seconds: float
+    state: ClusterState | None = None
 
 
 def judge_pages(
@@ -41,8 +53,10 @@ def judge_pages(
     state: ClusterState,
     limits: Limits = Limits(),
     timestamp: int | None = None,
+    after: Callable[[], Iterable[Result]] = lambda: (),
 ) -> ScanOutcome:
-    """Judge pages of objects (already filtered by `auditable`) and build their reports."""
+    """Judge pages of objects (already filtered by `auditable`) and build their reports, with the
+    results `after()` gives once the pages are read."""
     start = time.monotonic()
     ctx = audit_context(state.namespace_labels, state.served_versions or frozenset({"v1"}))
     collector = Collector(keep=limits.max_results * limits.max_parts)
@@ -50,6 +64,7 @@ def judge_pages(
     for page in pages:
         objects += len(page)
         collector.extend(judge(page, policies, state.inventory, ctx))
+    collector.extend(after())
     reports = build_reports(
         collector,
         int(time.time()) if timestamp is None else timestamp,
@@ -60,11 +75,70 @@ def judge_pages(
     return ScanOutcome(reports, collector, objects, time.monotonic() - start)
 
 
+def unlisted_result(c: Collection, reason: str) -> Result:
+    """An error in the ClusterPolicyReport for a workload CRD the audit may not list."""
+    return Result(
+        policy="draguard",
+        rule="audit/cannot-list",
+        result="error",
+        severity="high",
+        message=(
+            f"the audit cannot list {c.resource}.{c.group} ({reason[:300]}), so {c.kind} objects are "
+            f"not judged: grant the draguard-audit ClusterRole list and watch on {c.resource} in "
+            f"API group {c.group}"
+        ),
+        subject=Subject(c.group_version, "CustomResourceDefinition", None, f"{c.resource}.{c.group}"),
+        category="draguard",
+    )
+
+
+def _judge(
+    http: KubeHttp,
+    policies: PolicySet,
+    state: ClusterState,
+    limits: Limits,
+    namespace: str | None = None,
+) -> ScanOutcome:
+    unlisted: list[tuple[Collection, str]] = []
+    crds = frozenset((c.group, c.kind) for c in state.collections if c.crd)
+
+    def keep(obj: Mapping[str, Any]) -> bool:
+        # A CRD that could not be listed is not judged, so its pods are judged themselves.
+        return auditable(obj, crds.difference((c.group, c.kind) for c, _ in unlisted))
+
+    pages = judged_pages(
+        http, state, keep, namespace=namespace, collections=state.collections, unlisted=unlisted
+    )
+    return judge_pages(
+        pages, policies, state, limits, after=lambda: [unlisted_result(c, why) for c, why in unlisted]
+    )
+
+
 def scan_cluster(http: KubeHttp, policies: PolicySet, limits: Limits = Limits()) -> ScanOutcome:
     start = time.monotonic()
-    state = read_state(http)
-    out = judge_pages(judged_pages(http, state, auditable), policies, state, limits)
+    with using_crd_table(policies.crd_table):
+        state = read_state(http)
+        crds = crd_collections(http, policies.crd_table)
+        state.collections = (*crds, *BUILTIN)
+        out = _judge(http, policies, state, limits)
     out.seconds = time.monotonic() - start
+    out.state = state
+    return out
+
+
+def scan_namespace(
+    http: KubeHttp, policies: PolicySet, state: ClusterState, namespace: str, limits: Limits = Limits()
+) -> ScanOutcome:
+    """Judge one namespace again, as a full scan would (its labels, claims and templates re-read;
+    the rest of `state`, with the collections listed, as the last full scan left it). Only that
+    namespace's reports come out."""
+    start = time.monotonic()
+    with using_crd_table(policies.crd_table):
+        refresh_namespace(http, state, namespace)
+        out = _judge(http, policies, state, limits, namespace)
+    out.reports = [r for r in out.reports if (r.get("metadata") or {}).get("namespace") == namespace]
+    out.seconds = time.monotonic() - start
+    out.state = state
     return out
 
 

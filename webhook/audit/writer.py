@@ -77,13 +77,18 @@ class ReportWriter:
             content_type="application/apply-patch+yaml",
         )
 
-    def existing(self) -> set[tuple[str, str | None, str]]:
-        """The audit's reports in the cluster (by label)."""
+    def existing(self, namespace: str | None = None) -> set[tuple[str, str | None, str]]:
+        """The audit's reports in the cluster (by label), or in one namespace."""
         out: set[tuple[str, str | None, str]] = set()
-        for kind, path in (
-            ("PolicyReport", f"{BASE}/policyreports"),
-            ("ClusterPolicyReport", f"{BASE}/clusterpolicyreports"),
-        ):
+        collections = (
+            [("PolicyReport", f"{BASE}/namespaces/{namespace}/policyreports")]
+            if namespace
+            else [
+                ("PolicyReport", f"{BASE}/policyreports"),
+                ("ClusterPolicyReport", f"{BASE}/clusterpolicyreports"),
+            ]
+        )
+        for kind, path in collections:
             cont = ""
             while True:
                 q: list[tuple[str, Any]] = [("labelSelector", SELECTOR), ("limit", 500)]
@@ -98,10 +103,10 @@ class ReportWriter:
                     break
         return out
 
-    def sync(self, reports: Iterable[Mapping[str, Any]]) -> WriteResult:
-        """Apply every report, then delete the audit's other reports. A report that cannot be
-        written is named in `failed`; stale reports are kept when anything failed (a partial
-        picture must not wipe the previous one)."""
+    def sync(self, reports: Iterable[Mapping[str, Any]], namespace: str | None = None) -> WriteResult:
+        """Apply every report, then delete the audit's other reports (in `namespace` only, when
+        given). A report that cannot be written is named in `failed`; stale reports are kept when
+        anything failed (a partial picture must not wipe the previous one)."""
         res = WriteResult()
         wanted: set[tuple[str, str | None, str]] = set()
         for rep in reports:
@@ -126,7 +131,7 @@ class ReportWriter:
         if res.failed:
             return res
         try:
-            stale = self.existing() - wanted
+            stale = self.existing(namespace) - wanted
         except (ApiError, OSError) as e:
             res.failed.append(f"listing reports: {e}")
             return res

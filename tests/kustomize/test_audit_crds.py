@@ -1,0 +1,227 @@
+"""Workload CRDs in the audit, against a real API server as the bundle's `draguard-audit` account:
+a CRD of the built-in table is found by discovery, judged by its pod templates and watched; its pods
+are judged through it, as a Deployment's are; a kind a WorkloadKindPolicy adds without RBAC for the
+audit is named in the ClusterPolicyReport (and its pods judged themselves); an object nested past
+what the decoder follows does not stop the scan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kapi import Api, api_server, sa_kubeconfig, wait_for
+
+from webhook.audit.controller import AuditController, AuditOptions
+from webhook.server.caches import KubeHttp
+
+REPO = Path(__file__).resolve().parents[2]
+AUDIT = REPO / "kustomize" / "base" / "audit"
+MPI_POLICY = REPO / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml"
+NS = "ml"
+RULE = "tier/llm-h200-only"
+H200_ONLY = f"""\
+apiVersion: policy.draguard.io/v1alpha1
+kind: GpuTierPolicy
+metadata:
+  name: llm-h200-only
+spec:
+  mode: enforce
+  namespaces: [{NS}]
+  classes:
+  - name: llm
+    match:
+      imageWords: [vllm]
+    deviceClasses: [gpu.nvidia.com-h200]
+"""
+
+
+def _crd(plural: str, kind: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kubeflow.org"},
+        "spec": {
+            "group": "kubeflow.org",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _pod_spec(template: str) -> dict[str, Any]:
+    return {
+        "containers": [
+            {"name": "main", "image": "vllm/vllm-openai:v0.6.3", "resources": {"claims": [{"name": "gpu"}]}}
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+    }
+
+
+def _job(kind: str, name: str, template: str, **spec: Any) -> dict[str, Any]:
+    key = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {key: {"Worker": {"replicas": 2, "template": {"spec": _pod_spec(template)}}}, **spec},
+    }
+
+
+def _owned_pod(name: str, owner: dict[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "ownerReferences": [{**ref, "controller": True}]},
+        "spec": _pod_spec("llm-h100"),
+    }
+
+
+def _template(name: str, device_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}
+        },
+    }
+
+
+def _create(a: Api, obj: dict[str, Any]) -> dict[str, Any]:
+    res = a.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(obj))
+    assert res.returncode == 0, res.stderr
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
+    with api_server() as a:
+        for args in (
+            ("apply", "-f", str(AUDIT / "crds.yaml")),
+            ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
+            ("apply", "-f", str(REPO / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml")),
+        ):
+            res = a.kubectl(*args)
+            assert res.returncode == 0, (args, res.stderr)
+        for crd in (_crd("pytorchjobs", "PyTorchJob"), _crd("mpijobs", "MPIJob")):
+            assert a.kubectl("apply", "-f", "-", stdin=json.dumps(crd)).returncode == 0
+        names = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
+        for crd_name in (*names, "pytorchjobs.kubeflow.org", "mpijobs.kubeflow.org"):
+            res = a.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd_name}")
+            assert res.returncode == 0, res.stderr
+        for t in (_template("llm-h100", "gpu.nvidia.com-h100"), _template("llm-h200", "gpu.nvidia.com-h200")):
+            _create(a, t)
+        yield a, sa_kubeconfig(a, "draguard-audit", tmp_path_factory.mktemp("audit") / "kubeconfig")
+
+
+@pytest.fixture(scope="module")
+def controller(api: tuple[Api, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditController]:
+    a, kubeconfig = api
+    # Objects there before the audit starts: the first full scan judges them.
+    job = _create(a, _job("PyTorchJob", "train", "llm-h100"))
+    _create(a, _owned_pod("train-worker-0", job))
+    mpi = _create(a, _job("MPIJob", "mpi", "llm-h100"))
+    _create(a, _owned_pod("mpi-worker-0", mpi))
+    policies = tmp_path_factory.mktemp("policies")
+    shutil.copytree(REPO / "policies", policies, ignore=shutil.ignore_patterns("tests"), dirs_exist_ok=True)
+    (policies / "llm-h200.yaml").write_text(H200_ONLY)
+    shutil.copy(MPI_POLICY, policies / "mpijob.yaml")
+    opts = AuditOptions(str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3)
+    ctl = AuditController(KubeHttp.from_kubeconfig(str(kubeconfig)), opts)
+    thread = threading.Thread(target=ctl.run, daemon=True)
+    thread.start()
+    wait_for(lambda: ctl.scans_ok >= 1, "the first full scan", timeout=60)
+    yield ctl
+    ctl.stop()
+    thread.join(timeout=30)
+
+
+def _report(a: Api, cluster: bool = False) -> dict[str, Any]:
+    args = ("clusterpolicyreports.wgpolicyk8s.io", "draguard-audit") if cluster else (
+        "policyreports.wgpolicyk8s.io", "draguard-audit", "-n", NS)  # fmt: skip
+    res = a.kubectl("get", *args, "-o", "json")
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def _entries(a: Api, name: str) -> list[tuple[str, str, str]]:
+    return sorted(
+        (r["resources"][0]["kind"], r["result"], r["rule"])
+        for r in _report(a).get("results", [])
+        if r["resources"][0]["name"] == name
+    )
+
+
+def test_a_workload_crd_is_judged_and_its_pods_through_it(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    a, _ = api
+    assert _entries(a, "train") == [("PyTorchJob", "fail", RULE)]
+    [entry] = [r for r in _report(a)["results"] if r["resources"][0]["name"] == "train"]
+    assert entry["resources"][0]["apiVersion"] == "kubeflow.org/v1" and entry["resources"][0]["uid"]
+    assert _entries(a, "train-worker-0") == []  # judged through its PyTorchJob
+
+
+def test_a_kind_the_audit_may_not_list_is_named_and_its_pods_judged(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    a, _ = api
+    errors = [r for r in _report(a, cluster=True).get("results", []) if r["rule"] == "audit/cannot-list"]
+    assert [r["resources"][0]["name"] for r in errors] == ["mpijobs.kubeflow.org"]
+    assert errors[0]["result"] == "error" and "ClusterRole" in errors[0]["message"]
+    assert _entries(a, "mpi") == []
+    # Its owner is not judged, so the pod is: the finding is not lost.
+    assert _entries(a, "mpi-worker-0") == [("Pod", "fail", RULE)]
+
+
+def test_a_workload_crd_is_watched(api: tuple[Api, Path], controller: AuditController) -> None:
+    a, _ = api
+    _create(a, _job("PyTorchJob", "late", "llm-h100"))
+    wait_for(lambda: _entries(a, "late") == [("PyTorchJob", "fail", RULE)], "the new PyTorchJob", timeout=30)
+    a.kubectl("delete", "pytorchjob", "late", "-n", NS)
+    wait_for(lambda: _entries(a, "late") == [], "the deleted PyTorchJob's entry to go", timeout=30)
+    assert controller.scans_ok == 1  # the watch did it
+
+
+def test_an_object_nested_too_deep_for_the_decoder_does_not_stop_the_scan(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    a, _ = api
+    before = controller.scans_ok
+    text = json.dumps(_job("PyTorchJob", "deep", "llm-h100", extra="DEEP"))
+    text = text.replace('"DEEP"', '{"d":' * 2000 + '"bottom"' + "}" * 2000)  # past json's 1,000 levels
+    res = a.kubectl("create", "-f", "-", stdin=text)
+    assert res.returncode == 0, res.stderr  # the API server keeps it (up to 10,000 levels)
+    # Its watch event is past the event decoder's depth too: read with the deep part cut off, it
+    # re-judges the namespace (no full scan), whose list is read the same way.
+    wait_for(lambda: _entries(a, "deep") == [("PyTorchJob", "fail", RULE)], "the deep PyTorchJob", timeout=30)
+    assert controller.scans_ok == before
+    # A full scan lists it among the others and goes on.
+    controller.opts = dataclasses.replace(controller.opts, full_scan_gap=0.0)
+    controller.changes.request_full()
+    wait_for(lambda: controller.scans_ok > before, "a full scan with the deep object", timeout=60)
+    assert _entries(a, "deep") == [("PyTorchJob", "fail", RULE)]  # judged on its pod templates
+    assert _entries(a, "train") == [("PyTorchJob", "fail", RULE)]

@@ -1,0 +1,159 @@
+"""The monitoring component's PrometheusRule, checked by Prometheus' own code (tools/promrules: rulefmt
+as Prometheus loads rule files, and the PromQL engine over a TSDB): every rule loads, and the audit's
+alerts fire on the series the audit really exports, and only then."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kbundle import build, one
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gotool import go_tool
+from webhook.audit.controller import AuditController, AuditOptions
+from webhook.audit.scan import judge_pages
+from webhook.audit.source import ClusterState
+from webhook.audit.writer import WriteResult
+from webhook.dra.inventory import Inventory
+from webhook.policy.load import load_policies
+from webhook.server.caches import KubeHttp
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+H200_ONLY = """\
+apiVersion: policy.draguard.io/v1alpha1
+kind: GpuTierPolicy
+metadata: {name: llm-h200-only}
+spec:
+  mode: enforce
+  classes:
+  - name: llm
+    match: {imageWords: [vllm]}
+    deviceClasses: [gpu.nvidia.com-h200]
+"""
+
+
+@pytest.fixture(scope="module")
+def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rule = one(build("eks", ("monitoring",)), "PrometheusRule", "draguard")
+    path = tmp_path_factory.mktemp("rules") / "draguard.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+def _promrules(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(go_tool("promrules")), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_every_rule_loads_as_prometheus_loads_it(rules_file: Path) -> None:
+    res = _promrules("check", str(rules_file))
+    assert res.returncode == 0, res.stderr
+    alerts = {r["alert"] for r in json.loads(res.stdout)}
+    assert {"DraguardAuditViolations", "DraguardAuditScansStale", "DRAPluginErrors"} <= alerts
+
+
+def test_a_broken_rule_is_refused(tmp_path: Path, rules_file: Path) -> None:
+    # The check can fail: a typo in an expression, and a template that does not parse.
+    doc = yaml.safe_load(rules_file.read_text())
+    doc["groups"][1]["rules"][0]["expr"] = "max by (rule) (draguard_audit_violations{result=fail}) > 0"
+    doc["groups"][1]["rules"][1]["annotations"]["summary"] = "{{ $labels.rule "
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    res = _promrules("check", str(bad))
+    assert res.returncode == 1
+    assert "could not parse expression" in res.stderr and "summary" in res.stderr
+
+
+def _audit_metrics(tmp_path: Path, last_success: float) -> str:
+    """The audit's /metrics after a real judgement of two Deployments (one fails the tier policy)."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "llm.yaml").write_text(H200_ONLY)
+    ctl = AuditController(KubeHttp(None), AuditOptions(str(policies)))
+    pols = load_policies(policies)
+    objs = [_deployment("bad", "h100"), _deployment("good", "h200")]
+    templates = [_template("h100"), _template("h200")]
+    state = ClusterState(Inventory.from_objects(templates), {"ml": {}}, frozenset({"v1"}), templates)
+    out = judge_pages([objs], pols, state)
+    assert ctl._done(out, WriteResult(written=len(out.reports)), 0.0) is not None
+    ctl.metrics.last_success.set(last_success)
+    return ctl.metrics.render().decode()
+
+
+def _template(short: str) -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": f"gpu.nvidia.com-{short}"}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"llm-{short}", "namespace": "ml", "uid": f"t-{short}"},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def _deployment(name: str, short: str) -> dict[str, Any]:
+    container = {"name": "s", "image": "vllm/vllm-openai", "resources": {"claims": [{"name": "gpu"}]}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "ml", "uid": name},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [container],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"llm-{short}"}],
+                }
+            }
+        },
+    }
+
+
+def _scrapes(text: str, minutes: int = 30) -> list[dict[str, Any]]:
+    """The exposition as Prometheus would store it, scraped every minute up to NOW."""
+    samples = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            for m in range(minutes):
+                labels = {"__name__": s.name, "job": "draguard-audit-metrics", **s.labels}
+                samples.append({"labels": labels, "t": NOW - 60 * (minutes - 1 - m), "v": s.value})
+    return samples
+
+
+def _fired(rules_file: Path, samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    res = _promrules("eval", str(rules_file), stdin=json.dumps({"samples": samples, "at": NOW}))
+    assert res.returncode == 0, res.stderr
+    out: dict[str, list[dict[str, Any]]] = json.loads(res.stdout)
+    return out
+
+
+def test_audit_alerts_fire_on_the_audits_own_series(rules_file: Path, tmp_path: Path) -> None:
+    fired = _fired(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 120)))
+    [violation] = fired["DraguardAuditViolations"]
+    assert violation["labels"] == {"rule": "tier/llm-h200-only"} and violation["value"] == 1.0
+    assert fired["DraguardAuditRuleErrors"] == []
+    assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditDown"] == []
+    # The DRA alerts evaluate too (no dra_ series here: nothing fires).
+    assert fired["DRAPluginErrors"] == [] and fired["DRAResourceClaimsPending"] == []
+
+
+def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> None:
+    fired = _fired(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 3600)))
+    [stale] = fired["DraguardAuditScansStale"]
+    assert 3590 <= stale["value"] <= 3610
+    assert fired["DraguardAuditDown"] == []
+    # Nothing scraped at all: only "down" can say so.
+    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}]
+    fired = _fired(rules_file, other)
+    assert len(fired["DraguardAuditDown"]) == 1
+    assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditViolations"] == []
