@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.audit.evaluate import auditable
+from webhook.audit.owners import OwnerIndex
 from webhook.audit.source import shallow
 from webhook.dra.workloads import using_crd_table
 from webhook.policy.load import load_policies
@@ -36,12 +37,29 @@ def _mpijob() -> dict[str, Any]:
     }
 
 
+def _pytorchjob(image: str = "cuda") -> dict[str, Any]:
+    spec = {"containers": [{"name": "c", "image": image, "resources": GPU}]}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "j", "namespace": "ml", "uid": "u"},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": spec}}}},
+    }
+
+
 def test_pods_of_a_listed_workload_crd_are_judged_through_it() -> None:
     listed = frozenset({("kubeflow.org", "PyTorchJob")})
-    assert not auditable(_pod("PyTorchJob", "kubeflow.org/v1"), listed)
-    assert auditable(_pod("PyTorchJob", "kubeflow.org/v1"))  # not listed (not served, or forbidden)
+    owners = OwnerIndex()
+    owners.add(_pytorchjob())
+    assert not auditable(_pod("PyTorchJob", "kubeflow.org/v1"), listed, owners)
+    # not listed (not served, or forbidden)
+    assert auditable(_pod("PyTorchJob", "kubeflow.org/v1"), frozenset(), owners)
     # The group counts: a same-named kind of another group is not the audited one.
-    assert auditable(_pod("PyTorchJob", "example.com/v1"), listed)
+    assert auditable(_pod("PyTorchJob", "example.com/v1"), listed, owners)
+    # A pod that runs what no template of its named owner runs is judged itself.
+    other = OwnerIndex()
+    other.add(_pytorchjob(image="other"))
+    assert auditable(_pod("PyTorchJob", "kubeflow.org/v1"), listed, other)
 
 
 def test_a_kind_a_workload_kind_policy_adds_is_read_under_its_table() -> None:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from webhook.audit.evaluate import audit_context, auditable, judge
+from webhook.audit.owners import OwnerIndex
 from webhook.audit.report import Collector, build_reports
 from webhook.audit.scan import judge_pages
 from webhook.audit.source import ClusterState, trim
@@ -85,14 +86,17 @@ def test_objects_made_by_an_audited_controller_are_judged_through_it() -> None:
                     "apiVersion": "apps/v1",
                     "kind": "Deployment",
                     "name": dep["metadata"]["name"],
-                    "uid": "x",
+                    "uid": dep["metadata"]["uid"],
                     "controller": True,
                 }
             ],
         },
     }
-    assert auditable(dep)
-    assert not auditable(rs)
+    owners = OwnerIndex()
+    owners.add(dep)
+    assert auditable(dep, owners=owners)
+    assert not auditable(rs, owners=owners)
+    assert auditable(rs)  # its owner was not listed: the reference alone proves nothing
     # A controller the audit does not list (an operator's CRD) leaves its pods to be judged themselves.
     crd_owned = {
         **rs,
@@ -109,7 +113,7 @@ def test_objects_made_by_an_audited_controller_are_judged_through_it() -> None:
             ],
         },
     }
-    assert auditable(crd_owned)
+    assert auditable(crd_owned, owners=owners)
 
 
 def test_objects_without_devices_are_not_judged() -> None:

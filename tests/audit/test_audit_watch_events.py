@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Watched, event_lines
+from webhook.audit.owners import OwnerIndex
+from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Scope, Watched, event_lines
 from webhook.server.caches import Gone, KubeHttp
 
 DEPLOYMENTS = Watched("/apis/apps/v1/deployments", "apps/v1", "Deployment")
@@ -104,10 +105,24 @@ def test_status_only_updates_and_pods_of_judged_controllers_are_ignored() -> Non
     changed["spec"]["template"]["spec"]["containers"][0]["image"] = "cuda:12"
     w.handle(_line("MODIFIED", changed))
     assert ch.due()[0] == ["ml"]
+    owners = OwnerIndex()
+    owners.add({**_deployment("a-1"), "kind": "ReplicaSet"})
+    w.scope = Scope(owners=owners)
+    ref = {"kind": "ReplicaSet", "name": "a-1", "uid": "uid-a-1", "controller": True}
     pod = _deployment("p")
-    pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "a-1", "controller": True}]
+    pod["metadata"]["ownerReferences"] = [ref]
     w.handle(_line("ADDED", pod))
-    assert ch.due()[0] == []
+    assert ch.due()[0] == []  # the owner was listed, and its template makes this
+    # One that names the owner but runs something else, or names an owner never listed, is judged.
+    forged = _deployment("q")
+    forged["spec"]["template"]["spec"]["containers"][0]["image"] = "miner"
+    forged["metadata"]["ownerReferences"] = [ref]
+    w.handle(_line("ADDED", forged))
+    assert ch.due()[0] == ["ml"]
+    ghost = _deployment("r")
+    ghost["metadata"]["ownerReferences"] = [{**ref, "uid": "uid-none"}]
+    w.handle(_line("ADDED", ghost))
+    assert ch.due()[0] == ["ml"]
     # A deletion matters when the object used devices; one that never did cannot be in a report.
     w.handle(_line("DELETED", _deployment("b", gpu=False)))
     assert ch.due()[0] == []

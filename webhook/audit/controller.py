@@ -245,7 +245,7 @@ class AuditController:
                 log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
             return
         crds = frozenset((c.group, c.kind) for c in collections if c.crd)
-        scope = Scope(self.policies.crd_table, crds)
+        scope = Scope(self.policies.crd_table, crds, self.state.owners if self.state is not None else None)
         self.scope = scope
         for w in self.watches:
             w.scope = scope

@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from webhook.audit.owners import OwnerIndex
 from webhook.audit.report import Result, Subject, passed, result_of
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
@@ -18,16 +19,17 @@ from webhook.policy.model import PolicySet
 
 # What the audit lists, as (API path under /api or /apis, kind): the built-in kinds the webhook judges
 # at admission. Workload CRDs (the table in force, webhook/dra/workloads.py) are found by discovery,
-# where their operator is installed (source.crd_collections).
+# where their operator is installed (source.crd_collections). Owners come before what they make, so
+# that a scan knows an owner (OwnerIndex) before it decides about the objects that name it.
 WORKLOADS: tuple[tuple[str, str], ...] = (
-    ("v1/pods", "Pod"),
-    ("v1/replicationcontrollers", "ReplicationController"),
+    ("batch/v1/cronjobs", "CronJob"),
+    ("batch/v1/jobs", "Job"),
     ("apps/v1/deployments", "Deployment"),
     ("apps/v1/replicasets", "ReplicaSet"),
+    ("v1/replicationcontrollers", "ReplicationController"),
     ("apps/v1/statefulsets", "StatefulSet"),
     ("apps/v1/daemonsets", "DaemonSet"),
-    ("batch/v1/jobs", "Job"),
-    ("batch/v1/cronjobs", "CronJob"),
+    ("v1/pods", "Pod"),
 )
 # A controller of one of these kinds is audited itself: what it creates is judged through its template.
 AUDITED_OWNERS = frozenset(
@@ -36,21 +38,23 @@ AUDITED_OWNERS = frozenset(
 JUDGED_DRA_KINDS = frozenset({"DeviceClass", "ResourceClaim", "ResourceClaimTemplate"})
 
 
-def controlled_by_audited(obj: Mapping[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
-    """True when a controller the audit also judges made this object (a Deployment's ReplicaSet and
-    pods, a pod's generated claims, a PyTorchJob's pods when `crds`, the (group, kind)s the audit
-    lists, hold PyTorchJob): the finding belongs on the object a person edits."""
+def controller_of(
+    obj: Mapping[str, Any], crds: frozenset[tuple[str, str]] = frozenset()
+) -> Mapping[str, Any] | None:
+    """The controller ownerReference when it names a kind the audit also judges (a Deployment for
+    its ReplicaSet, a ReplicaSet or Job for its pods, a pod for its generated claims, a PyTorchJob
+    for its pods when `crds`, the (group, kind)s the audit lists, hold PyTorchJob)."""
     for ref in as_list(as_map(obj.get("metadata")).get("ownerReferences")):
         ref = as_map(ref)
         if ref.get("controller") is not True:
             continue
         kind = as_str(ref.get("kind")) or ""
         if kind in AUDITED_OWNERS:
-            return True
+            return ref
         group = (as_str(ref.get("apiVersion")) or "").rpartition("/")[0]
         if (group, kind) in crds:
-            return True
-    return False
+            return ref
+    return None
 
 
 def uses_devices(obj: Mapping[str, Any]) -> bool:
@@ -72,10 +76,19 @@ def uses_devices(obj: Mapping[str, Any]) -> bool:
     return False
 
 
-def auditable(obj: Mapping[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
-    """Judged by the audit: it uses devices, and no controller the audit judges made it. Call
-    within `using_crd_table` of the policies in force, so that workload CRDs are read."""
-    return uses_devices(obj) and not controlled_by_audited(obj, crds)
+def auditable(
+    obj: Mapping[str, Any],
+    crds: frozenset[tuple[str, str]] = frozenset(),
+    owners: OwnerIndex | None = None,
+) -> bool:
+    """Judged by the audit: it uses devices, and it is not what a judged controller listed in
+    `owners` made (its finding belongs on that controller). An ownerReference alone proves nothing:
+    anyone who creates an object writes it. Call within `using_crd_table` of the policies in force,
+    so that workload CRDs are read."""
+    if not uses_devices(obj):
+        return False
+    ref = controller_of(obj, crds)
+    return ref is None or owners is None or not owners.made_by_owner(obj, ref)
 
 
 def audit_context(

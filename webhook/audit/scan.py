@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.audit.evaluate import audit_context, auditable, judge
+from webhook.audit.evaluate import audit_context, auditable, judge, uses_devices
+from webhook.audit.owners import OwnerIndex
 from webhook.audit.report import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_PARTS,
@@ -92,6 +93,23 @@ def unlisted_result(c: Collection, reason: str) -> Result:
     )
 
 
+def owner_filter(
+    policies: PolicySet, state: ClusterState, crds: Callable[[], frozenset[tuple[str, str]]]
+) -> tuple[Callable[[Mapping[str, Any]], bool], OwnerIndex]:
+    """`keep` for the objects of one scan, in the order listed (owners before what they make), and
+    the index of owners it builds as it goes: an object is left to its named owner only when that
+    owner was listed and would make it."""
+    owners = OwnerIndex(policies, state.dra_objects)
+
+    def keep(obj: Mapping[str, Any]) -> bool:
+        if not uses_devices(obj):
+            return False  # nor does what a template of it makes: no owner to keep
+        owners.add(obj)
+        return auditable(obj, crds(), owners)
+
+    return keep, owners
+
+
 def _judge(
     http: KubeHttp,
     policies: PolicySet,
@@ -101,17 +119,21 @@ def _judge(
 ) -> ScanOutcome:
     unlisted: list[tuple[Collection, str]] = []
     crds = frozenset((c.group, c.kind) for c in state.collections if c.crd)
-
-    def keep(obj: Mapping[str, Any]) -> bool:
-        # A CRD that could not be listed is not judged, so its pods are judged themselves.
-        return auditable(obj, crds.difference((c.group, c.kind) for c, _ in unlisted))
-
+    # A CRD that could not be listed is not judged, so its pods are judged themselves.
+    keep, owners = owner_filter(
+        policies, state, lambda: crds.difference((c.group, c.kind) for c, _ in unlisted)
+    )
     pages = judged_pages(
         http, state, keep, namespace=namespace, collections=state.collections, unlisted=unlisted
     )
-    return judge_pages(
+    out = judge_pages(
         pages, policies, state, limits, after=lambda: [unlisted_result(c, why) for c, why in unlisted]
     )
+    if namespace is None:
+        state.owners = owners
+    else:
+        state.owners.replace_namespace(namespace, owners)
+    return out
 
 
 def scan_cluster(http: KubeHttp, policies: PolicySet, limits: Limits = Limits()) -> ScanOutcome:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.audit.evaluate import WORKLOADS
+from webhook.audit.owners import OwnerIndex
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str
 from webhook.server.caches import ApiError, KubeHttp, discover_dra_versions
@@ -212,8 +213,11 @@ class ClusterState:
     dra_objects: list[dict[str, Any]] = field(default_factory=list)
     dra_version: str | None = None
     # What the last full scan listed: workload CRDs first (so that their pods' owners are known
-    # before the pods are filtered), then the built-in kinds.
+    # before the pods are filtered), then the built-in kinds, owners before what they make.
     collections: tuple[Collection, ...] = BUILTIN
+    # What the listed controllers would make (kept up to date by namespace rescans): the watches
+    # drop events only of objects it vouches for.
+    owners: OwnerIndex = field(default_factory=OwnerIndex)
 
 
 def read_state(http: KubeHttp) -> ClusterState:
@@ -305,17 +309,30 @@ def judged_pages(
     unlisted: list[tuple[Collection, str]] | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """Pages of objects to judge: the DRA objects already read, then every workload list (of one
-    namespace, or of all)."""
-    dra = [
-        o
-        for o in state.dra_objects
-        if o.get("kind") != "ResourceSlice"
-        and (namespace is None or (o.get("metadata") or {}).get("namespace") == namespace)
-        and keep(o)
-    ]
+    namespace, or of all), then the claims that name a pod as their owner (decided once the pods
+    are listed)."""
+    dra: list[dict[str, Any]] = []
+    pod_claims: list[dict[str, Any]] = []
+    for o in state.dra_objects:
+        if o.get("kind") == "ResourceSlice":
+            continue
+        if namespace is not None and (o.get("metadata") or {}).get("namespace") != namespace:
+            continue
+        (pod_claims if _pod_owned(o) else dra).append(o)
+    dra = [o for o in dra if keep(o)]
     for i in range(0, len(dra), page):
         yield dra[i : i + page]
     for items in workload_pages(http, page, namespace, collections, unlisted):
         kept = [o for o in items if keep(o)]
         if kept:
             yield kept
+    claims = [o for o in pod_claims if keep(o)]
+    for i in range(0, len(claims), page):
+        yield claims[i : i + page]
+
+
+def _pod_owned(obj: Mapping[str, Any]) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences")
+    return isinstance(refs, list) and any(
+        isinstance(r, dict) and r.get("controller") is True and r.get("kind") == "Pod" for r in refs
+    )

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.audit.evaluate import controlled_by_audited, uses_devices
+from webhook.audit.evaluate import controller_of, uses_devices
+from webhook.audit.owners import OwnerIndex
 from webhook.audit.source import Collection, shallow, trim
 from webhook.dra.workloads import CrdTable, using_crd_table
 from webhook.server import codec
@@ -164,6 +165,8 @@ class Scope:
 
     table: CrdTable | None = None
     crds: frozenset[tuple[str, str]] = frozenset()
+    # What the controllers the last scans listed would make; None: nothing is vouched for yet.
+    owners: OwnerIndex | None = None
 
 
 class EventError(Exception):
@@ -359,7 +362,7 @@ class ResourceWatch:
         self.on_event(self.res.name, "event")
         scope = self.scope
         with using_crd_table(scope.table):
-            relevant = self.relevant(str(typ), obj, scope.crds)
+            relevant = self.relevant(str(typ), obj, scope.crds, scope.owners)
         if relevant:
             self.on_event(self.res.name, "change")
             if self.res.effect == "full":
@@ -369,16 +372,25 @@ class ResourceWatch:
                 if isinstance(ns, str) and ns:
                     self.changes.touch(ns)
 
-    def relevant(self, typ: str, obj: dict[str, Any], crds: frozenset[tuple[str, str]] = frozenset()) -> bool:
-        """Whether the change can alter a report: pods a judged controller made are judged through
-        it; an object seen before with the same fingerprint changed only its status."""
+    def relevant(
+        self,
+        typ: str,
+        obj: dict[str, Any],
+        crds: frozenset[tuple[str, str]] = frozenset(),
+        owners: OwnerIndex | None = None,
+    ) -> bool:
+        """Whether the change can alter a report: pods a judged controller made (as `owners`
+        vouches: naming an owner is not enough) are judged through it; an object seen before with
+        the same fingerprint changed only its status."""
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         if self.res.effect == "labels":
             labels = (obj.get("metadata") or {}).get("labels")
             fp = hashlib.blake2b(codec.dumps(labels or {}), digest_size=16).digest()
             return self.fps.changed(uid, None if typ == "DELETED" else fp) and typ != "DELETED"
-        if self.res.effect == "namespace" and controlled_by_audited(obj, crds):
-            return False
+        if self.res.effect == "namespace" and owners is not None:
+            ref = controller_of(obj, crds)
+            if ref is not None and owners.made_by_owner(obj, ref):
+                return False
         if typ == "DELETED":
             self.fps.changed(uid, None)
             return uses_devices(obj) or self.res.effect == "full"

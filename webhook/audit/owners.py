@@ -1,0 +1,143 @@
+"""Whether an object a judged controller names as its owner is what that controller would make.
+
+The audit judges a Deployment's ReplicaSet and pods through the Deployment, so that a finding lands
+once. An ownerReference is written by whoever creates the object, so a tenant can name any owner: an
+object is left to its owner only when that owner was listed by the same scan (same namespace, kind
+and uid) and one of its pod templates makes what the object runs, on the facts the rules read.
+Per owner only a 16-byte digest per template is kept, never the object. Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from webhook.dra.objects import as_list, as_map, as_str
+from webhook.dra.workloads import pod_annotations, pod_labels, pod_templates_of
+from webhook.engine.migration import node_labels_of
+from webhook.policy.model import PolicySet
+
+_CONTAINER_KEYS = ("initContainers", "containers")
+
+
+def metadata_keys(policies: PolicySet) -> tuple[frozenset[str], frozenset[str]]:
+    """The label and annotation keys the tier policies classify by: the only metadata rules read."""
+    labels: set[str] = set()
+    notes: set[str] = set()
+    for p in policies.tier:
+        for c in p.classes:
+            labels.update(c.match.labels)
+            labels.update(c.match.label_words)
+            notes.update(c.match.annotations)
+    return frozenset(labels), frozenset(notes)
+
+
+def _container(c: Any) -> Any:
+    c = as_map(c)
+    res = as_map(c.get("resources"))
+    limits = dict(as_map(res.get("limits")))
+    # The API server defaults a pod's requests to its limits; a template keeps them as written.
+    requests = {**limits, **as_map(res.get("requests"))}
+    return [
+        c.get("name"),
+        c.get("image"),
+        c.get("command"),
+        c.get("args"),
+        limits,
+        requests,
+        res.get("claims"),
+    ]
+
+
+def _digest(*parts: Any) -> bytes:
+    try:
+        data = orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # too deep, or an int past 64 bits
+        data = json.dumps(list(parts), sort_keys=True, default=str).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class OwnerIndex:
+    """Digests of (namespace, kind, uid, template facts) of the objects listed, per namespace."""
+
+    def __init__(
+        self,
+        policies: PolicySet | None = None,
+        dra_objects: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        self.label_keys, self.annotation_keys = (
+            metadata_keys(policies) if policies is not None else (frozenset(), frozenset())
+        )
+        self._by_ns: dict[str, set[bytes]] = {}
+        # (namespace, name) -> digest of the claim spec a ResourceClaimTemplate makes.
+        self._claim_templates: dict[tuple[str, str], bytes] = {}
+        for o in dra_objects:
+            if o.get("kind") == "ResourceClaimTemplate":
+                meta = as_map(o.get("metadata"))
+                key = (as_str(meta.get("namespace")) or "", as_str(meta.get("name")) or "")
+                self._claim_templates[key] = _digest(as_map(as_map(o.get("spec")).get("spec")))
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._by_ns.values())
+
+    def _facts(self, obj: Mapping[str, Any]) -> list[bytes]:
+        labels, notes = pod_labels(obj), pod_annotations(obj)
+        meta = (
+            sorted((k, labels[k]) for k in self.label_keys if k in labels),
+            sorted((k, notes[k]) for k in self.annotation_keys if k in notes),
+        )
+        out = []
+        for t in pod_templates_of(obj):
+            spec = t.spec
+            if t.container:  # a container-like template (TrainJob's trainer)
+                containers: list[Any] = [[], [_container(spec)]]
+            else:
+                containers = [[_container(c) for c in as_list(spec.get(k))] for k in _CONTAINER_KEYS]
+            out.append(_digest(containers, spec.get("resourceClaims"), node_labels_of(spec), meta))
+        return out
+
+    def add(self, obj: Mapping[str, Any]) -> None:
+        """Index a listed object as a possible owner: of pods (its templates), and, for a pod, of
+        the claims its ResourceClaimTemplates make."""
+        meta = as_map(obj.get("metadata"))
+        uid = as_str(meta.get("uid"))
+        if not uid:
+            return
+        ns = as_str(meta.get("namespace")) or ""
+        kind = as_str(obj.get("kind")) or ""
+        found = self._by_ns.setdefault(ns, set())
+        if kind != "Pod":  # a pod makes no pods
+            for fp in self._facts(obj):
+                found.add(_digest(ns, kind, uid, fp))
+        else:
+            for entry in as_list(as_map(obj.get("spec")).get("resourceClaims")):
+                entry = as_map(entry)
+                name = as_str(entry.get("resourceClaimTemplateName")) or as_str(
+                    as_map(entry.get("source")).get("resourceClaimTemplateName")
+                )
+                made = self._claim_templates.get((ns, name or ""))
+                if made is not None:
+                    found.add(_digest(ns, kind, uid, "claim", made))
+
+    def made_by_owner(self, obj: Mapping[str, Any], ref: Mapping[str, Any]) -> bool:
+        """True when the owner `ref` names was indexed and would make `obj` as it is."""
+        meta = as_map(obj.get("metadata"))
+        ns = as_str(meta.get("namespace")) or ""
+        found = self._by_ns.get(ns)
+        uid, kind = as_str(ref.get("uid")), as_str(ref.get("kind"))
+        if not found or not uid or not kind:
+            return False
+        if obj.get("kind") == "ResourceClaim":
+            made = _digest(as_map(obj.get("spec")))
+            return kind == "Pod" and _digest(ns, kind, uid, "claim", made) in found
+        facts = self._facts(obj)
+        return bool(facts) and all(_digest(ns, kind, uid, fp) in found for fp in facts)
+
+    def replace_namespace(self, namespace: str, other: OwnerIndex) -> None:
+        """Take `other`'s entries for one namespace (a namespace rescan) in place of these."""
+        self._by_ns[namespace] = other._by_ns.get(namespace, set())
+        self.label_keys, self.annotation_keys = other.label_keys, other.annotation_keys
