@@ -297,3 +297,47 @@ def test_watches_that_could_not_start_begin_after_the_next_full_scan(
         assert ctl.changes.full_since is not None and ctl.changes.full_since > ctl.last_full_start
     finally:
         ctl.stop()
+
+
+def test_a_pod_naming_a_compliant_owner_is_judged_unless_the_owner_makes_it(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    a, _ = api
+    owner = _deployment("owner", "llm-h200")
+    _apply(a, owner)
+    wait_for(lambda: _entries(a, "owner") == [("pass", "all")], "the Deployment in the report", timeout=30)
+    uid = a.kubectl("get", "deployment", "owner", "-n", NS, "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    assert uid
+    ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "owner", "uid": uid, "controller": True}
+
+    def pod(name: str, template: str, owner_ref: dict[str, Any]) -> dict[str, Any]:
+        tmpl = _deployment("owner", template)["spec"]["template"]
+        meta = {
+            "name": name,
+            "namespace": NS,
+            "labels": tmpl["metadata"]["labels"],
+            "ownerReferences": [owner_ref],
+        }
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": tmpl["spec"]}
+
+    # The tenant's pods ask for what the policy forbids, naming the compliant Deployment by its real
+    # uid, or an owner that does not exist; the honest one is what the Deployment's template makes.
+    forged = pod("owner-forged", "llm-h100", ref)
+    ghost = pod(
+        "owner-ghost", "llm-h100", {**ref, "name": "gone", "uid": "5f0c2a34-0000-4000-8000-000000000000"}
+    )
+    _apply(a, pod("owner-honest", "llm-h200", ref), forged, ghost)
+    wait_for(
+        lambda: (
+            _entries(a, "owner-forged") == [("fail", RULE)] and _entries(a, "owner-ghost") == [("fail", RULE)]
+        ),
+        "the forged pods to fail in the report",
+        timeout=30,
+    )
+    assert _entries(a, "owner-honest") == []  # its finding is the Deployment's
+    assert _entries(a, "owner") == [("pass", "all")]
+    assert (
+        a.kubectl("delete", "pods", "owner-honest", "owner-forged", "owner-ghost", "-n", NS).returncode == 0
+    )
+    assert a.kubectl("delete", "deployment", "owner", "-n", NS).returncode == 0
+    wait_for(lambda: _entries(a, "owner-forged") == [], "the forged pods' entries to go", timeout=30)
