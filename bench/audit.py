@@ -6,7 +6,8 @@ tier policy) and on H100, legacy `nvidia.com/gpu` pods, Jobs, user ResourceClaim
 GPUs (not judged). Each arm runs in a fresh process, so its peak RSS is its own:
 
   * list: decode and trim every page (what any scan pays before judging);
-  * scan: the same, then `auditable`, the admission engine on each page and the PolicyReports.
+  * scan: the same, then `auditable` with its index of owners (owner_filter), the admission engine
+    on each page and the PolicyReports.
 
 The API server's own list time is not included (both arms would pay it alike).
 
@@ -162,8 +163,7 @@ def pages(n: int) -> Iterator[list[dict[str, Any]]]:
 def arm(name: str, n: int) -> dict[str, Any]:
     import yaml
 
-    from webhook.audit.evaluate import auditable
-    from webhook.audit.scan import judge_pages
+    from webhook.audit.scan import judge_pages, owner_filter
     from webhook.audit.source import ClusterState
     from webhook.dra.inventory import Inventory
     from webhook.policy.load import load_policies
@@ -186,11 +186,13 @@ def arm(name: str, n: int) -> dict[str, Any]:
             count += len(page)
     else:
 
+        keep, _owners = owner_filter(policies, state, frozenset)
+
         def judged() -> Iterator[list[dict[str, Any]]]:
             nonlocal count
             for page in pages(n):
                 count += len(page)
-                yield [o for o in page if auditable(o)]
+                yield [o for o in page if keep(o)]
 
         out = judge_pages(judged(), policies, state)
         fails = sum(r["summary"]["fail"] for r in out.reports)
