@@ -13,8 +13,10 @@ import pytest
 from kapi import Api, api_server, sa_kubeconfig
 
 from webhook.audit.report import Collector, Subject, build_reports, passed, result_of
+from webhook.audit.scan import scan_cluster
 from webhook.audit.writer import ReportWriter
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
+from webhook.policy.load import load_policies
 from webhook.server.caches import KubeHttp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,3 +163,45 @@ def test_a_namespace_deleted_since_the_scan_does_not_fail_the_write(api: tuple[A
     c.add(passed(Subject("v1", "Pod", "ml", "p")))
     res = ReportWriter(KubeHttp.from_kubeconfig(str(kubeconfig))).sync(build_reports(c, 1))
     assert res.failed == [] and res.skipped == 1 and res.written == 1
+
+
+def test_a_full_scan_judges_pods_whose_owner_reference_is_forged(api: tuple[Api, Path]) -> None:
+    a, kubeconfig = api
+    spec = {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "trainer"}},
+            "template": {"metadata": {"labels": {"app": "trainer"}}, "spec": spec},
+        },
+    }
+    assert a.kubectl("apply", "-f", "-", stdin=json.dumps(dep)).returncode == 0
+    got = a.kubectl("get", "deployment", "trainer", "-n", "ml", "-o", "jsonpath={.metadata.uid}")
+    uid = got.stdout.strip()
+    assert uid, got.stderr
+    ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "trainer", "uid": uid, "controller": True}
+    eight = {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}
+    pods = [
+        ("trainer-honest", spec, ref),  # what the template makes (the API server adds requests)
+        ("trainer-more", eight, ref),  # the real owner's uid, eight GPUs
+        ("trainer-ghost", spec, {**ref, "name": "gone", "uid": "5f0c2a34-0000-4000-8000-000000000000"}),
+    ]
+    for name, pod_spec, owner in pods:
+        meta = {"name": name, "namespace": "ml", "labels": {"app": "trainer"}, "ownerReferences": [owner]}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+        res = a.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+        assert res.returncode == 0, res.stderr
+    out = scan_cluster(KubeHttp.from_kubeconfig(str(kubeconfig)), load_policies(REPO / "policies"))
+    judged = {
+        (r["resources"][0]["kind"], r["resources"][0]["name"])
+        for rep in out.reports
+        if rep["metadata"].get("namespace") == "ml"
+        for r in rep.get("results") or []
+    }
+    assert ("Deployment", "trainer") in judged
+    assert ("Pod", "trainer-honest") not in judged  # its finding is the Deployment's
+    assert ("Pod", "trainer-more") in judged and ("Pod", "trainer-ghost") in judged
+    assert a.kubectl("delete", "pods", *(n for n, _, _ in pods), "-n", "ml").returncode == 0
+    assert a.kubectl("delete", "deployment", "trainer", "-n", "ml").returncode == 0
