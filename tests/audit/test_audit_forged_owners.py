@@ -155,3 +155,15 @@ def test_claims_are_left_only_to_a_listed_pod_whose_template_makes_them(policies
     assert "Pod/p" in by
     assert "ResourceClaim/p-gpu-1" not in by
     assert "ResourceClaim/p-gpu-2" in by and "ResourceClaim/q-gpu-1" in by
+
+
+def test_a_replicaset_running_more_pods_than_its_deployment_is_judged(policies: PolicySet) -> None:
+    h100 = _one(scenarios.llm_template(NS, scenarios.H100), "uid-t-h100")
+    dep = _one(scenarios.llm_deployment(NS, scenarios.H100, replicas=2), "uid-dep")
+    old = _made_by(dep, "ReplicaSet", "llm-0", "uid-rs-0")
+    old["spec"]["replicas"] = 0  # scaled down by a rollout: still the Deployment's
+    big = _made_by(dep, "ReplicaSet", "llm-1", "uid-rs-1")
+    big["spec"]["replicas"] = 1000
+    by = _scan(policies, [[h100], [dep], [old, big]], [h100])
+    assert "ReplicaSet/llm-0" not in by
+    assert "ReplicaSet/llm-1" in by

@@ -53,6 +53,10 @@ def _container(c: Any) -> Any:
     ]
 
 
+def _pods(obj: Mapping[str, Any]) -> int:
+    return sum(t.replicas for t in pod_templates_of(obj))
+
+
 def _digest(*parts: Any) -> bytes:
     try:
         data = orjson.dumps(list(parts), option=orjson.OPT_SORT_KEYS)
@@ -73,6 +77,9 @@ class OwnerIndex:
             metadata_keys(policies) if policies is not None else (frozenset(), frozenset())
         )
         self._by_ns: dict[str, set[bytes]] = {}
+        # digest of (namespace, kind, uid) -> the pods an owner runs: what it makes may run no more
+        # (a ReplicaSet of 1,000 replicas is not its 1-replica Deployment's to answer for).
+        self._pods: dict[bytes, int] = {}
         # (namespace, name) -> digest of the claim spec a ResourceClaimTemplate makes.
         self._claim_templates: dict[tuple[str, str], bytes] = {}
         for o in dra_objects:
@@ -113,6 +120,7 @@ class OwnerIndex:
         if kind != "Pod":  # a pod makes no pods
             for fp in self._facts(obj):
                 found.add(_digest(ns, kind, uid, fp))
+            self._pods[_digest(ns, kind, uid)] = _pods(obj)
         else:
             for entry in as_list(as_map(obj.get("spec")).get("resourceClaims")):
                 entry = as_map(entry)
@@ -135,9 +143,12 @@ class OwnerIndex:
             made = _digest(as_map(obj.get("spec")))
             return kind == "Pod" and _digest(ns, kind, uid, "claim", made) in found
         facts = self._facts(obj)
-        return bool(facts) and all(_digest(ns, kind, uid, fp) in found for fp in facts)
+        if not facts or not all(_digest(ns, kind, uid, fp) in found for fp in facts):
+            return False
+        return obj.get("kind") == "Pod" or _pods(obj) <= self._pods.get(_digest(ns, kind, uid), 0)
 
     def replace_namespace(self, namespace: str, other: OwnerIndex) -> None:
         """Take `other`'s entries for one namespace (a namespace rescan) in place of these."""
         self._by_ns[namespace] = other._by_ns.get(namespace, set())
+        self._pods.update(other._pods)  # entries of deleted owners stay until the next full scan
         self.label_keys, self.annotation_keys = other.label_keys, other.annotation_keys
