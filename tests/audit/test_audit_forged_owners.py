@@ -167,3 +167,61 @@ def test_a_replicaset_running_more_pods_than_its_deployment_is_judged(policies: 
     by = _scan(policies, [[h100], [dep], [old, big]], [h100])
     assert "ReplicaSet/llm-0" not in by
     assert "ReplicaSet/llm-1" in by
+
+
+def test_a_deleted_owner_vouches_for_what_it_made_until_the_garbage_collector_is_done(
+    policies: PolicySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting a Deployment leaves its ReplicaSet and terminating pod for a while: they stay the
+    deleted Deployment's (no new entries in the report), but only for what its template made and
+    only for owners.RECENT_SECONDS."""
+    from types import SimpleNamespace
+
+    from webhook.audit import owners as owners_mod
+
+    now = [1000.0]
+    monkeypatch.setattr(owners_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    h100 = _one(scenarios.llm_template(NS, scenarios.H100), "uid-t-h100")
+    a100 = _one(scenarios.llm_template(NS, scenarios.A100), "uid-t-a100")
+    dep = _one(scenarios.llm_deployment(NS, scenarios.H100), "uid-dep")
+    rs = _made_by(dep, "ReplicaSet", "llm-1", "uid-rs")
+    pod = _made_by(rs, "Pod", "llm-1-a", "uid-pod-a")
+    slices = [o for o in yaml.safe_load_all((ROOT / "examples" / "inventory.yaml").read_text()) if o]
+    inv = Inventory.from_objects([*slices, h100, a100])
+    st = ClusterState(inv, {NS: {}}, frozenset({"v1"}), [h100, a100])
+
+    def scan(objects: list[dict[str, Any]], namespace: str | None) -> set[str]:
+        keep, owners = owner_filter(policies, st, frozenset, namespace)
+        kept = {f"{o['kind']}/{o['metadata']['name']}" for o in objects if keep(o)}
+        if namespace is None:
+            st.owners = owners
+        else:
+            st.owners.replace_namespace(namespace, owners)
+        return kept
+
+    assert scan([dep, rs, pod], None) == {"Deployment/llm-inference-h100"}
+    # The Deployment is deleted; a rescan of its namespace still lists the ReplicaSet and pod.
+    now[0] += 5
+    forged = _made_by(rs, "Pod", "llm-1-forged", "uid-pod-f")
+    forged["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "llm-a100"
+    assert scan([rs, pod, forged], NS) == {"Pod/llm-1-forged"}
+    # The ReplicaSet is gone too, the pod still terminating: a full scan leaves it to them.
+    now[0] += 5
+    assert scan([pod, forged], None) == {"Pod/llm-1-forged"}
+    # Long after the delete, what is still there is judged itself.
+    now[0] += owners_mod.RECENT_SECONDS
+    assert scan([pod, forged], NS) == {"Pod/llm-1-a", "Pod/llm-1-forged"}
+
+
+def test_deleted_owners_remembered_are_bounded(policies: PolicySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant creating and deleting Deployments in a loop: the index keeps at most MAX_RECENT."""
+    from webhook.audit import owners as owners_mod
+
+    monkeypatch.setattr(owners_mod, "MAX_RECENT", 10)
+    index = owners_mod.OwnerIndex(policies)
+    for i in range(30):
+        index = owners_mod.OwnerIndex(policies, previous=index, namespace=NS)
+        doc = scenarios.llm_deployment(NS, scenarios.H100).replace("llm-inference", f"d{i}")
+        index.add(_one(doc, f"u{i}"))
+    nxt = owners_mod.OwnerIndex(policies, previous=index, namespace=NS)
+    assert 0 < sum(len(r) for r in nxt._recent.values()) <= 10

@@ -234,7 +234,9 @@ def test_audit_reports_follow_policies_and_deletions(
     kubectl.ok("delete", "deployment", name, "-n", ns, "--wait=true")
     rep = _wait_entries(kubectl, ns, name, [], "the deleted Deployment's entry to go", timeout=30)
     assert _entries(rep, "llm-h100") == [("pass", "all")]
-    assert rep["summary"] == {"pass": 1, "fail": 0, "warn": 0, "error": 0, "skip": 0}
+    assert rep["summary"] == {"pass": 1, "fail": 0, "warn": 0, "error": 0, "skip": 0}, [
+        (r["resources"][0]["kind"], r["resources"][0]["name"], r["result"]) for r in rep["results"]
+    ]
     wait_for(
         lambda: not any(r == rule for r, _ in _violations(port)),
         "the violation to leave the metrics",

@@ -13,7 +13,7 @@ import pytest
 from kapi import Api, api_server, sa_kubeconfig
 
 from webhook.audit.report import Collector, Subject, build_reports, passed, result_of
-from webhook.audit.scan import scan_cluster
+from webhook.audit.scan import ScanOutcome, scan_cluster
 from webhook.audit.writer import ReportWriter
 from webhook.core.findings import Finding, Mode, ObjectRef, Severity
 from webhook.policy.load import load_policies
@@ -203,5 +203,24 @@ def test_a_full_scan_judges_pods_whose_owner_reference_is_forged(api: tuple[Api,
     assert ("Deployment", "trainer") in judged
     assert ("Pod", "trainer-honest") not in judged  # its finding is the Deployment's
     assert ("Pod", "trainer-more") in judged and ("Pod", "trainer-ghost") in judged
-    assert a.kubectl("delete", "pods", *(n for n, _, _ in pods), "-n", "ml").returncode == 0
+    # The Deployment is deleted; no garbage collector runs here, so its pods stay, as they do until
+    # it has run (and a terminating pod's grace period is over). The next full scan, given the last
+    # one's owners, still leaves the honest pod to the deleted Deployment; a fresh audit cannot.
     assert a.kubectl("delete", "deployment", "trainer", "-n", "ml").returncode == 0
+    http = KubeHttp.from_kubeconfig(str(kubeconfig))
+    policies = load_policies(REPO / "policies")
+    assert out.state is not None
+    after = _judged(scan_cluster(http, policies, owners=out.state.owners), "ml")
+    assert ("Pod", "trainer-honest") not in after
+    assert ("Pod", "trainer-more") in after and ("Pod", "trainer-ghost") in after
+    assert ("Pod", "trainer-honest") in _judged(scan_cluster(http, policies), "ml")
+    assert a.kubectl("delete", "pods", *(n for n, _, _ in pods), "-n", "ml").returncode == 0
+
+
+def _judged(out: ScanOutcome, namespace: str) -> set[tuple[str, str]]:
+    return {
+        (r["resources"][0]["kind"], r["resources"][0]["name"])
+        for rep in out.reports
+        if rep["metadata"].get("namespace") == namespace
+        for r in rep.get("results") or []
+    }

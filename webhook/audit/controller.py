@@ -88,7 +88,8 @@ class AuditController:
         start = time.monotonic()
         self.last_full_start = start
         try:
-            out = scan_cluster(self.http, self.policies, self.opts.limits)
+            last = self.state.owners if self.state is not None else None
+            out = scan_cluster(self.http, self.policies, self.opts.limits, last)
             written = self.writer.sync(out.reports)
         except Exception as e:  # ScanError, ApiError, and the client's connection errors (not OSErrors)
             self._failed(e)

@@ -4,14 +4,20 @@ The audit judges a Deployment's ReplicaSet and pods through the Deployment, so t
 once. An ownerReference is written by whoever creates the object, so a tenant can name any owner: an
 object is left to its owner only when that owner was listed by the same scan (same namespace, kind
 and uid) and one of its pod templates makes what the object runs, on the facts the rules read.
-Per owner only a 16-byte digest per template is kept, never the object. Pure.
+Per owner only a 16-byte digest per template is kept, never the object.
+
+An owner deleted a moment ago still vouches for what it made, for `RECENT_SECONDS`: the garbage
+collector removes those objects (a pod within its grace period), and in the meantime they are the
+deleted owner's, not findings of their own. A forged reference to a deleted owner gains at most that
+long, and only for an object its templates would make. Pure but for the clock.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -22,6 +28,10 @@ from webhook.engine.migration import node_labels_of
 from webhook.policy.model import PolicySet
 
 _CONTAINER_KEYS = ("initContainers", "containers")
+# How long a deleted owner still vouches for what it made (twice the default full-scan period), and
+# how many such digests an index keeps (a tenant that creates and deletes owners in a loop).
+RECENT_SECONDS = 600.0
+MAX_RECENT = 65_536
 
 
 def metadata_keys(policies: PolicySet) -> tuple[frozenset[str], frozenset[str]]:
@@ -72,14 +82,27 @@ class OwnerIndex:
         self,
         policies: PolicySet | None = None,
         dra_objects: Iterable[Mapping[str, Any]] = (),
+        previous: OwnerIndex | None = None,
+        namespace: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`previous`: the index this one replaces, whole or (`namespace`) for one namespace; what
+        it held and this one will not stays as recently seen."""
         self.label_keys, self.annotation_keys = (
             metadata_keys(policies) if policies is not None else (frozenset(), frozenset())
         )
+        self._clock = clock or time.monotonic
+        self._built = self._clock()
         self._by_ns: dict[str, set[bytes]] = {}
         # digest of (namespace, kind, uid) -> the pods an owner runs: what it makes may run no more
         # (a ReplicaSet of 1,000 replicas is not its 1-replica Deployment's to answer for).
         self._pods: dict[bytes, int] = {}
+        # namespace -> digest -> (when last indexed, its pod count where it is an owner's count).
+        self._recent: dict[str, dict[bytes, tuple[float, int]]] = {}
+        self._pod_ns: dict[bytes, str] = {}
+        self._ns_built: dict[str, float] = {}  # namespaces rescanned since this index was built
+        if previous is not None:
+            self._carry(previous, namespace)
         # (namespace, name) -> digest of the claim spec a ResourceClaimTemplate makes.
         self._claim_templates: dict[tuple[str, str], bytes] = {}
         for o in dra_objects:
@@ -90,6 +113,46 @@ class OwnerIndex:
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._by_ns.values())
+
+    def _carry(self, previous: OwnerIndex, namespace: str | None) -> None:
+        now = self._clock()
+        every = previous._by_ns.keys() | previous._recent.keys()
+        spaces = [namespace] if namespace is not None else sorted(every)
+        kept = 0
+        for ns in spaces:
+            recent = {
+                d: seen for d, seen in previous._recent.get(ns, {}).items() if now - seen[0] < RECENT_SECONDS
+            }
+            seen_at = previous._seen_at(ns)
+            for d in previous._by_ns.get(ns, ()):
+                recent[d] = (seen_at, -1)
+            for d, n in previous._pods_in(ns):
+                recent[d] = (seen_at, n)
+            if kept + len(recent) > MAX_RECENT:  # the newest first: an old digest costs a judgement
+                recent = dict(sorted(recent.items(), key=lambda kv: -kv[1][0])[: max(0, MAX_RECENT - kept)])
+            kept += len(recent)
+            if recent:
+                self._recent[ns] = recent
+
+    def _seen_at(self, namespace: str) -> float:
+        return self._ns_built.get(namespace, self._built)
+
+    def _pods_in(self, namespace: str) -> Iterable[tuple[bytes, int]]:
+        return ((d, n) for d, n in self._pods.items() if self._pod_ns.get(d) == namespace)
+
+    def _known(self, namespace: str, digest: bytes) -> bool:
+        if digest in self._by_ns.get(namespace, ()):
+            return True
+        seen = self._recent.get(namespace, {}).get(digest)
+        return seen is not None and self._clock() - seen[0] < RECENT_SECONDS
+
+    def _pod_count(self, namespace: str, key: bytes) -> int:
+        if key in self._pods:
+            return self._pods[key]
+        seen = self._recent.get(namespace, {}).get(key)
+        if seen is None or self._clock() - seen[0] >= RECENT_SECONDS:
+            return 0
+        return max(seen[1], 0)
 
     def _facts(self, obj: Mapping[str, Any]) -> list[bytes]:
         labels, notes = pod_labels(obj), pod_annotations(obj)
@@ -120,7 +183,9 @@ class OwnerIndex:
         if kind != "Pod":  # a pod makes no pods
             for fp in self._facts(obj):
                 found.add(_digest(ns, kind, uid, fp))
-            self._pods[_digest(ns, kind, uid)] = _pods(obj)
+            key = _digest(ns, kind, uid)
+            self._pods[key] = _pods(obj)
+            self._pod_ns[key] = ns
         else:
             for entry in as_list(as_map(obj.get("spec")).get("resourceClaims")):
                 entry = as_map(entry)
@@ -135,20 +200,28 @@ class OwnerIndex:
         """True when the owner `ref` names was indexed and would make `obj` as it is."""
         meta = as_map(obj.get("metadata"))
         ns = as_str(meta.get("namespace")) or ""
-        found = self._by_ns.get(ns)
         uid, kind = as_str(ref.get("uid")), as_str(ref.get("kind"))
-        if not found or not uid or not kind:
+        if (ns not in self._by_ns and ns not in self._recent) or not uid or not kind:
             return False
         if obj.get("kind") == "ResourceClaim":
             made = _digest(as_map(obj.get("spec")))
-            return kind == "Pod" and _digest(ns, kind, uid, "claim", made) in found
+            return kind == "Pod" and self._known(ns, _digest(ns, kind, uid, "claim", made))
         facts = self._facts(obj)
-        if not facts or not all(_digest(ns, kind, uid, fp) in found for fp in facts):
+        if not facts or not all(self._known(ns, _digest(ns, kind, uid, fp)) for fp in facts):
             return False
-        return obj.get("kind") == "Pod" or _pods(obj) <= self._pods.get(_digest(ns, kind, uid), 0)
+        return obj.get("kind") == "Pod" or _pods(obj) <= self._pod_count(ns, _digest(ns, kind, uid))
 
     def replace_namespace(self, namespace: str, other: OwnerIndex) -> None:
         """Take `other`'s entries for one namespace (a namespace rescan) in place of these."""
         self._by_ns[namespace] = other._by_ns.get(namespace, set())
-        self._pods.update(other._pods)  # entries of deleted owners stay until the next full scan
+        for key in [k for k, ns in self._pod_ns.items() if ns == namespace]:
+            del self._pods[key], self._pod_ns[key]
+        for key, ns in other._pod_ns.items():
+            if ns == namespace:
+                self._pods[key], self._pod_ns[key] = other._pods[key], ns
+        if namespace in other._recent:
+            self._recent[namespace] = other._recent[namespace]
+        else:
+            self._recent.pop(namespace, None)
+        self._ns_built[namespace] = other._built
         self.label_keys, self.annotation_keys = other.label_keys, other.annotation_keys

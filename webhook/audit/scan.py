@@ -94,12 +94,15 @@ def unlisted_result(c: Collection, reason: str) -> Result:
 
 
 def owner_filter(
-    policies: PolicySet, state: ClusterState, crds: Callable[[], frozenset[tuple[str, str]]]
+    policies: PolicySet,
+    state: ClusterState,
+    crds: Callable[[], frozenset[tuple[str, str]]],
+    namespace: str | None = None,
 ) -> tuple[Callable[[Mapping[str, Any]], bool], OwnerIndex]:
-    """`keep` for the objects of one scan, in the order listed (owners before what they make), and
-    the index of owners it builds as it goes: an object is left to its named owner only when that
-    owner was listed and would make it."""
-    owners = OwnerIndex(policies, state.dra_objects)
+    """`keep` for the objects of one scan (of the cluster, or of `namespace`), in the order listed
+    (owners before what they make), and the index of owners it builds as it goes: an object is left
+    to its named owner only when that owner was listed, or deleted a moment ago, and would make it."""
+    owners = OwnerIndex(policies, state.dra_objects, previous=state.owners, namespace=namespace)
 
     def keep(obj: Mapping[str, Any]) -> bool:
         if not uses_devices(obj):
@@ -121,7 +124,7 @@ def _judge(
     crds = frozenset((c.group, c.kind) for c in state.collections if c.crd)
     # A CRD that could not be listed is not judged, so its pods are judged themselves.
     keep, owners = owner_filter(
-        policies, state, lambda: crds.difference((c.group, c.kind) for c, _ in unlisted)
+        policies, state, lambda: crds.difference((c.group, c.kind) for c, _ in unlisted), namespace
     )
     pages = judged_pages(
         http, state, keep, namespace=namespace, collections=state.collections, unlisted=unlisted
@@ -136,10 +139,16 @@ def _judge(
     return out
 
 
-def scan_cluster(http: KubeHttp, policies: PolicySet, limits: Limits = Limits()) -> ScanOutcome:
+def scan_cluster(
+    http: KubeHttp, policies: PolicySet, limits: Limits = Limits(), owners: OwnerIndex | None = None
+) -> ScanOutcome:
+    """Judge the whole cluster. `owners`: the last scan's index, so that owners deleted since still
+    vouch for what they made (owners.RECENT_SECONDS)."""
     start = time.monotonic()
     with using_crd_table(policies.crd_table):
         state = read_state(http)
+        if owners is not None:
+            state.owners = owners
         crds = crd_collections(http, policies.crd_table)
         state.collections = (*crds, *BUILTIN)
         out = _judge(http, policies, state, limits)
