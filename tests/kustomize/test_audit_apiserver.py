@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kapi import Api, api_server, sa_kubeconfig
+from kapi import Api, api_server
+from kaudit import install
 
 from webhook.audit.report import Collector, Subject, build_reports, passed, result_of
 from webhook.audit.scan import ScanOutcome, scan_cluster
@@ -20,27 +21,13 @@ from webhook.policy.load import load_policies
 from webhook.server.caches import KubeHttp
 
 REPO = Path(__file__).resolve().parents[2]
-AUDIT = REPO / "kustomize" / "base" / "audit"
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
     with api_server() as a:
         # (the harness has made the namespaces draguard-system and ml)
-        for args in (
-            ("apply", "-f", str(AUDIT / "crds.yaml")),
-            ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
-            ("wait", "--for=condition=Established", "--timeout=60s", "crd/policyreports.wgpolicyk8s.io"),
-            (
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/clusterpolicyreports.wgpolicyk8s.io",
-            ),
-        ):
-            res = a.kubectl(*args)
-            assert res.returncode == 0, (args, res.stderr)
-        yield a, sa_kubeconfig(a, "draguard-audit", tmp_path_factory.mktemp("audit") / "kubeconfig")
+        yield a, install(a, tmp_path_factory.mktemp("audit") / "kubeconfig", deviceclasses=False)
 
 
 def _reports(api: Api, ns: str) -> dict[str, dict[str, object]]:

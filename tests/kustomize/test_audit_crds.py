@@ -8,37 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kapi import Api, api_server, sa_kubeconfig, wait_for
+from kapi import Api, api_server, wait_for
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit
 
 from webhook.audit.controller import AuditController, AuditOptions
-from webhook.server.caches import KubeHttp
 
-REPO = Path(__file__).resolve().parents[2]
-AUDIT = REPO / "kustomize" / "base" / "audit"
 MPI_POLICY = REPO / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml"
-NS = "ml"
-RULE = "tier/llm-h200-only"
-H200_ONLY = f"""\
-apiVersion: policy.draguard.io/v1alpha1
-kind: GpuTierPolicy
-metadata:
-  name: llm-h200-only
-spec:
-  mode: enforce
-  namespaces: [{NS}]
-  classes:
-  - name: llm
-    match:
-      imageWords: [vllm]
-    deviceClasses: [gpu.nvidia.com-h200]
-"""
 
 
 def _crd(plural: str, kind: str) -> dict[str, Any]:
@@ -99,17 +79,6 @@ def _owned_pod(name: str, owner: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _template(name: str, device_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}
-        },
-    }
-
-
 def _create(a: Api, obj: dict[str, Any]) -> dict[str, Any]:
     res = a.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(obj))
     assert res.returncode == 0, res.stderr
@@ -120,22 +89,8 @@ def _create(a: Api, obj: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
     with api_server() as a:
-        for args in (
-            ("apply", "-f", str(AUDIT / "crds.yaml")),
-            ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
-            ("apply", "-f", str(REPO / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml")),
-        ):
-            res = a.kubectl(*args)
-            assert res.returncode == 0, (args, res.stderr)
-        for crd in (_crd("pytorchjobs", "PyTorchJob"), _crd("mpijobs", "MPIJob")):
-            assert a.kubectl("apply", "-f", "-", stdin=json.dumps(crd)).returncode == 0
-        names = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
-        for crd_name in (*names, "pytorchjobs.kubeflow.org", "mpijobs.kubeflow.org"):
-            res = a.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd_name}")
-            assert res.returncode == 0, res.stderr
-        for t in (_template("llm-h100", "gpu.nvidia.com-h100"), _template("llm-h200", "gpu.nvidia.com-h200")):
-            _create(a, t)
-        yield a, sa_kubeconfig(a, "draguard-audit", tmp_path_factory.mktemp("audit") / "kubeconfig")
+        crds = (_crd("pytorchjobs", "PyTorchJob"), _crd("mpijobs", "MPIJob"))
+        yield a, install(a, tmp_path_factory.mktemp("audit") / "kubeconfig", crds=crds)
 
 
 @pytest.fixture(scope="module")
@@ -146,18 +101,10 @@ def controller(api: tuple[Api, Path], tmp_path_factory: pytest.TempPathFactory) 
     _create(a, _owned_pod("train-worker-0", job))
     mpi = _create(a, _job("MPIJob", "mpi", "llm-h100"))
     _create(a, _owned_pod("mpi-worker-0", mpi))
-    policies = tmp_path_factory.mktemp("policies")
-    shutil.copytree(REPO / "policies", policies, ignore=shutil.ignore_patterns("tests"), dirs_exist_ok=True)
-    (policies / "llm-h200.yaml").write_text(H200_ONLY)
-    shutil.copy(MPI_POLICY, policies / "mpijob.yaml")
+    policies = policies_with_h200_only(tmp_path_factory.mktemp("policies"), MPI_POLICY)
     opts = AuditOptions(str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3)
-    ctl = AuditController(KubeHttp.from_kubeconfig(str(kubeconfig)), opts)
-    thread = threading.Thread(target=ctl.run, daemon=True)
-    thread.start()
-    wait_for(lambda: ctl.scans_ok >= 1, "the first full scan", timeout=60)
-    yield ctl
-    ctl.stop()
-    thread.join(timeout=30)
+    with running_audit(kubeconfig, opts) as ctl:
+        yield ctl
 
 
 def _report(a: Api, cluster: bool = False) -> dict[str, Any]:

@@ -7,47 +7,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kapi import Api, api_server, sa_kubeconfig, wait_for
+from kapi import Api, api_server, wait_for
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit
 
 from webhook.audit.controller import AuditController, AuditOptions
 from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Watched
 from webhook.server.caches import Gone, KubeHttp
-
-REPO = Path(__file__).resolve().parents[2]
-AUDIT = REPO / "kustomize" / "base" / "audit"
-NS = "ml"
-RULE = "tier/llm-h200-only"
-H200_ONLY = f"""\
-apiVersion: policy.draguard.io/v1alpha1
-kind: GpuTierPolicy
-metadata:
-  name: llm-h200-only
-spec:
-  mode: enforce
-  namespaces: [{NS}]
-  classes:
-  - name: llm
-    match:
-      imageWords: [vllm]
-    deviceClasses: [gpu.nvidia.com-h200]
-"""
-
-
-def _template(name: str, device_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}
-        },
-    }
 
 
 def _deployment(name: str, template: str) -> dict[str, Any]:
@@ -81,40 +51,15 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
     # cache), so that a watch from an old resourceVersion really expires.
     args = ("--etcd-compaction-interval=1s", "--watch-cache-sizes=deployments.apps#0")
     with api_server(extra_args=args) as a:
-        for args in (
-            ("apply", "-f", str(AUDIT / "crds.yaml")),
-            ("apply", "-f", str(AUDIT / "serviceaccount.yaml"), "-f", str(AUDIT / "rbac.yaml")),
-            ("apply", "-f", str(REPO / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml")),
-            ("wait", "--for=condition=Established", "--timeout=60s", "crd/policyreports.wgpolicyk8s.io"),
-            (
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/clusterpolicyreports.wgpolicyk8s.io",
-            ),
-        ):
-            res = a.kubectl(*args)
-            assert res.returncode == 0, (args, res.stderr)
-        for t in (_template("llm-h100", "gpu.nvidia.com-h100"), _template("llm-h200", "gpu.nvidia.com-h200")):
-            assert a.kubectl("apply", "-f", "-", stdin=json.dumps(t)).returncode == 0
-        yield a, sa_kubeconfig(a, "draguard-audit", tmp_path_factory.mktemp("audit") / "kubeconfig")
+        yield a, install(a, tmp_path_factory.mktemp("audit") / "kubeconfig")
 
 
 @pytest.fixture
 def controller(api: tuple[Api, Path], tmp_path: Path) -> Iterator[AuditController]:
-    _, kubeconfig = api
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies, ignore=shutil.ignore_patterns("tests"))
-    (policies / "llm-h200.yaml").write_text(H200_ONLY)
+    policies = policies_with_h200_only(tmp_path / "policies")
     opts = AuditOptions(str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, max_delay=5.0)
-    ctl = AuditController(KubeHttp.from_kubeconfig(str(kubeconfig)), opts)
-    thread = threading.Thread(target=ctl.run, daemon=True)
-    thread.start()
-    wait_for(lambda: ctl.scans_ok >= 1, "the first full scan", timeout=60)
-    yield ctl
-    ctl.stop()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    with running_audit(api[1], opts) as ctl:
+        yield ctl
 
 
 def _entries(a: Api, name: str) -> list[tuple[str, str]]:
