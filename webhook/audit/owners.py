@@ -94,12 +94,11 @@ class OwnerIndex:
         self._clock = clock or time.monotonic
         self._built = self._clock()
         self._by_ns: dict[str, set[bytes]] = {}
-        # digest of (namespace, kind, uid) -> the pods an owner runs: what it makes may run no more
-        # (a ReplicaSet of 1,000 replicas is not its 1-replica Deployment's to answer for).
-        self._pods: dict[bytes, int] = {}
+        # namespace -> digest of (namespace, kind, uid) -> the pods an owner runs: what it makes may
+        # run no more (a ReplicaSet of 1,000 replicas is not its 1-replica Deployment's to answer for).
+        self._pods: dict[str, dict[bytes, int]] = {}
         # namespace -> digest -> (when last indexed, its pod count where it is an owner's count).
         self._recent: dict[str, dict[bytes, tuple[float, int]]] = {}
-        self._pod_ns: dict[bytes, str] = {}
         self._ns_built: dict[str, float] = {}  # namespaces rescanned since this index was built
         if previous is not None:
             self._carry(previous, namespace)
@@ -126,7 +125,7 @@ class OwnerIndex:
             seen_at = previous._seen_at(ns)
             for d in previous._by_ns.get(ns, ()):
                 recent[d] = (seen_at, -1)
-            for d, n in previous._pods_in(ns):
+            for d, n in previous._pods.get(ns, {}).items():
                 recent[d] = (seen_at, n)
             if kept + len(recent) > MAX_RECENT:  # the newest first: an old digest costs a judgement
                 recent = dict(sorted(recent.items(), key=lambda kv: -kv[1][0])[: max(0, MAX_RECENT - kept)])
@@ -137,9 +136,6 @@ class OwnerIndex:
     def _seen_at(self, namespace: str) -> float:
         return self._ns_built.get(namespace, self._built)
 
-    def _pods_in(self, namespace: str) -> Iterable[tuple[bytes, int]]:
-        return ((d, n) for d, n in self._pods.items() if self._pod_ns.get(d) == namespace)
-
     def _known(self, namespace: str, digest: bytes) -> bool:
         if digest in self._by_ns.get(namespace, ()):
             return True
@@ -147,8 +143,9 @@ class OwnerIndex:
         return seen is not None and self._clock() - seen[0] < RECENT_SECONDS
 
     def _pod_count(self, namespace: str, key: bytes) -> int:
-        if key in self._pods:
-            return self._pods[key]
+        pods = self._pods.get(namespace, {})
+        if key in pods:
+            return pods[key]
         seen = self._recent.get(namespace, {}).get(key)
         if seen is None or self._clock() - seen[0] >= RECENT_SECONDS:
             return 0
@@ -184,8 +181,7 @@ class OwnerIndex:
             for fp in self._facts(obj):
                 found.add(_digest(ns, kind, uid, fp))
             key = _digest(ns, kind, uid)
-            self._pods[key] = _pods(obj)
-            self._pod_ns[key] = ns
+            self._pods.setdefault(ns, {})[key] = _pods(obj)
         else:
             for entry in as_list(as_map(obj.get("spec")).get("resourceClaims")):
                 entry = as_map(entry)
@@ -214,11 +210,7 @@ class OwnerIndex:
     def replace_namespace(self, namespace: str, other: OwnerIndex) -> None:
         """Take `other`'s entries for one namespace (a namespace rescan) in place of these."""
         self._by_ns[namespace] = other._by_ns.get(namespace, set())
-        for key in [k for k, ns in self._pod_ns.items() if ns == namespace]:
-            del self._pods[key], self._pod_ns[key]
-        for key, ns in other._pod_ns.items():
-            if ns == namespace:
-                self._pods[key], self._pod_ns[key] = other._pods[key], ns
+        self._pods[namespace] = other._pods.get(namespace, {})
         if namespace in other._recent:
             self._recent[namespace] = other._recent[namespace]
         else:
