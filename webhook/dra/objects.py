@@ -7,10 +7,9 @@ API version the user sent, so that patches apply to the object as sent.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -38,18 +37,26 @@ _MEMO: contextvars.ContextVar[dict[tuple[str, int], tuple[Any, Any]] | None] = c
 )
 
 
-@contextlib.contextmanager
-def reading_once() -> Iterator[None]:
+class reading_once:
     """Within the block (one evaluation), each reader wrapped by `read_once` reads an object once.
 
     Several rules ask the same object for its pod templates or claim spec; the objects do not
     change during an evaluation, and the memo ends with it (nothing is kept across requests).
+    A class, not contextlib.contextmanager: it is entered once per review, on the hot path.
     """
-    token = _MEMO.set({})
-    try:
-        yield
-    finally:
-        _MEMO.reset(token)
+
+    __slots__ = ("_token",)
+
+    def __init__(self) -> None:
+        self._token: contextvars.Token[dict[tuple[str, int], tuple[Any, Any]] | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _MEMO.set({})
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            _MEMO.reset(self._token)
+            self._token = None
 
 
 def read_once(what: str, obj: Any, read: Callable[[Any], Any]) -> Any:

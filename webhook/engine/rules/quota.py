@@ -19,7 +19,7 @@ from webhook.dra.objects import as_map, claim_spec_of
 from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
 from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
-from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction
+from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction, scaled
 from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuQuotaPolicy, glob_match
 
@@ -33,7 +33,8 @@ class Demand:
     """What one object would consume: devices per class, GPU-equivalents, ResourceClaim objects."""
 
     devices: dict[str, int] = field(default_factory=dict)
-    gpu_equivalents: Fraction = Fraction(0)
+    # An int while every term is whole (the usual case), a Fraction otherwise: the same value.
+    gpu_equivalents: Fraction | int = 0
     claims: int = 0
     pods: int = 1
     pointer: str = ""
@@ -93,7 +94,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
     spec_map = as_map(obj.get("spec"))
     d = Demand(pointer="/spec/replicas" if "replicas" in spec_map else templates[0].pointer)
     claims = rc.pod_claims(item)
-    ge = Fraction(0)
+    ge: Fraction | int = 0
     total_pods = 0
     for tmpl in templates:
         pods = tmpl.replicas
@@ -113,7 +114,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             d.claims += pods
             for cls, n in calc.claim_demand(pc.spec).items():
                 d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target}){where}")
-            ge += calc.claim_gpu_equivalents(pc.spec) * pods
+            ge += scaled(calc.claim_gpu_equivalents(pc.spec), pods)
         extended = False
         # Effective amounts (max of init containers vs sum of app containers), as the scheduler and
         # the device plugin count them: an init container's GPUs are reused by the app containers.
@@ -122,11 +123,11 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             if ext_cls is not None:
                 extended = True
                 d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res}){where}")
-                ge += calc.class_fraction(ext_cls) * count * pods
+                ge += scaled(calc.class_fraction(ext_cls), count * pods)
             elif is_legacy_resource(res):
                 cls, frac = _legacy_class(rc, res, tmpl.spec, calc)
                 d.add(cls, count * pods, f"{pods} {unit} x {count} ({res}, device plugin){where}")
-                ge += frac * count * pods
+                ge += scaled(frac, count * pods)
         if extended:
             d.claims += pods  # the scheduler creates one claim per pod for extended resources
     d.pods = total_pods
@@ -160,7 +161,7 @@ def _used(usage: QuotaUsage, scope: str, pattern: str) -> int:
     return sum(n for (s, cls), n in usage.devices.items() if s == scope and glob_match(pattern, cls))
 
 
-def _fmt(x: float | Fraction) -> str:
+def _fmt(x: float | Fraction | int) -> str:
     return f"{float(x):.2f}".rstrip("0").rstrip(".")
 
 
@@ -208,7 +209,7 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
 
 def _over(
     item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, what: str,
-    want: float | Fraction, used: float, limit: float, origin_of: Callable[[], str], demand: Demand,
+    want: float | Fraction | int, used: float, limit: float, origin_of: Callable[[], str], demand: Demand,
     live: bool,
 ) -> Iterable[Finding]:
     mode = pol.mode
