@@ -82,6 +82,8 @@ def as_map(value: object) -> Mapping[str, Any]:
     """`value` if it is a mapping, else an empty one."""
     if type(value) is dict:  # the common case, without the slow ABC check
         return value
+    if value is None:  # an absent field: the next most common case, also without it
+        return _EMPTY
     return value if isinstance(value, Mapping) else _EMPTY
 
 
@@ -89,6 +91,8 @@ def as_list(value: object) -> Sequence[Any]:
     """`value` if it is a list, else an empty one."""
     if type(value) is list:
         return value
+    if value is None:
+        return ()
     return value if isinstance(value, list | tuple) else ()
 
 

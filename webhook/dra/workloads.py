@@ -361,7 +361,7 @@ def effective_amounts(spec: Mapping[str, Any], keep: Any = None) -> dict[str, in
                 init_peak[k] = max(init_peak.get(k, 0), amounts.get(k, 0) + sidecars.get(k, 0))
     app: dict[str, int] = dict(sidecars)
     for c in as_list(spec.get("containers")):
-        if isinstance(c, Mapping):
+        if type(c) is dict or isinstance(c, Mapping):
             for k, v in container_amounts(c).items():
                 if keep is None or keep(k):
                     app[k] = app.get(k, 0) + v

@@ -9,11 +9,17 @@ from typing import Any
 from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
-from webhook.dra.objects import DRA_KINDS, reading_once
-from webhook.dra.workloads import WORKLOAD_KINDS, is_workload_kind, using_crd_table
+from webhook.dra.objects import DRA_KINDS, GROUP, dra_version, reading_once, split_api_version
+from webhook.dra.workloads import (
+    WORKLOAD_KINDS,
+    is_workload_kind,
+    pod_spec_of,
+    pod_templates_of,
+    using_crd_table,
+)
 from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule, modules
-from webhook.engine.rules.base import RuleContext
+from webhook.engine.rules.base import CLAIM_KIND, DRA, DRA_GROUP, SCOPES, WORKLOAD, Rule, RuleContext
 from webhook.policy.model import API_VERSION, PolicyException, PolicySet
 
 EXCEPTION_EXPIRED = "exception/expired"
@@ -50,7 +56,10 @@ def _evaluate(
     rule_modules: tuple[str, ...] | None,
 ) -> Report:
     ctx = ctx if ctx is not None else Context()
-    items = [o for o in objects if isinstance(o, SourceObject) and isinstance(o.obj, Mapping)]
+    items = [
+        o for o in objects
+        if isinstance(o, SourceObject) and (type(o.obj) is dict or isinstance(o.obj, Mapping))
+    ]
     report = Report(objects=len(objects))
     report.ignored = len(objects) - len(items)
     rc = RuleContext.build(items, policies, inventory, ctx)
@@ -69,14 +78,64 @@ def _evaluate(
             if known:
                 findings.append(_too_deep(item, rc, deep))
             continue
-        for mod in mods:
-            for rule in mod.rules:
-                try:
-                    findings.extend(rule.check(item, rc))
-                except Exception as e:  # one bad object or rule must not hide the others' verdicts
-                    findings.append(_internal(mod.name, rule.id_prefix, item, rc, e))
+        for mod_name, rule in _plan(mods, _scopes_of(item.obj)):
+            try:
+                findings.extend(rule.check(item, rc))
+            except Exception as e:  # one bad object or rule must not hide the others' verdicts
+                findings.append(_internal(mod_name, rule.id_prefix, item, rc, e))
     report.findings = apply_exceptions(findings, policies.exceptions, ctx)
     return report
+
+
+_ALL_SCOPES = (1 << len(SCOPES)) - 1
+_SCOPE_BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(SCOPES)}
+_DRA_GROUP_BIT, _DRA_BIT = _SCOPE_BIT[DRA_GROUP], _SCOPE_BIT[DRA]
+_CLAIM_KIND_BIT, _WORKLOAD_BIT = _SCOPE_BIT[CLAIM_KIND], _SCOPE_BIT[WORKLOAD]
+_CLAIM_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
+
+
+def _scopes_of(obj: Mapping[str, Any]) -> int:
+    """The SCOPES `obj` is in, as bits. Every rule is run when they cannot be worked out, as before
+    dispatch (a reader that fails inside a rule is that rule's `internal/` finding)."""
+    try:
+        api_version = obj.get("apiVersion")
+        group, _version = split_api_version(api_version)
+        bits = 0
+        if group == GROUP:
+            bits = _DRA_GROUP_BIT | (_DRA_BIT if dra_version(api_version) is not None else 0)
+        if obj.get("kind") in _CLAIM_KINDS:
+            bits |= _CLAIM_KIND_BIT
+        if pod_templates_of(obj) or pod_spec_of(obj) is not None:
+            bits |= _WORKLOAD_BIT
+        return bits
+    except Exception:
+        return _ALL_SCOPES
+
+
+# (id of a module tuple, scope bits) -> (that tuple, its plan): the tuple is held so that its id is
+# not reused; keyed by id because hashing the tuple would hash every rule in it.
+_PLANS: dict[tuple[int, int], tuple[tuple[RuleModule, ...], tuple[tuple[str, Rule], ...]]] = {}
+
+
+def _plan(mods: tuple[RuleModule, ...], scopes: int) -> tuple[tuple[str, Rule], ...]:
+    """(module name, rule) to run, in registry order, on an object in `scopes`. Memoized per module
+    tuple (the registry, or a caller's restriction of it) and scope bits: both come from draguard's
+    own code, never from a request, so the memo holds few plans (and is bounded)."""
+    key = (id(mods), scopes)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is mods:
+        return hit[1]
+    out: list[tuple[str, Rule]] = []
+    for mod in mods:
+        for rule in mod.rules:
+            scope: frozenset[str] | None = getattr(rule, "scope", None)
+            if scope is None or any(scopes & _SCOPE_BIT[n] for n in scope):
+                out.append((mod.name, rule))
+    plan = tuple(out)
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[key] = (mods, plan)
+    return plan
 
 
 _SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
@@ -109,6 +168,7 @@ def _tree_within_depth(value: Any, limit: int) -> bool | None:
     if not level and type(value) not in _SCALARS:
         return None
     depth, seen = 0, 0
+    scalars = _SCALARS
     while level:
         if depth > limit:
             return False
@@ -116,12 +176,15 @@ def _tree_within_depth(value: Any, limit: int) -> bool | None:
         if seen > TREE_NODES:
             return None
         below: list[Any] = []
+        push = below.append
         for node in level:
             for child in node.values() if type(node) is dict else node:
                 t = type(child)
+                if t in scalars:  # most values: one test each
+                    continue
                 if t is dict or t is list:
-                    below.append(child)
-                elif t not in _SCALARS:
+                    push(child)
+                else:
                     return None
         level = below
         depth += 1

@@ -17,7 +17,7 @@ from typing import Any
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
 from webhook.core.findings import JsonPatch
-from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, claim_template, esc
+from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, as_map, claim_template, esc
 from webhook.dra.workloads import pod_spec_of
 from webhook.policy.model import MigrationPolicy, ResourceMapping
 
@@ -195,14 +195,13 @@ def find_legacy(podspec: Mapping[str, Any], pointer: str) -> list[LegacyUse]:
         if not isinstance(containers, list):
             continue
         for i, c in enumerate(containers):
-            if not isinstance(c, Mapping):
+            if type(c) is not dict and not isinstance(c, Mapping):
                 continue
             res = c.get("resources")
-            if not isinstance(res, Mapping):
+            if type(res) is not dict and not isinstance(res, Mapping):
                 continue
-            limits = res.get("limits") if isinstance(res.get("limits"), Mapping) else {}
-            requests = res.get("requests") if isinstance(res.get("requests"), Mapping) else {}
-            assert isinstance(limits, Mapping) and isinstance(requests, Mapping)
+            # as_map: parsed JSON's dicts without the ABC check (most pods have limits only).
+            limits, requests = as_map(res.get("limits")), as_map(res.get("requests"))
             names = [n for n in dict.fromkeys([*limits, *requests]) if isinstance(n, str)]
             for name in names:
                 if not is_legacy_resource(name):
@@ -232,7 +231,7 @@ def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
     labels: dict[str, str] = {}
     terms: Any = None
     affinity = podspec.get("affinity")
-    if isinstance(affinity, Mapping):
+    if affinity is not None and isinstance(affinity, Mapping):
         node_aff = affinity.get("nodeAffinity")
         if isinstance(node_aff, Mapping):
             req = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
@@ -250,7 +249,7 @@ def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
             ):
                 labels[expr["key"]] = str(expr["values"][0])
     sel = podspec.get("nodeSelector")
-    if isinstance(sel, Mapping):
+    if sel is not None and isinstance(sel, Mapping):
         labels.update({str(k): str(v) for k, v in sel.items()})
     return labels
 

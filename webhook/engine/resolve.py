@@ -56,8 +56,11 @@ class Index:
     def build(
         objects: Iterable[SourceObject], inventory: Inventory, default_namespace: str = "default"
     ) -> Index:
-        objects = objects if isinstance(objects, Sequence) else list(objects)
-        if not any(isinstance(i.obj, Mapping) and dra_version(i.obj.get("apiVersion")) for i in objects):
+        objects = objects if type(objects) is list or isinstance(objects, Sequence) else list(objects)
+        if not any(
+            (type(i.obj) is dict or isinstance(i.obj, Mapping)) and dra_version(i.obj.get("apiVersion"))
+            for i in objects
+        ):
             # No claim, template or class in the input (admission of a workload): the inventory's
             # read-only maps serve as they are, and identity tells rules the classes are the cluster's.
             return Index(inventory.claims, inventory.templates, inventory.classes, {})
@@ -67,7 +70,9 @@ class Index:
         sources: dict[tuple[str, str, str], SourceObject] = {}
         for item in objects:
             obj = item.obj
-            if not isinstance(obj, Mapping) or dra_version(obj.get("apiVersion")) is None:
+            if type(obj) is not dict and not isinstance(obj, Mapping):
+                continue
+            if dra_version(obj.get("apiVersion")) is None:
                 continue
             kind = obj.get("kind")
             if kind == "DeviceClass":

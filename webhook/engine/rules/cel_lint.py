@@ -22,7 +22,7 @@ from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
-from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
 from webhook.engine.rules.opaque import dotted
 from webhook.policy.model import CelLintPolicy
 
@@ -155,4 +155,4 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
             yield from _lint(item, rc, policy, selectors, all_devices, skip)
 
 
-RULES = (FunctionRule("cel/", _check),)
+RULES = (FunctionRule("cel/", _check, frozenset({DRA})),)

@@ -16,7 +16,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.objects import esc
 from webhook.dra.workloads import pod_templates_of
 from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
-from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.base import WORKLOAD, FunctionRule, RuleContext
 from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
 
 RULE_ID = "migrate/legacy-gpu"
@@ -211,4 +211,4 @@ def _extended_resource(
         )
 
 
-RULES = (FunctionRule(RULE_ID, _check),)
+RULES = (FunctionRule(RULE_ID, _check, frozenset({WORKLOAD})),)

@@ -27,7 +27,7 @@ from webhook.dra.objects import (
     read_device_class,
 )
 from webhook.engine.quota import QuotaCalculator
-from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
 
 RULE_ID = "config/opaque"
 
@@ -204,4 +204,4 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
             yield from _config_findings(item, rc, cfg, spec, None)
 
 
-RULES = (FunctionRule(RULE_ID, _check),)
+RULES = (FunctionRule(RULE_ID, _check, frozenset({DRA})),)

@@ -15,7 +15,7 @@ from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra import releases
 from webhook.dra.objects import dra_version
-from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
 from webhook.engine.rules.opaque import dotted
 
 RULE_ID = "structure/dropped-field"
@@ -81,4 +81,4 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
         )
 
 
-RULES = (FunctionRule(RULE_ID, _check),)
+RULES = (FunctionRule(RULE_ID, _check, frozenset({DRA})),)

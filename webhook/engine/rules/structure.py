@@ -37,7 +37,7 @@ from webhook.dra.objects import (
 )
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.resolve import claim_names_used, per_node_capacity
-from webhook.engine.rules.base import FunctionRule, RuleContext
+from webhook.engine.rules.base import CLAIM_KIND, DRA, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRIVER_DOMAIN = "gpu.nvidia.com"
@@ -181,7 +181,11 @@ def _at(obj: Mapping[str, Any], pointer: str) -> Any:
     cur: Any = obj
     for tok in pointer.split("/")[1:]:
         tok = tok.replace("~1", "/").replace("~0", "~")
-        if isinstance(cur, Mapping):
+        if type(cur) is list:  # not a Mapping: testing it first spares lists the ABC check
+            if not (tok.isdigit() and int(tok) < len(cur)):
+                return None
+            cur = cur[int(tok)]
+        elif type(cur) is dict or isinstance(cur, Mapping):
             cur = cur.get(tok)
         elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
             cur = cur[int(tok)]
@@ -500,11 +504,11 @@ def check_invalid(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
 
 
 RULES = (
-    FunctionRule("structure/invalid", check_invalid),
-    FunctionRule("structure/inline-source", check_inline_source),
-    FunctionRule("structure/undeclared-claim", check_undeclared_claim),
-    FunctionRule("structure/deprecated-version", check_deprecated_version),
-    FunctionRule("structure/unsatisfiable", check_unsatisfiable),
-    FunctionRule("structure/interconnect", check_interconnect),
-    FunctionRule("structure/admin-access", check_admin_access),
+    FunctionRule("structure/invalid", check_invalid, frozenset({CLAIM_KIND})),
+    FunctionRule("structure/inline-source", check_inline_source, frozenset({WORKLOAD})),
+    FunctionRule("structure/undeclared-claim", check_undeclared_claim, frozenset({WORKLOAD})),
+    FunctionRule("structure/deprecated-version", check_deprecated_version, frozenset({DRA_GROUP})),
+    FunctionRule("structure/unsatisfiable", check_unsatisfiable, frozenset({DRA})),
+    FunctionRule("structure/interconnect", check_interconnect, frozenset({DRA})),
+    FunctionRule("structure/admin-access", check_admin_access, frozenset({DRA})),
 )

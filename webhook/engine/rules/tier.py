@@ -21,7 +21,7 @@ from webhook.engine.resolve import (
     pods_naming_claim,
     requested_classes,
 )
-from webhook.engine.rules.base import FunctionRule, RuleContext, severity_for
+from webhook.engine.rules.base import CLAIM_KIND, WORKLOAD, FunctionRule, RuleContext, severity_for
 from webhook.policy.model import (
     WORKLOAD_CLASS_LABEL,
     Classification,
@@ -49,7 +49,7 @@ def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     # initContainers then containers, as containers_of() orders them (without building pointers).
     for key in ("initContainers", "containers"):
         for c in as_list(spec.get(key)):
-            if not isinstance(c, Mapping):
+            if type(c) is not dict and not isinstance(c, Mapping):
                 continue
             img = as_str(c.get("image"))
             if img:
@@ -375,7 +375,7 @@ def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
                 )
 
 
-RULES = (FunctionRule("tier/", check),)
+RULES = (FunctionRule("tier/", check, frozenset({CLAIM_KIND, WORKLOAD})),)
 
 
 # -- what admission must read when its caches lack it ---------------------------------------------
