@@ -96,9 +96,17 @@ class PhraseSet:
         if self.single and not self.single.isdisjoint(have):
             return True
         for want in self.multi:
-            n = len(want)
-            if any(have[i : i + n] == want for i in range(len(have) - n + 1)):
-                return True
+            first, n = want[0], len(want)
+            if first not in have:  # most phrases: their first word is absent (one C scan)
+                continue
+            i = have.index(first)
+            while True:
+                if have[i : i + n] == want:
+                    return True
+                try:
+                    i = have.index(first, i + 1)
+                except ValueError:
+                    break
         return False
 
 
