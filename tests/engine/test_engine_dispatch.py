@@ -91,5 +91,5 @@ def test_unreadable_object_runs_every_rule() -> None:
             raise RuntimeError("unreadable")
 
     mods = modules()
-    planned = _plan(mods, _scopes_of(Hostile()))
+    planned = _plan(mods, _scopes_of(Hostile()))  # unreadable: every scope
     assert [r for _n, r in planned] == [r for m in mods for r in m.rules]

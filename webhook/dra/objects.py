@@ -118,12 +118,13 @@ def split_api_version(api_version: object) -> tuple[str, str]:
     return (group, version) if sep else ("", text)
 
 
+_DRA_API_VERSIONS: dict[str, str] = {f"{GROUP}/{v}": v for v in VERSIONS}
+
+
 def dra_version(api_version: object) -> str | None:
     """The `resource.k8s.io` version ("v1", "v1beta2", "v1beta1") or None for anything else."""
-    group, version = split_api_version(api_version)
-    if group != GROUP:
-        return None
-    return version if version in VERSIONS else None
+    # Exactly the three texts split_api_version would take apart into this group and a version.
+    return _DRA_API_VERSIONS.get(api_version) if isinstance(api_version, str) else None
 
 
 def is_flat(api_version: object) -> bool:
@@ -368,7 +369,12 @@ def _claim_spec_of(obj: Mapping[str, Any]) -> tuple[ClaimSpec, str] | None:
 
 
 def read_device_class(obj: Mapping[str, Any]) -> DeviceClassSpec:
-    """Read a DeviceClass of any served version."""
+    """Read a DeviceClass of any served version (once per evaluation: see `reading_once`)."""
+    found: DeviceClassSpec = read_once("device_class", obj, _read_device_class)
+    return found
+
+
+def _read_device_class(obj: Mapping[str, Any]) -> DeviceClassSpec:
     spec = as_map(obj.get("spec"))
     return DeviceClassSpec(
         name=as_str(as_map(obj.get("metadata")).get("name")) or "",

@@ -19,7 +19,16 @@ from webhook.dra.workloads import (
 )
 from webhook.engine.context import Context
 from webhook.engine.rules import RuleModule, modules
-from webhook.engine.rules.base import CLAIM_KIND, DRA, DRA_GROUP, SCOPES, WORKLOAD, Rule, RuleContext
+from webhook.engine.rules.base import (
+    CLAIM_KIND,
+    DRA,
+    DRA_CLAIM,
+    DRA_GROUP,
+    SCOPES,
+    WORKLOAD,
+    Rule,
+    RuleContext,
+)
 from webhook.policy.model import API_VERSION, PolicyException, PolicySet
 
 EXCEPTION_EXPIRED = "exception/expired"
@@ -90,7 +99,8 @@ def _evaluate(
 _ALL_SCOPES = (1 << len(SCOPES)) - 1
 _SCOPE_BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(SCOPES)}
 _DRA_GROUP_BIT, _DRA_BIT = _SCOPE_BIT[DRA_GROUP], _SCOPE_BIT[DRA]
-_CLAIM_KIND_BIT, _WORKLOAD_BIT = _SCOPE_BIT[CLAIM_KIND], _SCOPE_BIT[WORKLOAD]
+_CLAIM_KIND_BIT, _DRA_CLAIM_BIT = _SCOPE_BIT[CLAIM_KIND], _SCOPE_BIT[DRA_CLAIM]
+_WORKLOAD_BIT = _SCOPE_BIT[WORKLOAD]
 _CLAIM_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
 
 
@@ -104,7 +114,7 @@ def _scopes_of(obj: Mapping[str, Any]) -> int:
         if group == GROUP:
             bits = _DRA_GROUP_BIT | (_DRA_BIT if dra_version(api_version) is not None else 0)
         if obj.get("kind") in _CLAIM_KINDS:
-            bits |= _CLAIM_KIND_BIT
+            bits |= _CLAIM_KIND_BIT | (_DRA_CLAIM_BIT if bits & _DRA_BIT else 0)
         if pod_templates_of(obj) or pod_spec_of(obj) is not None:
             bits |= _WORKLOAD_BIT
         return bits

@@ -30,8 +30,9 @@ class Rule(Protocol):
 DRA_GROUP = "dra-group"  # apiVersion in resource.k8s.io, any version (retired ones included)
 DRA = "dra"  # a served resource.k8s.io version (v1, v1beta2, v1beta1)
 CLAIM_KIND = "claim-kind"  # kind ResourceClaim or ResourceClaimTemplate, any apiVersion
+DRA_CLAIM = "dra-claim"  # both of the above: what claim_spec_of reads
 WORKLOAD = "workload"  # has a pod template (built-in workload kinds, workload CRDs of the table)
-SCOPES: tuple[str, ...] = (DRA_GROUP, DRA, CLAIM_KIND, WORKLOAD)
+SCOPES: tuple[str, ...] = (DRA_GROUP, DRA, CLAIM_KIND, DRA_CLAIM, WORKLOAD)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
 from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
 from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction, scaled
-from webhook.engine.rules.base import DRA, WORKLOAD, FunctionRule, RuleContext, severity_for
+from webhook.engine.rules.base import DRA_CLAIM, WORKLOAD, FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuQuotaPolicy, glob_match
 
 RULE_PREFIX = "quota/"
@@ -243,4 +243,4 @@ def _fix(item: SourceObject, demand: Demand, what: str, limit: float, pol: GpuQu
     return f"request at most {_fmt(limit)} {what}, or raise the budget in GpuQuotaPolicy {pol.name}"
 
 
-RULES = (FunctionRule(RULE_PREFIX, _check, frozenset({DRA, WORKLOAD})),)
+RULES = (FunctionRule(RULE_PREFIX, _check, frozenset({DRA_CLAIM, WORKLOAD})),)

@@ -37,7 +37,7 @@ from webhook.dra.objects import (
 )
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.resolve import claim_names_used, per_node_capacity
-from webhook.engine.rules.base import CLAIM_KIND, DRA, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
+from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRIVER_DOMAIN = "gpu.nvidia.com"
@@ -508,7 +508,7 @@ RULES = (
     FunctionRule("structure/inline-source", check_inline_source, frozenset({WORKLOAD})),
     FunctionRule("structure/undeclared-claim", check_undeclared_claim, frozenset({WORKLOAD})),
     FunctionRule("structure/deprecated-version", check_deprecated_version, frozenset({DRA_GROUP})),
-    FunctionRule("structure/unsatisfiable", check_unsatisfiable, frozenset({DRA})),
-    FunctionRule("structure/interconnect", check_interconnect, frozenset({DRA})),
-    FunctionRule("structure/admin-access", check_admin_access, frozenset({DRA})),
+    FunctionRule("structure/unsatisfiable", check_unsatisfiable, frozenset({DRA_CLAIM})),
+    FunctionRule("structure/interconnect", check_interconnect, frozenset({DRA_CLAIM})),
+    FunctionRule("structure/admin-access", check_admin_access, frozenset({DRA_CLAIM})),
 )
