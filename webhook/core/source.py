@@ -20,6 +20,8 @@ class SourceObject:
 
     def line_of(self, pointer: str) -> int | None:
         """Best known line for a JSON pointer: the pointer itself or its nearest parent."""
+        if not self.lines:  # admission: a request has no lines to look up
+            return self.line
         p = pointer
         while p:
             if p in self.lines:

@@ -258,6 +258,8 @@ class GpuTierPolicy:
 
     def declared(self, facts: WorkloadFacts) -> Classification | None:
         """The class the workload's metadata claims: labels first, then annotations."""
+        if not facts.labels and not facts.annotations:  # nothing to match (a bare Pod)
+            return None
         for c in self.classes:
             for k, v in c.match.labels.items():
                 if k in facts.labels and glob_match(v, facts.labels[k]):
@@ -415,7 +417,11 @@ class ResourceMapping:
     def matches(self, resource: str, node_selector: Mapping[str, str]) -> bool:
         if not glob_match(self.resource, resource):
             return False
-        return all(node_selector.get(k) == v for k, v in self.node_selector.items())
+        # A loop, not all() over a generator: asked per mapping per legacy pod.
+        for k, v in self.node_selector.items():  # noqa: SIM110
+            if node_selector.get(k) != v:
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,10 @@ class RuleContext:
     index: Index
     objects: Sequence[SourceObject] = ()
     _claims_cache: dict[int, list[PodClaim]] = field(default_factory=dict, compare=False, repr=False)
+    # id(item) -> (item, namespace): rules ask an object's namespace several times per evaluation.
+    _ns_cache: dict[int, tuple[SourceObject, str | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @staticmethod
     def build(
@@ -70,7 +74,12 @@ class RuleContext:
     # -- facts about objects -------------------------------------------------------------------
 
     def namespace(self, item: SourceObject) -> str | None:
-        return namespace_of(item.obj, self.ctx.default_namespace)
+        hit = self._ns_cache.get(id(item))
+        if hit is not None and hit[0] is item:
+            return hit[1]
+        ns = namespace_of(item.obj, self.ctx.default_namespace)
+        self._ns_cache[id(item)] = (item, ns)
+        return ns
 
     def namespace_labels(self, namespace: str | None) -> Mapping[str, str] | None:
         """Labels of a namespace, or None when admission/review does not know them."""

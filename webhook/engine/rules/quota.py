@@ -15,7 +15,7 @@ from typing import Any
 
 from webhook.core.findings import Finding
 from webhook.core.source import SourceObject
-from webhook.dra.objects import as_map, claim_spec_of
+from webhook.dra.objects import DeviceClassSpec, as_map, claim_spec_of
 from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
 from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
@@ -66,12 +66,28 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     return calc
 
 
+# The last class map's extended resources -> the first class (by name) serving each; the map is held
+# so that its identity is not reused. The inventory's map serves every workload review.
+_EXTENDED: list[tuple[Mapping[str, DeviceClassSpec], dict[str, str]]] = []
+
+
+def _extended_classes(classes: Mapping[str, DeviceClassSpec]) -> dict[str, str]:
+    if _EXTENDED and _EXTENDED[0][0] is classes:
+        return _EXTENDED[0][1]
+    serving: dict[str, list[str]] = {}
+    for c in classes.values():
+        if c.extended_resource_name is not None:
+            serving.setdefault(c.extended_resource_name, []).append(c.name)
+    table = {res: min(names) for res, names in serving.items()}
+    _EXTENDED[:] = [(classes, table)]
+    return table
+
+
 def _extended_class(rc: RuleContext, resource: str) -> str | None:
     """The DeviceClass that serves an extended resource through DRA (KEP-5004), if any."""
     if resource.startswith(IMPLICIT_CLASS_PREFIX):
         return resource[len(IMPLICIT_CLASS_PREFIX):] or None
-    names = sorted(c.name for c in rc.index.classes.values() if c.extended_resource_name == resource)
-    return names[0] if names else None
+    return _extended_classes(rc.index.classes).get(resource)
 
 
 def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
@@ -184,27 +200,39 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                 want = sum(n for c, n in demand.devices.items() if glob_match(pattern, c))
                 if want == 0:
                     continue
+                used = _used(usage, scope, pattern) if usage is not None else 0
+                if _within(want, used, limit, usage is not None):
+                    continue
+
                 def origin(pattern: str = pattern) -> str:
                     shown = (c for c in demand.devices if glob_match(pattern, c))
                     return "; ".join(f"{c}: {', '.join(demand.origin[c])}" for c in shown)
 
-                used = _used(usage, scope, pattern) if usage is not None else 0
                 yield from _over(item, rc, pol, where, f"devices of class {pattern}", want, used, limit,
                                  origin, demand, usage is not None)
+            live = usage is not None
             if b.gpu_equivalents is not None and demand.gpu_equivalents > 0:
                 used_ge = usage.gpu_equivalents.get(scope, 0.0) if usage is not None else 0.0
-                def ge_origin() -> str:
-                    calc = _calculator(rc)
-                    return ", ".join(
-                        f"{n} x {c} at {calc.class_fraction(c)}" for c, n in sorted(demand.devices.items())
-                    )
+                if not _within(demand.gpu_equivalents, used_ge, b.gpu_equivalents, live):
+                    def ge_origin() -> str:
+                        calc = _calculator(rc)
+                        devices = sorted(demand.devices.items())
+                        return ", ".join(f"{n} x {c} at {calc.class_fraction(c)}" for c, n in devices)
 
-                yield from _over(item, rc, pol, where, "GPU-equivalents", demand.gpu_equivalents, used_ge,
-                                 b.gpu_equivalents, ge_origin, demand, usage is not None)
+                    yield from _over(item, rc, pol, where, "GPU-equivalents", demand.gpu_equivalents, used_ge,
+                                     b.gpu_equivalents, ge_origin, demand, live)
             if b.claims is not None and demand.claims > 0:
                 used_c = usage.claims.get(scope, 0) if usage is not None else 0
-                yield from _over(item, rc, pol, where, "ResourceClaims", demand.claims, used_c, b.claims,
-                                 lambda: f"{demand.pods} pod(s)", demand, usage is not None)
+                if not _within(demand.claims, used_c, b.claims, live):
+                    yield from _over(item, rc, pol, where, "ResourceClaims", demand.claims, used_c, b.claims,
+                                     lambda: f"{demand.pods} pod(s)", demand, live)
+
+
+def _within(want: float | Fraction | int, used: float, limit: float, live: bool) -> bool:
+    """True when `_over` would report nothing: most demands are within budget, and deciding that
+    here spares building its generator and the closures that write its message."""
+    w = float(want)
+    return not (w > limit + _EPSILON or (live and w + used > limit + _EPSILON))
 
 
 def _over(
