@@ -36,7 +36,7 @@ from webhook.dra.objects import (
     write_claim_spec,
 )
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.resolve import claim_names_used, per_node_capacity
+from webhook.engine.resolve import per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -127,7 +127,8 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
         n = as_str(as_map(raw).get("name"))
         if n is not None:
             declared.setdefault(n, f"{pp}/resourceClaims/{i}")
-    used = claim_names_used(spec, pp)
+    refs = _claim_refs(spec, pp)
+    used = [(n, ptr) for n, ptr, _ref in refs]
     used_names = {n for n, _ in used}
     for n, ptr in used:
         if n not in declared:
@@ -144,11 +145,12 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
                 pointer=ptr,
             )
     resolved = {pc.name: pc for pc in rc.pod_claims(item)}
-    for n, ptr in used:
+    for n, ptr, ref in refs:
         pc = resolved.get(n)
-        # From the pod spec, not the root: `ptr` starts with the pod spec's pointer `pp`.
-        req = as_str(as_map(_at(spec, ptr[len(pp):])).get("request"))
-        if pc is None or pc.spec is None or not req:
+        if pc is None or pc.spec is None:
+            continue
+        req = as_str(as_map(ref).get("request"))
+        if not req:
             continue
         if pc.spec.request(req.split("/", 1)[0]) is None:
             names = ", ".join(r.name for r in pc.spec.requests) or "none"
@@ -175,6 +177,25 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
                 "or remove the entry",
                 pointer=ptr,
             )
+
+
+def _claim_refs(spec: Mapping[str, Any], pp: str) -> list[tuple[str, str, Any]]:
+    """`claim_names_used(spec, pp)`, each with the entry `_at` reaches at its pointer (read on the
+    way instead of walked to again from the pod spec)."""
+    out: list[tuple[str, str, Any]] = []
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for ci, c in enumerate(as_list(containers)):
+            claims = as_map(as_map(c).get("resources")).get("claims")
+            for ri, ref in enumerate(as_list(claims)):
+                n = as_str(as_map(ref).get("name"))
+                if n is None:
+                    continue
+                tail = f"/{key}/{ci}/resources/claims/{ri}"
+                # _at steps through lists only: through a tuple it reaches nothing.
+                reached = ref if type(containers) is list and type(claims) is list else _at(spec, tail)
+                out.append((n, pp + tail, reached))
+    return out
 
 
 def _at(obj: Mapping[str, Any], pointer: str) -> Any:
