@@ -346,9 +346,18 @@ def effective_amounts(spec: Mapping[str, Any], keep: Any = None) -> dict[str, in
     """What a pod holds of each whole-number resource, as Kubernetes computes effective requests:
     max(sum over app containers + restartable (sidecar) init containers, each ordinary init container
     + the sidecars started before it). `keep(name)` filters resource names."""
+    inits = as_list(spec.get("initContainers"))
+    if not inits:  # most pods: the sum over app containers is the answer
+        total: dict[str, int] = {}
+        for c in as_list(spec.get("containers")):
+            if type(c) is dict or isinstance(c, Mapping):
+                for k, v in container_amounts(c).items():
+                    if keep is None or keep(k):
+                        total[k] = total.get(k, 0) + v
+        return {k: v for k, v in total.items() if v > 0}
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
-    for c in as_list(spec.get("initContainers")):
+    for c in inits:
         if not isinstance(c, Mapping):
             continue
         amounts = {k: v for k, v in container_amounts(c).items() if keep is None or keep(k)}

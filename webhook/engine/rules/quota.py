@@ -195,7 +195,6 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
             scope = _applies(b, pol, namespace, labels)
             if scope is None:
                 continue
-            where = f"{'team' if scope.startswith('team:') else 'namespace'} {scope.removeprefix('team:')}"
             for pattern, limit in b.device_classes.items():
                 want = sum(n for c, n in demand.devices.items() if glob_match(pattern, c))
                 if want == 0:
@@ -208,8 +207,8 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                     shown = (c for c in demand.devices if glob_match(pattern, c))
                     return "; ".join(f"{c}: {', '.join(demand.origin[c])}" for c in shown)
 
-                yield from _over(item, rc, pol, where, f"devices of class {pattern}", want, used, limit,
-                                 origin, demand, usage is not None)
+                yield from _over(item, rc, pol, _where(scope), f"devices of class {pattern}", want, used,
+                                 limit, origin, demand, usage is not None)
             live = usage is not None
             if b.gpu_equivalents is not None and demand.gpu_equivalents > 0:
                 used_ge = usage.gpu_equivalents.get(scope, 0.0) if usage is not None else 0.0
@@ -219,13 +218,18 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                         devices = sorted(demand.devices.items())
                         return ", ".join(f"{n} x {c} at {calc.class_fraction(c)}" for c, n in devices)
 
-                    yield from _over(item, rc, pol, where, "GPU-equivalents", demand.gpu_equivalents, used_ge,
-                                     b.gpu_equivalents, ge_origin, demand, live)
+                    yield from _over(item, rc, pol, _where(scope), "GPU-equivalents", demand.gpu_equivalents,
+                                     used_ge, b.gpu_equivalents, ge_origin, demand, live)
             if b.claims is not None and demand.claims > 0:
                 used_c = usage.claims.get(scope, 0) if usage is not None else 0
                 if not _within(demand.claims, used_c, b.claims, live):
-                    yield from _over(item, rc, pol, where, "ResourceClaims", demand.claims, used_c, b.claims,
-                                     lambda: f"{demand.pods} pod(s)", demand, live)
+                    yield from _over(item, rc, pol, _where(scope), "ResourceClaims", demand.claims, used_c,
+                                     b.claims, lambda: f"{demand.pods} pod(s)", demand, live)
+
+
+def _where(scope: str) -> str:
+    """How a finding names a usage scope (written only into findings)."""
+    return f"{'team' if scope.startswith('team:') else 'namespace'} {scope.removeprefix('team:')}"
 
 
 def _within(want: float | Fraction | int, used: float, limit: float, live: bool) -> bool:
