@@ -315,3 +315,29 @@ def test_alpha_versions_of_claims_are_no_longer_served() -> None:
         "apiVersion: resource.k8s.io/v1alpha3\nkind: DeviceTaintRule\nmetadata: {name: t}\nspec: {}\n"
     )
     assert run(taint_rule, modules=ONLY).findings == []
+
+
+def test_claim_entries_read_on_the_way_are_what_the_pointer_reaches() -> None:
+    """structure/undeclared-claim reads each container claim entry while listing them; that entry is
+    the one its JSON pointer names, for parsed JSON and for other container types alike."""
+    from types import MappingProxyType
+
+    from webhook.engine.resolve import claim_names_used
+    from webhook.engine.rules.structure import _at, _claim_refs
+
+    entry = {"name": "gpu", "request": "a"}
+    shapes = [
+        {"containers": [{"resources": {"claims": [entry, {"name": "x"}]}}], "initContainers": [
+            {"resources": {"claims": [{"name": "i", "request": "b"}]}}]},
+        {"containers": ({"resources": {"claims": [entry]}},)},  # a tuple: the pointer walk stops there
+        {"containers": [{"resources": {"claims": (entry,)}}]},
+        {"containers": [MappingProxyType({"resources": MappingProxyType({"claims": [entry]})})]},
+        {"containers": [{"resources": {"claims": [entry, "junk", {"name": 5}]}}, "junk"]},
+    ]
+    for spec in shapes:
+        refs = _claim_refs(spec, "/spec/template/spec")
+        assert [(n, p) for n, p, _r in refs] == list(claim_names_used(spec, "/spec/template/spec"))
+        for _n, ptr, ref in refs:
+            assert ref is _at(spec, ptr.removeprefix("/spec/template/spec")), (spec, ptr)
+    assert _claim_refs(shapes[1], "")[0][2] is None
+    assert _claim_refs(shapes[0], "")[1][2] is entry  # initContainers come first

@@ -41,6 +41,11 @@ def registry() -> tuple[RuleModule, ...]:
 
 
 def modules(names: tuple[str, ...] | None = None) -> tuple[RuleModule, ...]:
-    """The registry, optionally restricted to some module names."""
-    reg = registry()
-    return reg if names is None else tuple(m for m in reg if m.name in names)
+    """The registry, optionally restricted to some module names (the same tuple for the same names,
+    so evaluate()'s dispatch plans are built once per restriction)."""
+    return registry() if names is None else _restricted(tuple(names))
+
+
+@cache
+def _restricted(names: tuple[str, ...]) -> tuple[RuleModule, ...]:
+    return tuple(m for m in registry() if m.name in names)
