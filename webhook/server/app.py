@@ -262,7 +262,9 @@ class Webhook:
         ) -> web.StreamResponse:
             return await self._authorised(request, handler)
 
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[authorised])
+        # Without --client-name there is nothing to check per request: no middleware to run.
+        middlewares = [authorised] if self.opts.client_names else []
+        app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
         app.router.add_post("/validate", self._validate)
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
@@ -346,11 +348,10 @@ class Webhook:
         t0 = time.perf_counter()
         self.inflight += 1
         try:
-            if req.content_length is not None and req.content_length > MAX_BODY:
-                return self._bad(
-                    413, "too-large", f"request body of {req.content_length} bytes exceeds 3 MiB"
-                )
-            if req.content_length is None or req.content_length > BIG_BODY:
+            length = req.content_length
+            if length is not None and length > MAX_BODY:
+                return self._bad(413, "too-large", f"request body of {length} bytes exceeds 3 MiB")
+            if length is None or length > BIG_BODY:
                 # A large body costs several times its size while it is parsed and reviewed: only
                 # a few at once, so concurrency cannot multiply that.
                 async with self._big_bodies:
@@ -361,8 +362,13 @@ class Webhook:
 
     async def _review_body(self, endpoint: str, req: web.Request, t0: float) -> web.Response:
         try:
-            async with asyncio.timeout(self.opts.body_timeout):
+            if req.content.is_eof():
+                # The whole body arrived with the headers: reading it never waits (nor can it
+                # exceed the length checked above), so no timer is needed.
                 body = await req.read()
+            else:
+                async with asyncio.timeout(self.opts.body_timeout):
+                    body = await req.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad(413, "too-large", "request body exceeds 3 MiB")
         except TimeoutError:
@@ -513,7 +519,8 @@ class Webhook:
 
     def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
         try:
-            self.metrics.child(self.metrics.review_cache, "hit" if cached else "miss").inc()
+            m = self.metrics
+            (m.review_cache_hit if cached else m.review_cache_miss).inc()
             self._account(endpoint, o, time.perf_counter() - t0)
         except Exception:  # bookkeeping must never cost the API server its answer
             log.exception("recording an admission outcome failed")
@@ -537,11 +544,11 @@ class Webhook:
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
         # Kind and operation come from the request: only known values become label values.
-        kind, operation = label_kind(o.kind), label_operation(o.operation)
-        m.child(m.latency, endpoint).observe(seconds)
-        m.child(m.requests, endpoint, kind, operation, o.verdict).inc()
-        if o.verdict == "ignored":
-            m.child(m.ignored, endpoint, kind, operation).inc()
+        kids = m.answered(endpoint, label_kind(o.kind), label_operation(o.operation), o.verdict)
+        kids.latency.observe(seconds)
+        kids.requests.inc()
+        if kids.ignored is not None:
+            kids.ignored.inc()
         for f in o.findings:
             m.child(m.findings, f.rule, f.mode.value, endpoint).inc()
         for r in o.internal_rules:

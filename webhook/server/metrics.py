@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -25,6 +25,18 @@ class DraStats:
     claims_allocated: int = 0
     devices_available: Mapping[str, int] = field(default_factory=dict)
     devices_allocated: Mapping[str, int] = field(default_factory=dict)
+
+
+# Label children kept resolved: label values come from closed sets, this is a backstop.
+MAX_MEMOISED = 4096
+
+
+class Answered(NamedTuple):
+    """The metric children of one (endpoint, kind, operation, verdict)."""
+
+    latency: Any
+    requests: Any
+    ignored: Any  # None unless the verdict is "ignored"
 
 
 class _DraCollector(Collector):
@@ -178,16 +190,37 @@ class Metrics:
         )
         self._dra_stats: Callable[[], DraStats] = DraStats
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._answered: dict[tuple[str, str, str, str], Answered] = {}
+        self.review_cache_hit = self.review_cache.labels("hit")
+        self.review_cache_miss = self.review_cache.labels("miss")
         self._cache_states: Callable[[], Mapping[str, tuple[bool, int]]] = dict
         r.register(_DraCollector(lambda: self._dra_stats(), lambda: self._cache_states()))
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, memoised: the label lookup is most of an increment's cost."""
+        """`metric.labels(*labels)`, memoised: the label lookup is most of an increment's cost.
+        Callers pass label values from closed sets; the memo is bounded all the same."""
         key = (id(metric), labels)
         c = self._children.get(key)
         if c is None:
-            c = self._children[key] = metric.labels(*labels)
+            c = metric.labels(*labels)
+            if len(self._children) < MAX_MEMOISED:
+                self._children[key] = c
         return c
+
+    def answered(self, endpoint: str, kind: str, operation: str, verdict: str) -> Answered:
+        """The children one answered review updates, resolved once per label combination (kind and
+        operation must already be label values from a closed set)."""
+        key = (endpoint, kind, operation, verdict)
+        hit = self._answered.get(key)
+        if hit is None:
+            hit = Answered(
+                self.latency.labels(endpoint),
+                self.requests.labels(endpoint, kind, operation, verdict),
+                self.ignored.labels(endpoint, kind, operation) if verdict == "ignored" else None,
+            )
+            if len(self._answered) < MAX_MEMOISED:
+                self._answered[key] = hit
+        return hit
 
     def bind(
         self, stats: Callable[[], DraStats], caches: Callable[[], Mapping[str, tuple[bool, int]]]
