@@ -137,3 +137,27 @@ async def test_a_body_sent_after_the_headers_is_still_bounded_by_the_body_timeou
         assert b"body-timeout" in answer
         assert 0.4 < loop.time() - t0 < 5.0
         writer.close()
+
+
+def test_counts_reach_every_reader_of_the_registry_and_the_memo_stays_bounded() -> None:
+    from webhook.server.metrics import MAX_MEMOISED, Metrics
+
+    m = Metrics()
+    for _ in range(3):
+        m.answered("validate", "Pod", "CREATE", "denied").requests.add()
+        m.found("tier/gpu-tiers", "enforce", "validate").add()
+    m.review_cache_miss.add()
+    # Not only /metrics: any read of the registry sees what was counted.
+    labels = {"endpoint": "validate", "kind": "Pod", "operation": "CREATE", "verdict": "denied"}
+    assert m.registry.get_sample_value("draguard_admission_requests_total", labels) == 3.0
+    assert m.registry.get_sample_value("draguard_review_cache_total", {"result": "miss"}) == 1.0
+    m.found("tier/gpu-tiers", "enforce", "validate").add()
+    found = {"rule": "tier/gpu-tiers", "mode": "enforce", "endpoint": "validate"}
+    assert m.registry.get_sample_value("draguard_findings_total", found) == 4.0
+    # Past the memo's bound every increment still counts, straight to its counter.
+    for i in range(MAX_MEMOISED + 10):
+        m.found(f"rule-{i}", "warn", "validate").add()
+    m.found(f"rule-{MAX_MEMOISED + 5}", "warn", "validate").add()
+    late = {"rule": f"rule-{MAX_MEMOISED + 5}", "mode": "warn", "endpoint": "validate"}
+    assert m.registry.get_sample_value("draguard_findings_total", late) == 2.0
+    assert len(m._found) <= MAX_MEMOISED and len(m._tallies) <= 4 * MAX_MEMOISED

@@ -520,7 +520,7 @@ class Webhook:
     def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
         try:
             m = self.metrics
-            (m.review_cache_hit if cached else m.review_cache_miss).inc()
+            (m.review_cache_hit if cached else m.review_cache_miss).add()
             self._account(endpoint, o, time.perf_counter() - t0)
         except Exception:  # bookkeeping must never cost the API server its answer
             log.exception("recording an admission outcome failed")
@@ -546,11 +546,11 @@ class Webhook:
         # Kind and operation come from the request: only known values become label values.
         kids = m.answered(endpoint, label_kind(o.kind), label_operation(o.operation), o.verdict)
         kids.latency.observe(seconds)
-        kids.requests.inc()
+        kids.requests.add()
         if kids.ignored is not None:
-            kids.ignored.inc()
+            kids.ignored.add()
         for f in o.findings:
-            m.child(m.findings, f.rule, f.mode.value, endpoint).inc()
+            m.found(f.rule, f.mode.value, endpoint).add()
         for r in o.internal_rules:
             m.rule_errors.labels(r, endpoint).inc()
         if o.patch:

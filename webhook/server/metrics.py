@@ -31,12 +31,57 @@ class DraStats:
 MAX_MEMOISED = 4096
 
 
+class Tally:
+    """Increments of one counter child, added to it whenever the registry is read (a scrape).
+
+    A prometheus_client increment takes a lock and a few calls; an admission counts three or four
+    things. Counting here is one attribute update on the event loop, which is also where scrapes
+    read the registry, so nothing counted is ever missing from one.
+    """
+
+    __slots__ = ("child", "n")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.n = 0
+
+    def add(self) -> None:
+        self.n += 1
+
+    def flush(self) -> None:
+        n = self.n
+        if n:
+            self.n = 0
+            self.child.inc(n)
+
+
+class _Direct(Tally):
+    """A tally past the memo's bound: increments go straight to the child."""
+
+    __slots__ = ()
+
+    def add(self) -> None:
+        self.child.inc()
+
+
 class Answered(NamedTuple):
     """The metric children of one (endpoint, kind, operation, verdict)."""
 
     latency: Any
-    requests: Any
-    ignored: Any  # None unless the verdict is "ignored"
+    requests: Tally
+    ignored: Tally | None  # None unless the verdict is "ignored"
+
+
+class _Flush(Collector):
+    """Registered first, so collected first: pending tallies reach their counters before the
+    counters are read."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def collect(self) -> Iterable[Any]:
+        self._flush()
+        return ()
 
 
 class _DraCollector(Collector):
@@ -90,6 +135,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._tallies: list[Tally] = []
+        r.register(_Flush(self.flush))
         self.requests = Counter(
             "draguard_admission_requests_total",
             "Admission requests answered",
@@ -191,8 +238,9 @@ class Metrics:
         self._dra_stats: Callable[[], DraStats] = DraStats
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._answered: dict[tuple[str, str, str, str], Answered] = {}
-        self.review_cache_hit = self.review_cache.labels("hit")
-        self.review_cache_miss = self.review_cache.labels("miss")
+        self._found: dict[tuple[str, str, str], Tally] = {}
+        self.review_cache_hit = self._tally(self.review_cache.labels("hit"))
+        self.review_cache_miss = self._tally(self.review_cache.labels("miss"))
         self._cache_states: Callable[[], Mapping[str, tuple[bool, int]]] = dict
         r.register(_DraCollector(lambda: self._dra_stats(), lambda: self._cache_states()))
 
@@ -207,19 +255,44 @@ class Metrics:
                 self._children[key] = c
         return c
 
+    def _tally(self, child: Any) -> Tally:
+        if len(self._tallies) >= 4 * MAX_MEMOISED:
+            return _Direct(child)
+        t = Tally(child)
+        self._tallies.append(t)
+        return t
+
+    def flush(self) -> None:
+        """Add the pending tallies to their counters (run before every read of the registry)."""
+        for t in self._tallies:
+            t.flush()
+
     def answered(self, endpoint: str, kind: str, operation: str, verdict: str) -> Answered:
         """The children one answered review updates, resolved once per label combination (kind and
         operation must already be label values from a closed set)."""
         key = (endpoint, kind, operation, verdict)
         hit = self._answered.get(key)
         if hit is None:
+            full = len(self._answered) >= MAX_MEMOISED
+            tally = _Direct if full else self._tally
             hit = Answered(
                 self.latency.labels(endpoint),
-                self.requests.labels(endpoint, kind, operation, verdict),
-                self.ignored.labels(endpoint, kind, operation) if verdict == "ignored" else None,
+                tally(self.requests.labels(endpoint, kind, operation, verdict)),
+                tally(self.ignored.labels(endpoint, kind, operation)) if verdict == "ignored" else None,
             )
-            if len(self._answered) < MAX_MEMOISED:
+            if not full:
                 self._answered[key] = hit
+        return hit
+
+    def found(self, rule: str, mode: str, endpoint: str) -> Tally:
+        """The findings counter of (rule, mode, endpoint), resolved once."""
+        key = (rule, mode, endpoint)
+        hit = self._found.get(key)
+        if hit is None:
+            child = self.findings.labels(rule, mode, endpoint)
+            if len(self._found) >= MAX_MEMOISED:
+                return _Direct(child)
+            hit = self._found[key] = self._tally(child)
         return hit
 
     def bind(
