@@ -161,3 +161,34 @@ def test_counts_reach_every_reader_of_the_registry_and_the_memo_stays_bounded() 
     late = {"rule": f"rule-{MAX_MEMOISED + 5}", "mode": "warn", "endpoint": "validate"}
     assert m.registry.get_sample_value("draguard_findings_total", late) == 2.0
     assert len(m._found) <= MAX_MEMOISED and len(m._tallies) <= 4 * MAX_MEMOISED
+
+
+async def test_a_chunked_body_is_size_checked_and_answered(policy_dir: Callable[[str], Path]) -> None:
+    from webhook.server.app import MAX_BODY
+
+    wh = make_webhook(policy_dir("enforce"))
+    body = json.dumps(review(workload("Pod", legacy_pod_spec()))).encode()
+
+    def chunked(data: bytes, size: int = 64 * 1024) -> bytes:
+        parts = [f"{len(data[i : i + size]):x}\r\n".encode() + data[i : i + size] + b"\r\n"
+                 for i in range(0, len(data), size)]  # fmt: skip
+        return (
+            b"POST /validate HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(parts) + b"0\r\n\r\n"
+        )
+
+    async with TestServer(wh.build_app()) as server:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(chunked(body))
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert b'"allowed":true' in answer
+        writer.close()
+        # Over 3 MiB without a Content-Length: refused, whether or not it was all buffered.
+        big = json.dumps({"apiVersion": "admission.k8s.io/v1", "pad": "x" * (MAX_BODY + 10)}).encode()
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(chunked(big))
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"too-large" in answer
+        writer.close()

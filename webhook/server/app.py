@@ -362,10 +362,13 @@ class Webhook:
 
     async def _review_body(self, endpoint: str, req: web.Request, t0: float) -> web.Response:
         try:
-            if req.content.is_eof():
-                # The whole body arrived with the headers: reading it never waits (nor can it
-                # exceed the length checked above), so no timer is needed.
-                body = await req.read()
+            content = req.content
+            if content.is_eof():
+                # The whole body is buffered already (it came with the headers): take it as it is,
+                # no timer and no read loop. Its size is still checked (a chunked body has no length).
+                body = content.read_nowait()
+                if len(body) > MAX_BODY:
+                    raise web.HTTPRequestEntityTooLarge(MAX_BODY, len(body))
             else:
                 async with asyncio.timeout(self.opts.body_timeout):
                     body = await req.read()
@@ -544,7 +547,9 @@ class Webhook:
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
         # Kind and operation come from the request: only known values become label values.
-        kids = m.answered(endpoint, label_kind(o.kind), label_operation(o.operation), o.verdict)
+        kind = o.kind if o.kind in _LABEL_KINDS else "other"
+        operation = o.operation if o.operation in _LABEL_OPERATIONS else "other"
+        kids = m.answered(endpoint, kind, operation, o.verdict)
         kids.latency.observe(seconds)
         kids.requests.add()
         if kids.ignored is not None:
