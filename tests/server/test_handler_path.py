@@ -192,3 +192,36 @@ async def test_a_chunked_body_is_size_checked_and_answered(policy_dir: Callable[
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert b"too-large" in answer
         writer.close()
+
+
+def test_tallied_histogram_is_exposed_as_prometheus_clients_own() -> None:
+    import re
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from webhook.server.metrics import LATENCY_BUCKETS, TalliedHistogram
+
+    ours_registry = CollectorRegistry(auto_describe=True)
+    theirs_registry = CollectorRegistry(auto_describe=True)
+    ours = TalliedHistogram("x_duration_seconds", "Time to answer", ["endpoint"], buckets=LATENCY_BUCKETS)
+    ours_registry.register(ours)
+    theirs = Histogram(
+        "x_duration_seconds", "Time to answer", ["endpoint"], buckets=LATENCY_BUCKETS,
+        registry=theirs_registry,
+    )  # fmt: skip
+    # Bounds themselves, between them, zero, past the last bound; two children in first-seen order.
+    values = [*LATENCY_BUCKETS, 0.0, 0.0003, 0.0007, 0.003, 0.7, 11.0, 1e6]
+    for endpoint in ("validate", "mutate"):
+        for v in values:
+            ours.labels(endpoint).observe(v)
+            theirs.labels(endpoint).observe(v)
+        values = values[::3]
+
+    def text(registry: CollectorRegistry) -> str:
+        return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", generate_latest(registry).decode())
+
+    assert text(ours_registry) == text(theirs_registry)
+    assert "_created" in text(ours_registry)
+    bucket = {"endpoint": "validate", "le": "0.001"}
+    got = ours_registry.get_sample_value("x_duration_seconds_bucket", bucket)
+    assert got == theirs_registry.get_sample_value("x_duration_seconds_bucket", bucket) == 5.0

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import bisect
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # Webhook answers live in milliseconds; the tail buckets catch a stalled event loop.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -70,6 +75,65 @@ class Answered(NamedTuple):
     latency: Any
     requests: Tally
     ignored: Tally | None  # None unless the verdict is "ignored"
+
+
+class TalliedHistogram(Collector):
+    """A labelled histogram counted on the event loop (one bisect and two additions per observation
+    instead of prometheus_client's locked increments), exposed as prometheus_client's Histogram is:
+    the same buckets, `_count`, `_sum` and `_created` samples, children in the order first seen."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]):
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self.bounds = (*(float(b) for b in buckets), math.inf)
+        go_string = cast(Callable[[float], str], floatToGoString)  # untyped in prometheus_client
+        self._le = [go_string(b) for b in self.bounds]
+        self._children: dict[tuple[str, ...], TalliedChild] = {}
+
+    def labels(self, *values: str) -> TalliedChild:
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected {len(self.labelnames)} label values, got {len(key)}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = TalliedChild(self.bounds)
+        return child
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> Iterable[Any]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Any]:
+        fam = self._family()
+        children = list(self._children.items())
+        for values, child in children:
+            acc, buckets = 0.0, []
+            for le, n in zip(self._le, child.counts, strict=True):
+                acc += n
+                buckets.append((le, acc))
+            fam.add_metric(list(values), buckets, child.sum)
+        if getattr(prometheus_metrics, "_use_created", True):
+            for values, child in children:
+                labels = dict(zip(self.labelnames, values, strict=True))
+                fam.add_sample(self.name + "_created", labels, child.created)
+        return [fam]
+
+
+class TalliedChild:
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        # The first bucket whose bound is >= amount, as prometheus_client counts it.
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
 
 
 class _Flush(Collector):
@@ -143,13 +207,13 @@ class Metrics:
             ["endpoint", "kind", "operation", "verdict"],
             registry=r,
         )
-        self.latency = Histogram(
+        self.latency = TalliedHistogram(
             "draguard_admission_duration_seconds",
             "Time to answer an admission request",
             ["endpoint"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
+        r.register(self.latency)
         self.findings = Counter(
             "draguard_findings_total",
             "Findings returned by admission",
