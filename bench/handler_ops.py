@@ -14,7 +14,9 @@ nothing is looked up from a cluster, so the handler never waits and the count is
 alone. C work (orjson, TLS, hashing) is not counted, and a bytecode is not a fixed amount of time.
 
 `--baseline DIR` counts another source tree (e.g. `git archive <commit> | tar -x -C DIR`) in a
-process of its own, and prints the ratio.
+process of its own, and prints the ratio. `--cpu` measures the same two spans in thread CPU time
+instead (µs per review, least of 3 rounds of 200 per shape, processes of the two trees taking
+turns `--processes` times; the least is shown): a time, so load moves it, unlike the count.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ SHAPES = (("legacy Pod", 0), ("Deployment with claims", 1), ("DeviceClass", 4))
 MIX = {"legacy Pod": 2, "Deployment with claims": 2, "DeviceClass": 1}
 
 
-def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, int]]:
-    """Bytecodes per review for each shape: in aiohttp's entry and below, and in review()."""
+def count(root: Path, devices: int, per_shape: int = 20, cpu: bool = False) -> dict[str, dict[str, float]]:
+    """Bytecodes (or with `cpu`, thread CPU µs) per review for each shape: in aiohttp's entry and
+    below, and in review()."""
+    import time
+
     sys.path.insert(0, str(root))
     from aiohttp import web
     from aiohttp.test_utils import TestServer
@@ -51,7 +56,7 @@ def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, 
     wh = Webhook(
         ServeOptions(policies=str(root / "policies"), inventory=str(inv), no_watch=True, review_cache=False)
     )
-    ops = {"all": 0, "review": 0}
+    ops = {"all": 0.0, "review": 0.0}
     where = ["all"]
 
     def tracer(frame: Any, event: str, _arg: Any) -> Any:
@@ -66,6 +71,12 @@ def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, 
     async def counted(self: Any, request: Any) -> Any:
         if not tracing[0]:
             return await entry(self, request)
+        if cpu:
+            t0 = time.thread_time()
+            try:
+                return await entry(self, request)
+            finally:
+                ops["all"] += (time.thread_time() - t0) * 1e6
         sys.settrace(tracer)
         try:
             return await entry(self, request)
@@ -75,6 +86,12 @@ def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, 
     engine = admission.review
 
     def review(*args: Any, **kwargs: Any) -> Any:
+        if cpu and tracing[0]:
+            t0 = time.thread_time()
+            try:
+                return engine(*args, **kwargs)
+            finally:
+                ops["review"] += (time.thread_time() - t0) * 1e6
         where[0] = "review"
         try:
             return engine(*args, **kwargs)
@@ -85,9 +102,9 @@ def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, 
     admission.review = review  # type: ignore[assignment]
     bodies = reviews()
 
-    async def run() -> dict[str, dict[str, int]]:
+    async def run() -> dict[str, dict[str, float]]:
         await wh.start_background()
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, dict[str, float]] = {}
         try:
             async with TestServer(wh.build_app()) as server:
                 # One keep-alive connection; each request in one write, as the API server sends it.
@@ -111,23 +128,31 @@ def count(root: Path, devices: int, per_shape: int = 20) -> dict[str, dict[str, 
                 for name, i in SHAPES:
                     for _ in range(per_shape):  # warm: per-inventory memos, compiled CEL, label children
                         await post(bodies[i])
-                    ops["all"] = ops["review"] = 0
-                    for _ in range(per_shape):
-                        tracing[0] = True
-                        await post(bodies[i])
-                        tracing[0] = False
-                    total, inside = ops["all"] + ops["review"], ops["review"]
-                    out[name] = {
-                        "total": total // per_shape,
-                        "review": inside // per_shape,
-                        "handler": (total - inside) // per_shape,
-                    }
+                    best: dict[str, float] | None = None
+                    for _ in range(3 if cpu else 1):
+                        ops["all"] = ops["review"] = 0
+                        for _ in range(per_shape):
+                            tracing[0] = True
+                            await post(bodies[i])
+                            tracing[0] = False
+                        # Counted: review()'s bytecodes are not in "all"; timed: its time is.
+                        total = ops["all"] if cpu else ops["all"] + ops["review"]
+                        inside = ops["review"]
+                        row = {
+                            "total": total / per_shape,
+                            "review": inside / per_shape,
+                            "handler": (total - inside) / per_shape,
+                        }
+                        if best is None or row["total"] < best["total"]:
+                            best = row
+                    assert best is not None
+                    out[name] = best
                 writer.close()
         finally:
             await wh.stop_background()
         weight = sum(MIX.values())
         out["mixed stream"] = {
-            k: sum(out[s][k] * n for s, n in MIX.items()) // weight for k in ("total", "review", "handler")
+            k: sum(out[s][k] * n for s, n in MIX.items()) / weight for k in ("total", "review", "handler")
         }
         return out
 
@@ -139,37 +164,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="DIR", help="also count this source tree (its own process)")
     p.add_argument("--devices", type=int, default=1000)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="thread CPU µs per review instead of bytecodes")
+    p.add_argument("--processes", type=int, default=3, help="with --cpu: processes per tree (default 3)")
     p.add_argument("--root", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.root:
-        print(json.dumps(count(Path(args.root), args.devices)))
+        per_shape = 200 if args.cpu else 20
+        print(json.dumps(count(Path(args.root), args.devices, per_shape, args.cpu)))
         return 0
 
-    def run(root: Path) -> dict[str, dict[str, int]]:
+    def run(root: Path) -> dict[str, dict[str, float]]:
         cmd = [sys.executable, __file__, "--root", str(root), "--devices", str(args.devices)]
+        cmd += ["--cpu"] if args.cpu else []
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"counting {root} failed:\n{done.stderr[-2000:]}")
-        res: dict[str, dict[str, int]] = json.loads(done.stdout.splitlines()[-1])
+        res: dict[str, dict[str, float]] = json.loads(done.stdout.splitlines()[-1])
         return res
 
-    now = run(ROOT)
-    base = run(Path(args.baseline).resolve()) if args.baseline else None
+    Rows = dict[str, dict[str, float]]
+
+    def least(a: Rows | None, b: Rows) -> Rows:
+        if a is None:
+            return b
+        return {shape: min(a[shape], b[shape], key=lambda r: r["total"]) for shape in b}
+
+    now: Rows | None = None
+    base: Rows | None = None
+    for _ in range(args.processes if args.cpu else 1):
+        now = least(now, run(ROOT))
+        if args.baseline:
+            base = least(base, run(Path(args.baseline).resolve()))
+    assert now is not None
     if args.json:
         print(json.dumps({"this": now, "baseline": base}, indent=2))
         return 0
-    print(
-        f"Python bytecodes per review through the server (validate, {args.devices} devices, shipped policies)"
-    )
+    what = "Thread CPU µs" if args.cpu else "Python bytecodes"
+    print(f"{what} per review through the server (validate, {args.devices} devices, shipped policies)")
+    fmt = ",.1f" if args.cpu else ",.0f"
     print(f"  {'':<24} {'handler':>8} {'review()':>9} {'total':>8}")
     for name, row in now.items():
-        line = f"  {name:<24} {row['handler']:>8,} {row['review']:>9,} {row['total']:>8,}"
+        line = f"  {name:<24} {row['handler']:>8{fmt}} {row['review']:>9{fmt}} {row['total']:>8{fmt}}"
         if base:
             b = base[name]
             line += (
-                f"   baseline handler {b['handler']:>6,} "
+                f"   baseline handler {b['handler']:>6{fmt}} "
                 f"(this / baseline {row['handler'] / b['handler']:.2f}), "
-                f"total {b['total']:>7,} ({row['total'] / b['total']:.2f})"
+                f"total {b['total']:>7{fmt}} ({row['total'] / b['total']:.2f})"
             )
         print(line)
     return 0
