@@ -565,7 +565,9 @@ class CelRate:
         now = self.clock()
         mine = self._ident.get(scope)
         own = self.burst if mine is None else self._refill(mine, self.per_identity, self.burst, now)
-        shared = self._refill(self._all, self.total, self.total_burst, now)
+        shared = self._all[0]
+        if shared < self.total_burst:  # full (the common case) stays full
+            shared = self._refill(self._all, self.total, self.total_burst, now)
         return int(max(0.0, min(own, shared, REQUEST_COMPILE_BYTES)))
 
     def charge(self, scope: str, used: int) -> None:

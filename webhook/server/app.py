@@ -262,7 +262,9 @@ class Webhook:
         ) -> web.StreamResponse:
             return await self._authorised(request, handler)
 
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[authorised])
+        # Without --client-name there is nothing to check per request: no middleware to run.
+        middlewares = [authorised] if self.opts.client_names else []
+        app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
         app.router.add_post("/validate", self._validate)
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
@@ -346,11 +348,10 @@ class Webhook:
         t0 = time.perf_counter()
         self.inflight += 1
         try:
-            if req.content_length is not None and req.content_length > MAX_BODY:
-                return self._bad(
-                    413, "too-large", f"request body of {req.content_length} bytes exceeds 3 MiB"
-                )
-            if req.content_length is None or req.content_length > BIG_BODY:
+            length = req.content_length
+            if length is not None and length > MAX_BODY:
+                return self._bad(413, "too-large", f"request body of {length} bytes exceeds 3 MiB")
+            if length is None or length > BIG_BODY:
                 # A large body costs several times its size while it is parsed and reviewed: only
                 # a few at once, so concurrency cannot multiply that.
                 async with self._big_bodies:
@@ -361,8 +362,16 @@ class Webhook:
 
     async def _review_body(self, endpoint: str, req: web.Request, t0: float) -> web.Response:
         try:
-            async with asyncio.timeout(self.opts.body_timeout):
-                body = await req.read()
+            content = req.content
+            if content.is_eof():
+                # The whole body is buffered already (it came with the headers): take it as it is,
+                # no timer and no read loop. Its size is still checked (a chunked body has no length).
+                body = content.read_nowait()
+                if len(body) > MAX_BODY:
+                    raise web.HTTPRequestEntityTooLarge(MAX_BODY, len(body))
+            else:
+                async with asyncio.timeout(self.opts.body_timeout):
+                    body = await req.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad(413, "too-large", "request body exceeds 3 MiB")
         except TimeoutError:
@@ -513,7 +522,8 @@ class Webhook:
 
     def _safe_account(self, endpoint: str, o: Outcome, t0: float, cached: bool) -> None:
         try:
-            self.metrics.child(self.metrics.review_cache, "hit" if cached else "miss").inc()
+            m = self.metrics
+            (m.review_cache_hit if cached else m.review_cache_miss).add()
             self._account(endpoint, o, time.perf_counter() - t0)
         except Exception:  # bookkeeping must never cost the API server its answer
             log.exception("recording an admission outcome failed")
@@ -537,13 +547,15 @@ class Webhook:
     def _account(self, endpoint: str, o: Outcome, seconds: float) -> None:
         m = self.metrics
         # Kind and operation come from the request: only known values become label values.
-        kind, operation = label_kind(o.kind), label_operation(o.operation)
-        m.child(m.latency, endpoint).observe(seconds)
-        m.child(m.requests, endpoint, kind, operation, o.verdict).inc()
-        if o.verdict == "ignored":
-            m.child(m.ignored, endpoint, kind, operation).inc()
+        kind = o.kind if o.kind in _LABEL_KINDS else "other"
+        operation = o.operation if o.operation in _LABEL_OPERATIONS else "other"
+        kids = m.answered(endpoint, kind, operation, o.verdict)
+        kids.latency.observe(seconds)
+        kids.requests.add()
+        if kids.ignored is not None:
+            kids.ignored.add()
         for f in o.findings:
-            m.child(m.findings, f.rule, f.mode.value, endpoint).inc()
+            m.found(f.rule, f.mode.value, endpoint).add()
         for r in o.internal_rules:
             m.rule_errors.labels(r, endpoint).inc()
         if o.patch:

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import logging
 import sys
+import time
 from typing import Any, TextIO
 
 from webhook.server import codec
@@ -34,6 +35,20 @@ class JsonFormatter(logging.Formatter):
 
 
 _handler: logging.StreamHandler[TextIO] | None = None
+_LEVELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning", logging.ERROR: "error"}
+# (whole second, its text): the date part of a timestamp changes once a second, not per line.
+_second: tuple[int, str] = (-1, "")
+
+
+def utc_millis(ns: int) -> str:
+    """`datetime.isoformat(timespec="milliseconds")` of a UTC time in ns since the epoch, with the
+    text up to the second worked out once per second (it is most of the cost per log line)."""
+    global _second
+    sec, rest = divmod(ns, 1_000_000_000)
+    cached = _second
+    if cached[0] != sec:
+        cached = _second = (sec, dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{rest // 1_000_000:03d}+00:00"
 
 
 def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
@@ -42,12 +57,13 @@ def emit(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -
     if not logger.isEnabledFor(level):
         return
     h = _handler
-    if h is None or logging.getLogger().handlers != [h]:
+    handlers = logging.root.handlers
+    if h is None or len(handlers) != 1 or handlers[0] is not h:
         logger.log(level, msg, extra=fields)
         return
     out = {
-        "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-        "level": logging.getLevelName(level).lower(),
+        "time": utc_millis(time.time_ns()),
+        "level": _LEVELS.get(level) or logging.getLevelName(level).lower(),
         "logger": logger.name,
         "msg": msg,
         **fields,
