@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.frozen import one_call_init
 from webhook.dra.objects import as_int, as_list, as_map, as_str, read_once
 
 # kind -> path (as keys) from the object root to the PodSpec.
@@ -137,6 +138,7 @@ def is_workload_crd(group: str, kind: str) -> bool:
     return (group, kind) in _CRD_TABLE.get()
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class PodTemplate:
     """One pod template of a workload: its JSON pointer, the PodSpec, and the pods it runs."""

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from webhook.core.findings import Finding, Mode
+from webhook.core.frozen import one_call_init
 from webhook.dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
 
 if TYPE_CHECKING:
@@ -232,12 +233,14 @@ class TierClass:
         return self._allowed(device_class)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Classification:
     tier: TierClass
     reason: str  # e.g. 'label app=llm-inference', 'image "vllm/vllm-openai:v0.6"', 'command "torchrun"'
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class WorkloadFacts:
     labels: Mapping[str, str]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.frozen import one_call_init
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
@@ -103,6 +104,7 @@ def _claim_label(pc: PodClaim) -> str:
     return "its inline claim"
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class GpuUse:
     """One way a workload gets devices of a DeviceClass, worded for the finding."""
