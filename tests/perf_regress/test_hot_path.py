@@ -204,3 +204,46 @@ def test_container_claim_request_names_are_checked(request_name: str, warned: bo
     assert bool(hits) is warned
     if warned:
         assert "'nope'" in hits[0].message and "mig-gpu" in hits[0].message
+
+
+@settings(max_examples=300, deadline=None)
+@given(terms=st.lists(st.tuples(st.integers(0, 64), st.sampled_from([1, 4, 7, 28, 3])), max_size=40))
+def test_ratio_sums_are_fraction_sums(terms: list[tuple[int, int]]) -> None:
+    """quota sums GPU-equivalents as int ratios: the value Fraction arithmetic gives, with the
+    denominator held at the least common one however many terms a hostile object brings."""
+    from fractions import Fraction
+    from math import lcm
+
+    from webhook.engine.quota import add_ratio
+
+    num, den = 0, 1
+    for n, d in terms:
+        num, den = add_ratio(num, den, n, d)
+    assert Fraction(num, den) == sum((Fraction(n, d) for n, d in terms), Fraction(0))
+    assert den == lcm(1, *(d for _n, d in terms))
+
+
+def test_claim_gpu_ratio_is_the_largest_alternative_per_request() -> None:
+    from fractions import Fraction
+
+    from webhook.dra.objects import read_claim_spec
+    from webhook.engine.quota import QuotaCalculator
+
+    classes = _docs("deviceclasses.yaml")
+    names = [c["metadata"]["name"] for c in classes]
+    mig = next(n for n in names if "mig" in n)
+    full = next(n for n in names if "mig" not in n)
+    calc = QuotaCalculator(Inventory.from_objects(classes))
+    one_mig = calc.class_fraction(mig)
+    assert one_mig.denominator > 1
+    requests = [
+        {"name": "a", "exactly": {"deviceClassName": mig, "count": 3}},
+        {"name": "b", "firstAvailable": [
+            {"name": "x", "deviceClassName": mig, "count": 1},
+            {"name": "y", "deviceClassName": full, "count": 1},
+        ]},
+    ]
+    spec = read_claim_spec({"devices": {"requests": requests}}, "resource.k8s.io/v1")
+    want = one_mig * 3 + max(one_mig, calc.class_fraction(full))
+    assert Fraction(*calc.claim_gpu_ratio(spec)) == want
+    assert calc.claim_gpu_equivalents(spec) == want
