@@ -247,3 +247,16 @@ def test_claim_gpu_ratio_is_the_largest_alternative_per_request() -> None:
     want = one_mig * 3 + max(one_mig, calc.class_fraction(full))
     assert Fraction(*calc.claim_gpu_ratio(spec)) == want
     assert calc.claim_gpu_equivalents(spec) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(pattern=st.text(alphabet="nvidia.com/gpu*?[]!-", max_size=12),
+       resource=st.text(alphabet="nvidia.com/gpu-", max_size=12))
+def test_resource_mapping_matches_as_glob_match(pattern: str, resource: str) -> None:
+    """A mapping keeps its resource glob compiled; what it matches is glob_match's answer."""
+    from webhook.policy.model import ResourceMapping, glob_match
+
+    m = ResourceMapping(pattern, "gpu.nvidia.com", {"zone": "a"})
+    assert m.matches(resource, {"zone": "a"}) is glob_match(pattern, resource)
+    assert not m.matches(resource, {"zone": "b"})
+    assert m == ResourceMapping(pattern, "gpu.nvidia.com", {"zone": "a"})
