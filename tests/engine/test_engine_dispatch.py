@@ -69,7 +69,7 @@ def test_skipped_rules_find_nothing(label: str, snap: Any, ctx: Context) -> None
             planned = _plan(mods, _scopes_of(item.obj))
             rc = RuleContext.build([item], snap.policies, snap.inventory, ctx)
             for mod_name, rule in every:
-                if any(rule is r for _n, r in planned):
+                if any(rule is r for _n, r, _c in planned):
                     ran_somewhere.add(rule.id_prefix)
                     continue
                 skipped_somewhere.add(rule.id_prefix)
@@ -92,4 +92,7 @@ def test_unreadable_object_runs_every_rule() -> None:
 
     mods = modules()
     planned = _plan(mods, _scopes_of(Hostile()))  # unreadable: every scope
-    assert [r for _n, r in planned] == [r for m in mods for r in m.rules]
+    assert [r for _n, r, _c in planned] == [r for m in mods for r in m.rules]
+    # Each rule is run through its own check: a FunctionRule's function, called directly.
+    assert all(c is getattr(r, "fn", None) or c == r.check for _n, r, c in planned)
+    assert any(c is getattr(r, "fn", None) for _n, r, c in planned)

@@ -204,3 +204,79 @@ def test_container_claim_request_names_are_checked(request_name: str, warned: bo
     assert bool(hits) is warned
     if warned:
         assert "'nope'" in hits[0].message and "mig-gpu" in hits[0].message
+
+
+@settings(max_examples=300, deadline=None)
+@given(terms=st.lists(st.tuples(st.integers(0, 64), st.sampled_from([1, 4, 7, 28, 3])), max_size=40))
+def test_ratio_sums_are_fraction_sums(terms: list[tuple[int, int]]) -> None:
+    """quota sums GPU-equivalents as int ratios: the value Fraction arithmetic gives, with the
+    denominator held at the least common one however many terms a hostile object brings."""
+    from fractions import Fraction
+    from math import lcm
+
+    from webhook.engine.quota import add_ratio
+
+    num, den = 0, 1
+    for n, d in terms:
+        num, den = add_ratio(num, den, n, d)
+    assert Fraction(num, den) == sum((Fraction(n, d) for n, d in terms), Fraction(0))
+    assert den == lcm(1, *(d for _n, d in terms))
+
+
+def test_claim_gpu_ratio_is_the_largest_alternative_per_request() -> None:
+    from fractions import Fraction
+
+    from webhook.dra.objects import read_claim_spec
+    from webhook.engine.quota import QuotaCalculator
+
+    classes = _docs("deviceclasses.yaml")
+    names = [c["metadata"]["name"] for c in classes]
+    mig = next(n for n in names if "mig" in n)
+    full = next(n for n in names if "mig" not in n)
+    calc = QuotaCalculator(Inventory.from_objects(classes))
+    one_mig = calc.class_fraction(mig)
+    assert one_mig.denominator > 1
+    requests = [
+        {"name": "a", "exactly": {"deviceClassName": mig, "count": 3}},
+        {"name": "b", "firstAvailable": [
+            {"name": "x", "deviceClassName": mig, "count": 1},
+            {"name": "y", "deviceClassName": full, "count": 1},
+        ]},
+    ]
+    spec = read_claim_spec({"devices": {"requests": requests}}, "resource.k8s.io/v1")
+    want = one_mig * 3 + max(one_mig, calc.class_fraction(full))
+    assert Fraction(*calc.claim_gpu_ratio(spec)) == want
+    assert calc.claim_gpu_equivalents(spec) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(pattern=st.text(alphabet="nvidia.com/gpu*?[]!-", max_size=12),
+       resource=st.text(alphabet="nvidia.com/gpu-", max_size=12))
+def test_resource_mapping_matches_as_glob_match(pattern: str, resource: str) -> None:
+    """A mapping keeps its resource glob compiled; what it matches is glob_match's answer."""
+    from webhook.policy.model import ResourceMapping, glob_match
+
+    m = ResourceMapping(pattern, "gpu.nvidia.com", {"zone": "a"})
+    assert m.matches(resource, {"zone": "a"}) is glob_match(pattern, resource)
+    assert not m.matches(resource, {"zone": "b"})
+    assert m == ResourceMapping(pattern, "gpu.nvidia.com", {"zone": "a"})
+
+
+def test_pod_labels_and_annotations_read_together() -> None:
+    """One read of the template's metadata gives both maps: the template's over the workload's, and
+    only string values; a Pod's are its own."""
+    from webhook.dra.workloads import pod_annotations, pod_labels, pod_labels_and_annotations
+
+    dep = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"labels": {"a": "1", "b": "1", "n": 3}, "annotations": {"x": "1", "y": "1"}},
+        "spec": {"template": {
+            "metadata": {"labels": {"b": "2", "m": None}, "annotations": {"y": "2", "z": ["no"]}},
+            "spec": {"containers": []},
+        }},
+    }
+    assert pod_labels_and_annotations(dep) == ({"a": "1", "b": "2"}, {"x": "1", "y": "2"})
+    assert (pod_labels(dep), pod_annotations(dep)) == pod_labels_and_annotations(dep)
+    pod = {"kind": "Pod", "metadata": {"labels": {"a": "1"}}, "spec": {"template": dep["spec"]["template"]}}
+    assert pod_labels_and_annotations(pod) == ({"a": "1"}, {})
+    assert pod_labels_and_annotations({"kind": "Deployment", "metadata": "bad"}) == ({}, {})

@@ -89,3 +89,14 @@ def test_new_cel_text_is_rate_limited_per_identity_and_for_all() -> None:
     assert rate.allowance("c") == 0  # a third identity gets nothing until the shared bucket refills
     now[0] += 1.0
     assert rate.allowance("a") == 1000 and rate.allowance("c") == 3000
+
+
+def test_the_budget_holds_only_inside_its_block_even_when_the_block_raises() -> None:
+    assert env._budget.get() is None
+    with env.compile_budget(100, evaluations=7) as outer:
+        assert env._budget.get() is outer and (outer.left, outer.evaluations) == (100, 7)
+        with pytest.raises(RuntimeError), env.compile_budget(5) as inner:
+            assert env._budget.get() is inner
+            raise RuntimeError("boom")
+        assert env._budget.get() is outer
+    assert env._budget.get() is None

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from webhook.dra.objects import as_list, as_map, as_str
-from webhook.dra.workloads import pod_annotations, pod_labels, pod_templates_of
+from webhook.dra.workloads import pod_labels_and_annotations, pod_templates_of
 from webhook.engine.migration import node_labels_of
 from webhook.policy.model import PolicySet
 
@@ -152,7 +152,7 @@ class OwnerIndex:
         return max(seen[1], 0)
 
     def _facts(self, obj: Mapping[str, Any]) -> list[bytes]:
-        labels, notes = pod_labels(obj), pod_annotations(obj)
+        labels, notes = pod_labels_and_annotations(obj)
         meta = (
             sorted((k, labels[k]) for k in self.label_keys if k in labels),
             sorted((k, notes[k]) for k in self.annotation_keys if k in notes),

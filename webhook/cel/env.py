@@ -21,7 +21,7 @@ import contextvars
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from webhook.cel import _native, fold, phantom, typecheck, unsupported
@@ -370,19 +370,26 @@ _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("cel_com
 _uncacheable: contextvars.ContextVar[bool] = contextvars.ContextVar("cel_uncacheable", default=False)
 
 
-@contextlib.contextmanager
-def compile_budget(
-    limit: int = REQUEST_COMPILE_BYTES, evaluations: int = REQUEST_EVALUATIONS
-) -> Iterator[Budget]:
+class compile_budget:
     """Bound the never-seen selector text compiled and the device evaluations run inside the
     block (one admission request). An evaluation over the budget fails as draguard's runtime
-    limit (`CelEvalError.limit`: verdict unknown, reported as cel/unsupported, never denied)."""
-    budget = Budget(limit, evaluations)
-    token = _budget.set(budget)
-    try:
-        yield budget
-    finally:
-        _budget.reset(token)
+    limit (`CelEvalError.limit`: verdict unknown, reported as cel/unsupported, never denied).
+    A class, not contextlib.contextmanager: it is entered once per review, on the hot path."""
+
+    __slots__ = ("_budget", "_token")
+
+    def __init__(self, limit: int = REQUEST_COMPILE_BYTES, evaluations: int = REQUEST_EVALUATIONS) -> None:
+        self._budget = Budget(limit, evaluations)
+        self._token: contextvars.Token[Budget | None] | None = None
+
+    def __enter__(self) -> Budget:
+        self._token = _budget.set(self._budget)
+        return self._budget
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            _budget.reset(self._token)
+            self._token = None
 
 
 def entry_bytes(expression: str, result: CompiledSelector | CelIssue) -> int:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from webhook.core.frozen import one_call_init
+
 JsonPatch = list[dict[str, Any]]
 
 
@@ -23,6 +25,7 @@ class Mode(StrEnum):
     AUDIT = "audit"
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     api_version: str
@@ -43,6 +46,7 @@ class ObjectRef:
         }
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One rule's verdict on one object.

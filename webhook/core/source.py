@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.core.frozen import one_call_init
 
+
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class SourceObject:
     """One Kubernetes object and where it came from (a file in review, a request in admission)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from webhook.core.frozen import one_call_init
 from webhook.dra.device import AttrValue, Device, Version
 
 GROUP = "resource.k8s.io"
@@ -135,6 +136,7 @@ def is_flat(api_version: object) -> bool:
 # -- internal form -----------------------------------------------------------------------------
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Selector:
     expression: str
@@ -219,6 +221,7 @@ class ClaimSpec:
         return tuple(r for r in self.requests if r.name in wanted)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class DeviceClassSpec:
     name: str

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.frozen import one_call_init
 from webhook.dra.objects import as_int, as_list, as_map, as_str, read_once
 
 # kind -> path (as keys) from the object root to the PodSpec.
@@ -137,6 +138,7 @@ def is_workload_crd(group: str, kind: str) -> bool:
     return (group, kind) in _CRD_TABLE.get()
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class PodTemplate:
     """One pod template of a workload: its JSON pointer, the PodSpec, and the pods it runs."""
@@ -253,23 +255,24 @@ def pod_metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def pod_labels(obj: Mapping[str, Any]) -> dict[str, str]:
     """Labels a workload's pods carry, with the workload's own labels underneath."""
-    out = {k: v for k, v in as_map(as_map(obj.get("metadata")).get("labels")).items() if isinstance(v, str)}
-    if obj.get("kind") != "Pod":
-        out.update(
-            {k: v for k, v in as_map(pod_metadata_of(obj).get("labels")).items() if isinstance(v, str)}
-        )
-    return out
+    return pod_labels_and_annotations(obj)[0]
 
 
 def pod_annotations(obj: Mapping[str, Any]) -> dict[str, str]:
     """Annotations of the workload and its pod template (template wins)."""
+    return pod_labels_and_annotations(obj)[1]
+
+
+def pod_labels_and_annotations(obj: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """`pod_labels(obj)` and `pod_annotations(obj)`, reading the pod template's metadata once."""
     meta = as_map(obj.get("metadata"))
-    out = {k: v for k, v in as_map(meta.get("annotations")).items() if isinstance(v, str)}
+    labels = {k: v for k, v in as_map(meta.get("labels")).items() if isinstance(v, str)}
+    notes = {k: v for k, v in as_map(meta.get("annotations")).items() if isinstance(v, str)}
     if obj.get("kind") != "Pod":
-        out.update(
-            {k: v for k, v in as_map(pod_metadata_of(obj).get("annotations")).items() if isinstance(v, str)}
-        )
-    return out
+        pod_meta = pod_metadata_of(obj)
+        labels.update({k: v for k, v in as_map(pod_meta.get("labels")).items() if isinstance(v, str)})
+        notes.update({k: v for k, v in as_map(pod_meta.get("annotations")).items() if isinstance(v, str)})
+    return labels, notes
 
 
 def replicas_of(obj: Mapping[str, Any]) -> int:

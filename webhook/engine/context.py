@@ -7,9 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from webhook.core.frozen import one_call_init
+
 ALL_RESOURCE_VERSIONS: frozenset[str] = frozenset({"v1", "v1beta2", "v1beta1"})
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class QuotaUsage:
     """Live device usage from cached ResourceClaims: (scope, device class) -> devices, and GPU-equivalents.
@@ -23,6 +26,7 @@ class QuotaUsage:
     claims: Mapping[str, int] = field(default_factory=dict)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Context:
     """What the engine knows beyond the objects. Offline review uses the defaults."""

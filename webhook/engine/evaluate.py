@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
@@ -26,6 +26,7 @@ from webhook.engine.rules.base import (
     DRA_GROUP,
     SCOPES,
     WORKLOAD,
+    FunctionRule,
     Rule,
     RuleContext,
 )
@@ -87,9 +88,9 @@ def _evaluate(
             if known:
                 findings.append(_too_deep(item, rc, deep))
             continue
-        for mod_name, rule in _plan(mods, _scopes_of(item.obj)):
+        for mod_name, rule, check in _plan(mods, _scopes_of(item.obj)):
             try:
-                findings.extend(rule.check(item, rc))
+                findings.extend(check(item, rc))
             except Exception as e:  # one bad object or rule must not hide the others' verdicts
                 findings.append(_internal(mod_name, rule.id_prefix, item, rc, e))
     report.findings = apply_exceptions(findings, policies.exceptions, ctx)
@@ -122,25 +123,29 @@ def _scopes_of(obj: Mapping[str, Any]) -> int:
         return _ALL_SCOPES
 
 
+Planned = tuple[str, Rule, Callable[[SourceObject, RuleContext], Iterable[Finding]]]
+
 # (id of a module tuple, scope bits) -> (that tuple, its plan): the tuple is held so that its id is
 # not reused; keyed by id because hashing the tuple would hash every rule in it.
-_PLANS: dict[tuple[int, int], tuple[tuple[RuleModule, ...], tuple[tuple[str, Rule], ...]]] = {}
+_PLANS: dict[tuple[int, int], tuple[tuple[RuleModule, ...], tuple[Planned, ...]]] = {}
 
 
-def _plan(mods: tuple[RuleModule, ...], scopes: int) -> tuple[tuple[str, Rule], ...]:
-    """(module name, rule) to run, in registry order, on an object in `scopes`. Memoized per module
+def _plan(mods: tuple[RuleModule, ...], scopes: int) -> tuple[Planned, ...]:
+    """(module name, rule, its check) to run, in registry order, on an object in `scopes`: a
+    FunctionRule's check is its function, called without the method in between. Memoized per module
     tuple (the registry, or a caller's restriction of it) and scope bits: both come from draguard's
     own code, never from a request, so the memo holds few plans (and is bounded)."""
     key = (id(mods), scopes)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is mods:
         return hit[1]
-    out: list[tuple[str, Rule]] = []
+    out: list[Planned] = []
     for mod in mods:
         for rule in mod.rules:
             scope: frozenset[str] | None = getattr(rule, "scope", None)
             if scope is None or any(scopes & _SCOPE_BIT[n] for n in scope):
-                out.append((mod.name, rule))
+                check = rule.fn if type(rule) is FunctionRule else rule.check
+                out.append((mod.name, rule, check))
     plan = tuple(out)
     if len(_PLANS) >= 256:
         _PLANS.clear()
@@ -312,6 +317,8 @@ def apply_exceptions(
     In review (not admission) every expired exception is reported; in admission only those that
     would have covered a finding of this request, so one stale exception does not flood each reply.
     """
+    if not exceptions:  # the usual case: nothing to apply or report
+        return list(findings)
     live = [e for e in exceptions if not e.expired(ctx.today)]
     expired = [e for e in exceptions if e.expired(ctx.today)]
     out: list[Finding] = []

@@ -17,6 +17,7 @@ from typing import Any
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
 from webhook.core.findings import JsonPatch
+from webhook.core.frozen import one_call_init
 from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, as_map, claim_template, esc
 from webhook.dra.workloads import pod_spec_of
 from webhook.policy.model import MigrationPolicy, ResourceMapping
@@ -102,6 +103,7 @@ def template_name(device_class: str, count: int) -> str:
     return dns_label(f"draguard-{device_class}-{count}", _DNS_SUBDOMAIN_MAX)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class LegacyUse:
     """One legacy extended resource in one container."""
@@ -117,6 +119,7 @@ class LegacyUse:
     bad_count: str | None = None  # the value as written when it is not a positive integer
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class ClaimEdit:
     """How one LegacyUse becomes DRA: the container references `refs`; `claim_name` (when set) is

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from math import lcm
 from typing import Any
 
 from driver.schema import DRIVER_NAME
@@ -73,10 +74,12 @@ def mig_fraction(profile: str, product: str | None = None) -> Fraction | None:
     return min(Fraction(int(m.group(1)), total), Fraction(1))
 
 
-def scaled(frac: Fraction, n: int) -> Fraction | int:
-    """`frac * n`, as an int when `frac` is whole (most classes are whole GPUs): the same value,
-    without Fraction's arithmetic, which is Python code and several times slower."""
-    return frac.numerator * n if frac.denominator == 1 else frac * n
+def add_ratio(num: int, den: int, n: int, d: int) -> tuple[int, int]:
+    """num/den + n/d over the least common denominator (denominators stay small: 1, 4, 7, 28)."""
+    if d == den:
+        return num + n, den
+    common = lcm(den, d)
+    return num * (common // den) + n * (common // d), common
 
 
 def device_fraction(device: Device) -> Fraction:
@@ -166,15 +169,23 @@ class QuotaCalculator:
 
     def claim_gpu_equivalents(self, spec: ClaimSpec) -> Fraction:
         """GPU-equivalents one claim can hold: per request its largest alternative."""
-        total: Fraction | int = 0
+        return Fraction(*self.claim_gpu_ratio(spec))
+
+    def claim_gpu_ratio(self, spec: ClaimSpec) -> tuple[int, int]:
+        """`claim_gpu_equivalents` as (numerator, denominator > 0), not reduced: summed in ints,
+        since Fraction's arithmetic is Python code and several times slower (MIG classes)."""
+        num, den = 0, 1
         for req in spec.requests:
-            best: Fraction | int = 0
+            best_n, best_d = 0, 1
             for cls, selectors, mode, count, _ptr in req.alternatives():
                 if cls:
                     held = self.obtainable(cls, selectors, mode, count)
-                    best = max(best, scaled(self.class_fraction(cls), held))
-            total += best
-        return total if type(total) is Fraction else Fraction(total)
+                    frac = self.class_fraction(cls)
+                    n, d = frac.numerator * held, frac.denominator
+                    if n * best_d > best_n * d:
+                        best_n, best_d = n, d
+            num, den = add_ratio(num, den, best_n, best_d)
+        return num, den
 
     def claim_demand(self, spec: ClaimSpec) -> dict[str, int]:
         """Devices per DeviceClass one claim charges."""

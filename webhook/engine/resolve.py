@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from webhook.core.frozen import one_call_init
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
@@ -42,6 +43,7 @@ def namespace_of(obj: Mapping[str, Any], default_namespace: str = "default") -> 
     return as_str(as_map(obj.get("metadata")).get("namespace")) or default_namespace
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Index:
     """Claims, templates and classes from the input set (first) and the inventory (second)."""
@@ -95,6 +97,7 @@ class Index:
 PodClaimKind = Literal["template", "claim", "inline", "invalid"]
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class PodClaim:
     """One `spec.resourceClaims[]` entry of a pod spec and what it resolves to."""

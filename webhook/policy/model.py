@@ -10,12 +10,13 @@ import datetime as dt
 import fnmatch
 import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from webhook.core.findings import Finding, Mode
+from webhook.core.frozen import one_call_init
 from webhook.dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
 
 if TYPE_CHECKING:
@@ -232,12 +233,14 @@ class TierClass:
         return self._allowed(device_class)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class Classification:
     tier: TierClass
     reason: str  # e.g. 'label app=llm-inference', 'image "vllm/vllm-openai:v0.6"', 'command "torchrun"'
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class WorkloadFacts:
     labels: Mapping[str, str]
@@ -413,9 +416,14 @@ class ResourceMapping:
     device_class: str
     node_selector: Mapping[str, str] = field(default_factory=dict)
     selectors: tuple[str, ...] = ()  # extra CEL selectors for the generated request
+    # glob_match(self.resource, ...)'s regex, compiled once: asked per mapping per legacy pod.
+    _match: Callable[[str], re.Match[str] | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_match", _glob_re(self.resource).match)
 
     def matches(self, resource: str, node_selector: Mapping[str, str]) -> bool:
-        if not glob_match(self.resource, resource):
+        if resource != self.resource and self._match(resource) is None:  # glob_match
             return False
         # A loop, not all() over a generator: asked per mapping per legacy pod.
         for k, v in self.node_selector.items():  # noqa: SIM110

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from webhook.core.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
+from webhook.core.frozen import one_call_init
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_map, as_str
@@ -47,6 +48,7 @@ class FunctionRule:
         return self.fn(item, rc)
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class RuleContext:
     """Everything a rule may consult besides the object: pure data, built once per evaluation."""

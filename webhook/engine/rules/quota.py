@@ -19,7 +19,13 @@ from webhook.dra.objects import DeviceClassSpec, as_map, claim_spec_of
 from webhook.dra.workloads import effective_amounts, pod_templates_of
 from webhook.engine.context import QuotaUsage
 from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
-from webhook.engine.quota import QuotaCalculator, budget_applies, inventory_calculator, mig_fraction, scaled
+from webhook.engine.quota import (
+    QuotaCalculator,
+    add_ratio,
+    budget_applies,
+    inventory_calculator,
+    mig_fraction,
+)
 from webhook.engine.rules.base import DRA_CLAIM, WORKLOAD, FunctionRule, RuleContext, severity_for
 from webhook.policy.model import GpuQuotaPolicy, glob_match
 
@@ -110,7 +116,8 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
     spec_map = as_map(obj.get("spec"))
     d = Demand(pointer="/spec/replicas" if "replicas" in spec_map else templates[0].pointer)
     claims = rc.pod_claims(item)
-    ge: Fraction | int = 0
+    # GPU-equivalents as numerator / denominator ints (see QuotaCalculator.claim_gpu_ratio).
+    ge_n, ge_d = 0, 1
     total_pods = 0
     for tmpl in templates:
         pods = tmpl.replicas
@@ -130,7 +137,8 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             d.claims += pods
             for cls, n in calc.claim_demand(pc.spec).items():
                 d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target}){where}")
-            ge += scaled(calc.claim_gpu_equivalents(pc.spec), pods)
+            n, den = calc.claim_gpu_ratio(pc.spec)
+            ge_n, ge_d = add_ratio(ge_n, ge_d, n * pods, den)
         extended = False
         # Effective amounts (max of init containers vs sum of app containers), as the scheduler and
         # the device plugin count them: an init container's GPUs are reused by the app containers.
@@ -139,15 +147,17 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
             if ext_cls is not None:
                 extended = True
                 d.add(ext_cls, count * pods, f"{pods} {unit} x {count} ({res}){where}")
-                ge += scaled(calc.class_fraction(ext_cls), count * pods)
+                frac = calc.class_fraction(ext_cls)
+                ge_n, ge_d = add_ratio(ge_n, ge_d, frac.numerator * count * pods, frac.denominator)
             elif is_legacy_resource(res):
                 cls, frac = _legacy_class(rc, res, tmpl.spec, calc)
                 d.add(cls, count * pods, f"{pods} {unit} x {count} ({res}, device plugin){where}")
-                ge += scaled(frac, count * pods)
+                ge_n, ge_d = add_ratio(ge_n, ge_d, frac.numerator * count * pods, frac.denominator)
         if extended:
             d.claims += pods  # the scheduler creates one claim per pod for extended resources
     d.pods = total_pods
-    d.gpu_equivalents = ge
+    # The same value as before: an int while it is whole, a Fraction otherwise.
+    d.gpu_equivalents = ge_n // ge_d if ge_n % ge_d == 0 else Fraction(ge_n, ge_d)
     return d
 
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.findings import Finding, Mode, Severity
+from webhook.core.frozen import one_call_init
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
-from webhook.dra.workloads import command_line, pod_annotations, pod_labels, pod_spec_of
+from webhook.dra.workloads import command_line, pod_labels_and_annotations, pod_spec_of
 from webhook.engine.resolve import (
     IMPLICIT_CLASS_PREFIX,
     POD_CLAIM_NAME_ANNOTATION,
@@ -58,7 +59,8 @@ def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
             words = [w for arg in command_line(c) for w in arg.split()]
             tokens.extend(words)
             modules.extend(python_modules(words))
-    return WorkloadFacts(pod_labels(obj), pod_annotations(obj), tuple(images), tuple(tokens), tuple(modules))
+    labels, annotations = pod_labels_and_annotations(obj)
+    return WorkloadFacts(labels, annotations, tuple(images), tuple(tokens), tuple(modules))
 
 
 def _is_python(word: str) -> bool:
@@ -103,6 +105,7 @@ def _claim_label(pc: PodClaim) -> str:
     return "its inline claim"
 
 
+@one_call_init
 @dataclass(frozen=True, slots=True)
 class GpuUse:
     """One way a workload gets devices of a DeviceClass, worded for the finding."""
