@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
-import functools
 import json
 import os
 import subprocess
@@ -35,21 +33,6 @@ sys.path.insert(0, str(ROOT))
 from bench import webhook as wb  # noqa: E402
 
 
-def unique_reviews(n: int = 2000) -> list[bytes]:
-    """bench/webhook.py's review mix, each copy with its own object name and uid."""
-    out = []
-    base = [json.loads(b) for b in wb.reviews()]
-    for i in range(n):
-        doc = copy.deepcopy(base[i % len(base)])
-        req = doc["request"]
-        req["uid"] = f"c0ffee00-0000-4000-8000-{i:012d}"
-        name = f"{req['object']['metadata']['name']}-{i}"
-        req["object"]["metadata"]["name"] = name
-        req["name"] = name
-        out.append(json.dumps(doc).encode())
-    return out
-
-
 def serve_child(
     port: int, cert: str, key: str, policies: str, inventory: str, cpu: int | None, cache: bool
 ) -> None:
@@ -58,7 +41,15 @@ def serve_child(
 
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
-    web.TCPSite = functools.partial(web.TCPSite, reuse_port=True)  # type: ignore[misc]
+    # The serving site subclasses TCPSite (webhook/server/listen.py): patch the base's __init__, so
+    # the subclass still has a class to derive from and every site it opens sets the option.
+    base_init = web.TCPSite.__init__
+
+    def reuse_port_init(self: web.TCPSite, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("reuse_port", True)
+        base_init(self, *args, **kwargs)
+
+    web.TCPSite.__init__ = reuse_port_init  # type: ignore[method-assign]
     wb.run_draguard(port, cert, key, policies, inventory, cache)
 
 
@@ -109,7 +100,7 @@ def main() -> int:
     from webhook import certs
 
     if not args.repeats:
-        bodies = unique_reviews()
+        bodies = wb.distinct_reviews()
         wb.reviews = lambda: bodies  # the shared load generator reads its bodies from here
     conns = [int(c) for c in args.connections.split(",") if c]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
