@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from engine_helpers import rules, run
 
 from webhook.core.findings import Mode, Severity
@@ -317,13 +320,26 @@ def test_alpha_versions_of_claims_are_no_longer_served() -> None:
     assert run(taint_rule, modules=ONLY).findings == []
 
 
+def _pointer_target(obj: Any, pointer: str) -> Any:
+    """What an RFC 6901 pointer reaches: through mappings and lists only, None where it stops."""
+    cur: Any = obj
+    for tok in pointer.split("/")[1:]:
+        tok = tok.replace("~1", "/").replace("~0", "~")
+        if isinstance(cur, Mapping):
+            cur = cur.get(tok)
+        elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
+            cur = cur[int(tok)]
+        else:
+            return None
+    return cur
+
+
 def test_claim_entries_read_on_the_way_are_what_the_pointer_reaches() -> None:
     """structure/undeclared-claim reads each container claim entry while listing them; that entry is
     the one its JSON pointer names, for parsed JSON and for other container types alike."""
     from types import MappingProxyType
 
-    from webhook.engine.resolve import claim_names_used
-    from webhook.engine.rules.structure import _at, _claim_refs
+    from webhook.engine.resolve import claim_refs
 
     entry = {"name": "gpu", "request": "a"}
     shapes = [
@@ -334,10 +350,20 @@ def test_claim_entries_read_on_the_way_are_what_the_pointer_reaches() -> None:
         {"containers": [MappingProxyType({"resources": MappingProxyType({"claims": [entry]})})]},
         {"containers": [{"resources": {"claims": [entry, "junk", {"name": 5}]}}, "junk"]},
     ]
-    for spec in shapes:
-        refs = _claim_refs(spec, "/spec/template/spec")
-        assert [(n, p) for n, p, _r in refs] == list(claim_names_used(spec, "/spec/template/spec"))
+    pp = "/spec/template/spec"
+    gpu = [("gpu", f"{pp}/containers/0/resources/claims/0")]
+    expected = [
+        [
+            ("i", f"{pp}/initContainers/0/resources/claims/0"),
+            *gpu,
+            ("x", f"{pp}/containers/0/resources/claims/1"),
+        ],
+        gpu, gpu, gpu, gpu,
+    ]
+    for spec, names in zip(shapes, expected, strict=True):
+        refs = claim_refs(spec, pp)
+        assert [(n, p) for n, p, _r in refs] == names
         for _n, ptr, ref in refs:
-            assert ref is _at(spec, ptr.removeprefix("/spec/template/spec")), (spec, ptr)
-    assert _claim_refs(shapes[1], "")[0][2] is None
-    assert _claim_refs(shapes[0], "")[1][2] is entry  # initContainers come first
+            assert ref is _pointer_target(spec, ptr.removeprefix(pp)), (spec, ptr)
+    assert claim_refs(shapes[1], "")[0][2] is None
+    assert claim_refs(shapes[0], "")[1][2] is entry  # initContainers come first

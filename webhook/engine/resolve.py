@@ -170,15 +170,21 @@ def requested_classes(spec: ClaimSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def claim_names_used(spec_obj: Mapping[str, Any], pod_pointer: str) -> Sequence[tuple[str, str]]:
-    """(claim name, pointer) of every `resources.claims[]` entry in the pod's containers."""
-    out: list[tuple[str, str]] = []
+def claim_refs(spec_obj: Mapping[str, Any], pod_pointer: str) -> list[tuple[str, str, Any]]:
+    """(claim name, pointer, the entry) of every `resources.claims[]` entry in the pod's containers.
+
+    The entry is the one the pointer reaches, read on the way; None where the pointer cannot reach
+    it, since a JSON pointer steps through lists and not tuples (objects built in Python)."""
+    out: list[tuple[str, str, Any]] = []
     for key in ("initContainers", "containers"):
-        for ci, c in enumerate(as_list(spec_obj.get(key))):
-            for ri, ref in enumerate(as_list(as_map(as_map(c).get("resources")).get("claims"))):
+        containers = spec_obj.get(key)
+        for ci, c in enumerate(as_list(containers)):
+            claims = as_map(as_map(c).get("resources")).get("claims")
+            for ri, ref in enumerate(as_list(claims)):
                 n = as_str(as_map(ref).get("name"))
                 if n is not None:
-                    out.append((n, f"{pod_pointer}/{key}/{ci}/resources/claims/{ri}"))
+                    reached = ref if isinstance(containers, list) and isinstance(claims, list) else None
+                    out.append((n, f"{pod_pointer}/{key}/{ci}/resources/claims/{ri}", reached))
     return out
 
 

@@ -7,7 +7,7 @@ enforce; what admits but misbehaves (never allocates, unused claims, old version
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -36,7 +36,7 @@ from webhook.dra.objects import (
     write_claim_spec,
 )
 from webhook.dra.workloads import pod_spec_of
-from webhook.engine.resolve import per_node_capacity
+from webhook.engine.resolve import claim_refs, per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
@@ -127,7 +127,7 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
         n = as_str(as_map(raw).get("name"))
         if n is not None:
             declared.setdefault(n, f"{pp}/resourceClaims/{i}")
-    refs = _claim_refs(spec, pp)
+    refs = claim_refs(spec, pp)
     used = [(n, ptr) for n, ptr, _ref in refs]
     used_names = {n for n, _ in used}
     for n, ptr in used:
@@ -177,42 +177,6 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
                 "or remove the entry",
                 pointer=ptr,
             )
-
-
-def _claim_refs(spec: Mapping[str, Any], pp: str) -> list[tuple[str, str, Any]]:
-    """`claim_names_used(spec, pp)`, each with the entry `_at` reaches at its pointer (read on the
-    way instead of walked to again from the pod spec)."""
-    out: list[tuple[str, str, Any]] = []
-    for key in ("initContainers", "containers"):
-        containers = spec.get(key)
-        for ci, c in enumerate(as_list(containers)):
-            claims = as_map(as_map(c).get("resources")).get("claims")
-            for ri, ref in enumerate(as_list(claims)):
-                n = as_str(as_map(ref).get("name"))
-                if n is None:
-                    continue
-                tail = f"/{key}/{ci}/resources/claims/{ri}"
-                # _at steps through lists only: through a tuple it reaches nothing.
-                reached = ref if type(containers) is list and type(claims) is list else _at(spec, tail)
-                out.append((n, pp + tail, reached))
-    return out
-
-
-def _at(obj: Mapping[str, Any], pointer: str) -> Any:
-    cur: Any = obj
-    for tok in pointer.split("/")[1:]:
-        tok = tok.replace("~1", "/").replace("~0", "~")
-        if type(cur) is list:  # not a Mapping: testing it first spares lists the ABC check
-            if not (tok.isdigit() and int(tok) < len(cur)):
-                return None
-            cur = cur[int(tok)]
-        elif type(cur) is dict or isinstance(cur, Mapping):
-            cur = cur.get(tok)
-        elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
-            cur = cur[int(tok)]
-        else:
-            return None
-    return cur
 
 
 # -- structure/deprecated-version --------------------------------------------------------------
