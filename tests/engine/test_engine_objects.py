@@ -309,7 +309,7 @@ def test_per_node_capacity_groups_by_constraint_and_counts_shared_devices() -> N
 
 
 def test_pod_labels_merge_workload_and_template() -> None:
-    from webhook.dra.workloads import containers_of, pod_annotations, pod_labels
+    from webhook.dra.workloads import containers_of, pod_labels_and_annotations
 
     obj = {
         "kind": "Deployment",
@@ -321,8 +321,9 @@ def test_pod_labels_merge_workload_and_template() -> None:
             }
         },
     }
-    assert pod_labels(obj) == {"a": "1", "b": "2"}
-    assert pod_annotations(obj) == {"x": "1"}  # non-string values are not annotations
+    labels, annotations = pod_labels_and_annotations(obj)
+    assert labels == {"a": "1", "b": "2"}
+    assert annotations == {"x": "1"}  # non-string values are not annotations
     found = pod_spec_of(obj)
     assert found is not None
     refs = list(containers_of(*found))

@@ -265,7 +265,7 @@ def test_resource_mapping_matches_as_glob_match(pattern: str, resource: str) -> 
 def test_pod_labels_and_annotations_read_together() -> None:
     """One read of the template's metadata gives both maps: the template's over the workload's, and
     only string values; a Pod's are its own."""
-    from webhook.dra.workloads import pod_annotations, pod_labels, pod_labels_and_annotations
+    from webhook.dra.workloads import pod_labels_and_annotations
 
     dep = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -276,7 +276,6 @@ def test_pod_labels_and_annotations_read_together() -> None:
         }},
     }
     assert pod_labels_and_annotations(dep) == ({"a": "1", "b": "2"}, {"x": "1", "y": "2"})
-    assert (pod_labels(dep), pod_annotations(dep)) == pod_labels_and_annotations(dep)
     pod = {"kind": "Pod", "metadata": {"labels": {"a": "1"}}, "spec": {"template": dep["spec"]["template"]}}
     assert pod_labels_and_annotations(pod) == ({"a": "1"}, {})
     assert pod_labels_and_annotations({"kind": "Deployment", "metadata": "bad"}) == ({}, {})

@@ -253,18 +253,9 @@ def pod_metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if meta is not None else {}
 
 
-def pod_labels(obj: Mapping[str, Any]) -> dict[str, str]:
-    """Labels a workload's pods carry, with the workload's own labels underneath."""
-    return pod_labels_and_annotations(obj)[0]
-
-
-def pod_annotations(obj: Mapping[str, Any]) -> dict[str, str]:
-    """Annotations of the workload and its pod template (template wins)."""
-    return pod_labels_and_annotations(obj)[1]
-
-
 def pod_labels_and_annotations(obj: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """`pod_labels(obj)` and `pod_annotations(obj)`, reading the pod template's metadata once."""
+    """Labels and annotations a workload's pods carry: the workload's own, with its pod template's
+    over them (string values only), reading the template's metadata once."""
     meta = as_map(obj.get("metadata"))
     labels = {k: v for k, v in as_map(meta.get("labels")).items() if isinstance(v, str)}
     notes = {k: v for k, v in as_map(meta.get("annotations")).items() if isinstance(v, str)}
