@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from webhook.core.findings import Finding
 from webhook.core.source import SourceObject
@@ -200,6 +200,7 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
     namespace = rc.namespace(item) or rc.ctx.default_namespace
     labels = rc.namespace_labels(namespace)
     usage = rc.ctx.usage if rc.ctx.operation != "UPDATE" else None
+    live = usage is not None
     for pol in rc.policies.quota:
         for b in pol.budgets:
             scope = _applies(b, pol, namespace, labels)
@@ -210,31 +211,33 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                 if want == 0:
                     continue
                 used = _used(usage, scope, pattern) if usage is not None else 0
-                if _within(want, used, limit, usage is not None):
+                excess = _excess(want, used, limit, live)
+                if excess is None:
                     continue
 
                 def origin(pattern: str = pattern) -> str:
                     shown = (c for c in demand.devices if glob_match(pattern, c))
                     return "; ".join(f"{c}: {', '.join(demand.origin[c])}" for c in shown)
 
-                yield from _over(item, rc, pol, _where(scope), f"devices of class {pattern}", want, used,
-                                 limit, origin, demand, usage is not None)
-            live = usage is not None
+                yield _over(excess, item, rc, pol, _where(scope), f"devices of class {pattern}", want,
+                            used, limit, origin, demand)
             if b.gpu_equivalents is not None and demand.gpu_equivalents > 0:
                 used_ge = usage.gpu_equivalents.get(scope, 0.0) if usage is not None else 0.0
-                if not _within(demand.gpu_equivalents, used_ge, b.gpu_equivalents, live):
+                excess = _excess(demand.gpu_equivalents, used_ge, b.gpu_equivalents, live)
+                if excess is not None:
                     def ge_origin() -> str:
                         calc = _calculator(rc)
                         devices = sorted(demand.devices.items())
                         return ", ".join(f"{n} x {c} at {calc.class_fraction(c)}" for c, n in devices)
 
-                    yield from _over(item, rc, pol, _where(scope), "GPU-equivalents", demand.gpu_equivalents,
-                                     used_ge, b.gpu_equivalents, ge_origin, demand, live)
+                    yield _over(excess, item, rc, pol, _where(scope), "GPU-equivalents",
+                                demand.gpu_equivalents, used_ge, b.gpu_equivalents, ge_origin, demand)
             if b.claims is not None and demand.claims > 0:
                 used_c = usage.claims.get(scope, 0) if usage is not None else 0
-                if not _within(demand.claims, used_c, b.claims, live):
-                    yield from _over(item, rc, pol, _where(scope), "ResourceClaims", demand.claims, used_c,
-                                     b.claims, lambda: f"{demand.pods} pod(s)", demand, live)
+                excess = _excess(demand.claims, used_c, b.claims, live)
+                if excess is not None:
+                    yield _over(excess, item, rc, pol, _where(scope), "ResourceClaims", demand.claims, used_c,
+                                b.claims, lambda: f"{demand.pods} pod(s)", demand)
 
 
 def _where(scope: str) -> str:
@@ -242,38 +245,42 @@ def _where(scope: str) -> str:
     return f"{'team' if scope.startswith('team:') else 'namespace'} {scope.removeprefix('team:')}"
 
 
-def _within(want: float | Fraction | int, used: float, limit: float, live: bool) -> bool:
-    """True when `_over` would report nothing: most demands are within budget, and deciding that
-    here spares building its generator and the closures that write its message."""
+Excess = Literal["alone", "with-usage"]
+
+
+def _excess(want: float | Fraction | int, used: float, limit: float, live: bool) -> Excess | None:
+    """How `want` breaks the budget: "alone" when it is over the limit by itself, "with-usage" when
+    it is over with what is in use (live usage only), None when within (most demands; deciding
+    that first spares the closures that word a finding)."""
     w = float(want)
-    return not (w > limit + _EPSILON or (live and w + used > limit + _EPSILON))
+    if w > limit + _EPSILON:
+        return "alone"
+    if live and w + used > limit + _EPSILON:
+        return "with-usage"
+    return None
 
 
 def _over(
-    item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, what: str,
+    excess: Excess, item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, what: str,
     want: float | Fraction | int, used: float, limit: float, origin_of: Callable[[], str], demand: Demand,
-    live: bool,
-) -> Iterable[Finding]:
+) -> Finding:
     mode = pol.mode
-    # The origin text is only written into a finding: most demands are within budget.
-    if float(want) > limit + _EPSILON:
-        origin = origin_of()
-        yield rc.finding(
+    origin = origin_of()  # only written into a finding
+    if excess == "alone":
+        return rc.finding(
             item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
             f"asks for {_fmt(want)} {what} ({origin}) but the budget of {where} in GpuQuotaPolicy "
             f"{pol.name} is {_fmt(limit)}",
             fix=_fix(item, demand, what, limit, pol),
             pointer=demand.pointer,
         )
-    elif live and float(want) + used > limit + _EPSILON:
-        origin = origin_of()
-        yield rc.finding(
-            item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
-            f"would bring {where} to {_fmt(float(want) + used)} {what} (in use {_fmt(used)} + this "
-            f"{_fmt(want)}: {origin}); the budget in GpuQuotaPolicy {pol.name} is {_fmt(limit)}",
-            fix=f"free {_fmt(float(want) + used - limit)} {what} in {where} first, or raise the budget",
-            pointer=demand.pointer,
-        )
+    return rc.finding(
+        item, f"{RULE_PREFIX}{pol.name}", severity_for(mode), mode,
+        f"would bring {where} to {_fmt(float(want) + used)} {what} (in use {_fmt(used)} + this "
+        f"{_fmt(want)}: {origin}); the budget in GpuQuotaPolicy {pol.name} is {_fmt(limit)}",
+        fix=f"free {_fmt(float(want) + used - limit)} {what} in {where} first, or raise the budget",
+        pointer=demand.pointer,
+    )
 
 
 def _fix(item: SourceObject, demand: Demand, what: str, limit: float, pol: GpuQuotaPolicy) -> str:
