@@ -72,28 +72,25 @@ def _calculator(rc: RuleContext) -> QuotaCalculator:
     return calc
 
 
-# The last class map's extended resources -> the first class (by name) serving each; the map is held
-# so that its identity is not reused. The inventory's map serves every workload review.
-_EXTENDED: list[tuple[Mapping[str, DeviceClassSpec], dict[str, str]]] = []
-
-
 def _extended_classes(classes: Mapping[str, DeviceClassSpec]) -> dict[str, str]:
-    if _EXTENDED and _EXTENDED[0][0] is classes:
-        return _EXTENDED[0][1]
+    """Extended resource -> the first class (by name) serving it through DRA."""
     serving: dict[str, list[str]] = {}
     for c in classes.values():
         if c.extended_resource_name is not None:
             serving.setdefault(c.extended_resource_name, []).append(c.name)
-    table = {res: min(names) for res, names in serving.items()}
-    _EXTENDED[:] = [(classes, table)]
-    return table
+    return {res: min(names) for res, names in serving.items()}
 
 
 def _extended_class(rc: RuleContext, resource: str) -> str | None:
     """The DeviceClass that serves an extended resource through DRA (KEP-5004), if any."""
     if resource.startswith(IMPLICIT_CLASS_PREFIX):
         return resource[len(IMPLICIT_CLASS_PREFIX):] or None
-    return _extended_classes(rc.index.classes).get(resource)
+    classes = rc.index.classes
+    if classes is rc.inventory.classes:  # a workload's review: the cluster's classes, memoized with them
+        table = rc.inventory.cached(("quota", "extended-classes"), lambda: _extended_classes(classes))
+    else:  # classes in the input set: this evaluation's own
+        table = _extended_classes(classes)
+    return table.get(resource)
 
 
 def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
