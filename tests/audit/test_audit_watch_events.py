@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from webhook.audit.owners import OwnerIndex
-from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Scope, Watched, event_lines
+from webhook.audit.watch import (
+    Changes,
+    Fingerprints,
+    ResourceWatch,
+    Scope,
+    Watched,
+    event_lines,
+    watched_resources,
+)
 from webhook.server.caches import Gone, KubeHttp
 
 DEPLOYMENTS = Watched("/apis/apps/v1/deployments", "apps/v1", "Deployment")
@@ -128,6 +136,52 @@ def test_status_only_updates_and_pods_of_judged_controllers_are_ignored() -> Non
     assert ch.due()[0] == []
     w.handle(_line("DELETED", dep))
     assert ch.due()[0] == ["ml"]
+
+
+SLICES = Watched("/apis/resource.k8s.io/v1/resourceslices", "resource.k8s.io/v1", "ResourceSlice", "full")
+
+
+def _slice(devices: list[str], generation: int = 0, rv: str = "11") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu.nvidia.com", "uid": "uid-slice", "resourceVersion": rv},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": generation, "resourceSliceCount": 1},
+            "devices": [{"name": d} for d in devices],
+        },
+    }
+
+
+def test_a_slice_that_gains_or_loses_devices_asks_for_a_full_scan_once() -> None:
+    clock = Clock()
+    ch = Changes(debounce=0.0, clock=clock)
+    w = ResourceWatch(KubeHttp(None), SLICES, ch, Fingerprints())
+    w.handle(_line("ADDED", _slice(["gpu-0", "gpu-1"])))  # a node joined
+    assert ch.full_since == 100.0 and ch.due()[0] == []  # no namespace: every one may change
+    ch.full_started(100.0)
+    # The same devices again (a relist's replay, a resync that changed nothing): no scan.
+    w.handle(_line("MODIFIED", _slice(["gpu-0", "gpu-1"], rv="12")))
+    assert ch.full_since is None
+    clock.now = 110.0
+    w.handle(_line("MODIFIED", _slice(["gpu-0"], generation=1, rv="13")))  # a GPU went away
+    assert ch.full_since == 110.0
+    ch.full_started(110.0)
+    clock.now = 120.0
+    w.handle(_line("DELETED", _slice(["gpu-0"], generation=1, rv="14")))  # the node left
+    assert ch.full_since == 120.0
+
+
+def test_slices_and_classes_are_watched_for_full_scans() -> None:
+    class Discovery(KubeHttp):
+        def get_json(self, path: str, query: Any = None, timeout: float = 10.0) -> dict[str, Any]:
+            assert path == "/apis/resource.k8s.io"
+            return {"versions": [{"version": "v1"}], "preferredVersion": {"version": "v1"}}
+
+    full = {r.kind for r in watched_resources(Discovery(None), []) if r.effect == "full"}
+    assert full == {"DeviceClass", "ResourceSlice"}
 
 
 def test_bookmarks_move_the_resource_version_and_410_is_gone() -> None:

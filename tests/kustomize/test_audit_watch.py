@@ -286,3 +286,76 @@ def test_a_pod_naming_a_compliant_owner_is_judged_unless_the_owner_makes_it(
     )
     assert a.kubectl("delete", "deployment", "owner", "-n", NS).returncode == 0
     wait_for(lambda: _entries(a, "owner-forged") == [], "the forged pods' entries to go", timeout=30)
+
+
+class _Miss:
+    """A falsy poll result that says what was seen instead (wait_for prints the last one)."""
+
+    def __init__(self, seen: str) -> None:
+        self.seen = seen
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return self.seen
+
+
+def _slice(products: list[str]) -> dict[str, Any]:
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {"type": {"string": "gpu"}, "productName": {"string": p}},
+        }
+        for i, p in enumerate(products)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "audit-node-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "audit-node",
+            "pool": {"name": "audit-node", "generation": 0, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def test_a_template_s_verdict_follows_the_devices_a_driver_publishes(
+    api: tuple[Api, Path], tmp_path: Path
+) -> None:
+    # Whether a request can ever be allocated depends on the ResourceSlices, not on the template:
+    # a node that joins or loses GPUs changes the report without waiting for the periodic scan.
+    a, kubeconfig = api
+    policies = policies_with_h200_only(tmp_path / "policies")
+    opts = AuditOptions(
+        str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, max_delay=5.0, full_scan_gap=0.0
+    )
+    unsatisfiable = [("warn", "structure/unsatisfiable")]
+    passes = [("pass", "all")]
+
+    def h200(want: list[tuple[str, str]], what: str) -> None:
+        def check() -> bool | _Miss:
+            seen = _entries(a, "llm-h200")
+            return seen == want or _Miss(f"entries {seen}, full scans {ctl.scans_ok}")
+
+        wait_for(check, what, timeout=30)
+
+    with running_audit(kubeconfig, opts) as ctl:
+        try:
+            assert _entries(a, "llm-h200") == passes  # no devices yet: nothing to judge by
+            _apply(a, _slice(["NVIDIA H100 80GB HBM3"]))  # a node with H100s only joins
+            h200(unsatisfiable, "the H200 template to warn")
+            assert _entries(a, "llm-h100") == passes
+            _apply(a, _slice(["NVIDIA H100 80GB HBM3", "NVIDIA H200"]))  # the node gains an H200
+            h200(passes, "the H200 template to pass")
+            _apply(a, _slice(["NVIDIA H100 80GB HBM3"]))  # and loses it again
+            h200(unsatisfiable, "the warning back")
+            # Each came from a full scan the slice watch asked for: the periodic one is an hour away.
+            # (A scan writes its reports before it counts itself.)
+            wait_for(lambda: ctl.scans_ok >= 4, "the third full scan to count itself", timeout=10)
+            events = "draguard_audit_watch_events_total"
+            assert _sample(ctl, events, resource="resourceslices", what="change") >= 3
+        finally:
+            a.kubectl("delete", "resourceslice", "audit-node-gpu.nvidia.com", "--ignore-not-found")

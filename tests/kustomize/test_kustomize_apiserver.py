@@ -250,7 +250,9 @@ def test_service_accounts_hold_what_they_need_and_nothing_broader(api: Api) -> N
     for res in ("pods", "deployments.apps", "jobs.batch", f"resourceclaims.{dra}", "namespaces"):
         assert _can(api, "draguard-audit", "list", res, "-A"), res
         assert _can(api, "draguard-audit", "watch", res, "-A"), res
-    assert not _can(api, "draguard-audit", "watch", f"resourceslices.{dra}")
+    assert _can(api, "draguard-audit", "watch", f"resourceslices.{dra}", "-A")
+    assert not _can(api, "draguard-audit", "update", f"resourceslices.{dra}")
+    assert not _can(api, "draguard-audit", "get", f"resourceslices.{dra}")
     assert _can(api, "draguard-audit", "patch", "policyreports.wgpolicyk8s.io", "-n", "ml")
     assert _can(api, "draguard-audit", "delete", "clusterpolicyreports.wgpolicyk8s.io")
     assert not _can(api, "draguard-audit", "list", "secrets", "-A")

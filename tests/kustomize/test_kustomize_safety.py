@@ -193,15 +193,17 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         # allows no other Event).
         ("events.k8s.io", "events"): {"create"},
     }
-    # The audit lists and watches what it judges (no get: a scan is paged lists; slices are only
-    # listed, by the periodic scan) and writes only reports.
+    # The audit lists and watches what it judges and consults (no get: a scan is paged lists; a
+    # slice change asks for a full scan) and writes only reports.
     lw = {"list", "watch"}
     assert _verbs(one(objs, "ClusterRole", "draguard-audit")) == {
         **{("", r): lw for r in ("pods", "replicationcontrollers", "namespaces")},
         **{("apps", r): lw for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
         **{("batch", r): lw for r in ("jobs", "cronjobs")},
-        **{("resource.k8s.io", r): lw for r in ("deviceclasses", "resourceclaims", "resourceclaimtemplates")},
-        ("resource.k8s.io", "resourceslices"): {"list"},
+        **{
+            ("resource.k8s.io", r): lw
+            for r in ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
+        },
         # the built-in workload CRD table, exactly
         **{(g, r): lw for (g, _k), (r, _vs) in CRD_RESOURCES.items()},
         **{

@@ -411,8 +411,11 @@ def wait_ready(watches: list[ResourceWatch], timeout: float) -> None:
 
 def watched_resources(http: KubeHttp, collections: Iterable[Collection]) -> list[Watched]:
     """What the audit watches: the workloads it lists, namespaces (their labels), and the DRA
-    objects it judges or consults (a DeviceClass change needs a full scan). ResourceSlices are not
-    watched: drivers republish them often, and the periodic scan reads them."""
+    objects it judges or consults. A DeviceClass or ResourceSlice change needs a full scan: what a
+    class selects, or which devices exist, can change any namespace's verdicts (whether a request
+    can be satisfied, which attributes are published). A driver that republishes unchanged devices
+    keeps its pool generation and sends no event, and the full scans a watch asks for are at least
+    `full_scan_gap` apart, so a node that comes and goes costs one full scan, not one per event."""
     out = [Watched(c.path(), c.group_version, c.kind) for c in collections]
     out.append(Watched("/api/v1/namespaces", "v1", "Namespace", "labels"))
     version, _served = discover_dra_versions(http)
@@ -421,4 +424,5 @@ def watched_resources(http: KubeHttp, collections: Iterable[Collection]) -> list
         out.append(Watched(f"/apis/{av}/resourceclaims", av, "ResourceClaim"))
         out.append(Watched(f"/apis/{av}/resourceclaimtemplates", av, "ResourceClaimTemplate"))
         out.append(Watched(f"/apis/{av}/deviceclasses", av, "DeviceClass", "full"))
+        out.append(Watched(f"/apis/{av}/resourceslices", av, "ResourceSlice", "full"))
     return out
