@@ -172,3 +172,50 @@ def test_an_object_nested_too_deep_for_the_decoder_does_not_stop_the_scan(
     wait_for(lambda: controller.scans_ok > before, "a full scan with the deep object", timeout=60)
     assert _entries(a, "deep") == [("PyTorchJob", "fail", RULE)]  # judged on its pod templates
     assert _entries(a, "train") == [("PyTorchJob", "fail", RULE)]
+
+
+def _jobset_crd() -> dict[str, Any]:
+    crd = _crd("jobsets", "JobSet")
+    crd["metadata"]["name"] = "jobsets.jobset.x-k8s.io"
+    crd["spec"]["group"] = "jobset.x-k8s.io"
+    crd["spec"]["versions"][0]["name"] = "v1alpha2"
+    return crd
+
+
+def test_a_workload_crd_installed_later_is_listed_and_watched_within_seconds(
+    api: tuple[Api, Path], tmp_path: Path
+) -> None:
+    # An operator installed while the audit runs: discovery finds its kind, a full scan lists it and
+    # its watch starts, without waiting for the periodic scan (an hour away here).
+    a, kubeconfig = api
+    policies = policies_with_h200_only(tmp_path / "policies")
+    opts = AuditOptions(
+        str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, full_scan_gap=0.0,
+        discovery_interval=0.5,
+    )  # fmt: skip
+    spec = {"template": {"spec": {"template": {"spec": _pod_spec("llm-h100")}}}}
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "shards", "namespace": NS},
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 2, **spec}]},
+    }
+
+    def kinds(ctl: AuditController) -> set[str]:
+        return {c.kind for c in ctl.state.collections} if ctl.state is not None else set()
+
+    with running_audit(kubeconfig, opts) as ctl:
+        try:
+            assert "JobSet" not in kinds(ctl)
+            assert a.kubectl("apply", "-f", "-", stdin=json.dumps(_jobset_crd())).returncode == 0
+            wait_for(lambda: "JobSet" in kinds(ctl), "a full scan that lists JobSets", timeout=30)
+            # The new kind's watch starts after that scan, so it asks for one more (what was created
+            # in between): once that one is done, only the watch can bring a new JobSet in.
+            wait_for(lambda: ctl.scans_ok >= 3 and ctl.changes.full_since is None, "the watch's full scan")
+            before = ctl.scans_ok
+            body = json.dumps(jobset)
+            wait_for(lambda: a.kubectl("create", "-f", "-", stdin=body).returncode == 0, "the JobSet created")
+            wait_for(lambda: _entries(a, "shards") == [("JobSet", "fail", RULE)], "the JobSet judged")
+            assert ctl.scans_ok == before
+        finally:
+            a.kubectl("delete", "crd", "jobsets.jobset.x-k8s.io", "--ignore-not-found", "--wait=true")

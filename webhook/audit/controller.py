@@ -1,5 +1,6 @@
 """`draguard audit run`: a full scan at start, every `interval` and whenever the policy files change;
-in between, watches re-judge each namespace whose objects changed (debounced)."""
+in between, watches re-judge each namespace whose objects changed (debounced), and a class, a
+ResourceSlice or a workload CRD installed or removed (found by discovery) asks for a full scan."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class AuditOptions:
     debounce: float = 1.0  # a namespace is re-judged after this much quiet...
     max_delay: float = 10.0  # ...or this long after its first change, whichever is first
     full_scan_gap: float = 60.0  # least time between full scans that watches ask for
+    # How often API discovery is asked whether a workload CRD of the table was installed or removed
+    # (a few small GETs; a change asks for a full scan, which lists and watches it).
+    discovery_interval: float = 30.0
     watch_timeout: int = WATCH_SECONDS
 
 
@@ -262,9 +266,14 @@ class AuditController:
         except Exception as e:  # the scans still run; changes then show at the next one
             log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
         next_scan = 0.0
+        next_discovery = time.monotonic() + self.opts.discovery_interval
         while not self.stop_event.is_set():
             changed = self.watcher.changed() and self.load_policies()
             now = time.monotonic()
+            if now >= next_discovery:
+                next_discovery = now + self.opts.discovery_interval
+                self._check_crds()
+                now = time.monotonic()
             asked = self.changes.full_since is not None
             gap_left = self.last_full_start + self.opts.full_scan_gap - now
             if changed or now >= next_scan or (asked and gap_left <= 0):
@@ -284,6 +293,30 @@ class AuditController:
                 timeout = min(timeout, gap_left)
             if not due:
                 self.changes.wake.wait(max(timeout, 0.01))
+
+    def _check_crds(self) -> None:
+        """Ask for a full scan when the workload CRDs of the table that the API server serves are
+        not the ones the last full scan listed (an operator installed or removed since)."""
+        if not self.opts.watch or self.state is None or self.policies is None:
+            return
+        table = self.policies.crd_table
+        if not table:
+            return
+        try:
+            served = {(c.group_version, c.resource) for c in crd_collections(self.http, table.keys())}
+        except Exception as e:  # the next full scan reports what discovery cannot answer
+            log.debug("workload CRD discovery failed", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
+            return
+        listed = {(c.group_version, c.resource) for c in self.state.collections if c.crd}
+        if served != listed:
+            log.info(
+                "workload CRDs changed; full scan",
+                extra={
+                    "added": sorted("/".join(k) for k in served - listed),
+                    "removed": sorted("/".join(k) for k in listed - served),
+                },
+            )
+            self.changes.request_full()
 
     def stop(self) -> None:
         self.stop_event.set()
