@@ -1,4 +1,5 @@
-"""The controller's failure handling: no cluster, broken policy changes."""
+"""The controller's failure handling (no cluster, broken policy changes) and how far apart the full
+scans that watches ask for are."""
 
 from __future__ import annotations
 
@@ -49,3 +50,17 @@ def test_a_broken_policy_change_keeps_the_last_good_set(tmp_path: Path) -> None:
     assert ctl.policies is good
     assert not ctl.watcher.changed()  # the same broken content is not retried every tick
     assert _sample(ctl, "draguard_audit_policy_reloads_total", outcome="invalid") == 1.0
+
+
+def test_full_scans_that_watches_ask_for_take_at_most_a_fifth_of_the_time(tmp_path: Path) -> None:
+    # A cluster whose ResourceSlices change all the time (an autoscaler adding and removing GPU
+    # nodes) must not keep the audit listing everything over and over.
+    ctl, _ = _controller(tmp_path)
+    assert ctl.full_scan_gap() == 60.0  # none yet: the configured gap
+    ctl.last_full_seconds = 2.0  # a small cluster: the configured gap still rules
+    assert ctl.full_scan_gap() == 60.0
+    ctl.last_full_seconds = 52.0  # 50,000 objects (docs/audit.md): five times the scan
+    assert ctl.full_scan_gap() == 260.0
+    assert ctl.load_policies()
+    assert ctl.scan_once() is None  # a failed scan (nothing listens) leaves the last good duration
+    assert ctl.last_full_seconds == 52.0

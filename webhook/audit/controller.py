@@ -42,7 +42,10 @@ class AuditOptions:
     watch: bool = True
     debounce: float = 1.0  # a namespace is re-judged after this much quiet...
     max_delay: float = 10.0  # ...or this long after its first change, whichever is first
-    full_scan_gap: float = 60.0  # least time between full scans that watches ask for
+    full_scan_gap: float = 60.0  # least time between full scans that watches ask for...
+    # ...and at least this many times the last full scan's duration, so that watch-asked scans (a
+    # busy autoscaler's ResourceSlices, say) never keep the audit scanning more than 1/5 of the time.
+    full_scan_gap_factor: float = 5.0
     # How often API discovery is asked whether a workload CRD of the table was installed or removed
     # (a few small GETs; a change asks for a full scan, which lists and watches it).
     discovery_interval: float = 30.0
@@ -66,6 +69,7 @@ class AuditController:
         self.watches: list[ResourceWatch] = []
         self.scope = Scope()
         self.last_full_start = float("-inf")
+        self.last_full_seconds = 0.0
         # What the metrics add up, per scope (a namespace, None for the cluster), so that a
         # namespace's rescan replaces only its own share.
         self._violations: dict[str | None, dict[tuple[str, str], int]] = {}
@@ -98,6 +102,7 @@ class AuditController:
         except Exception as e:  # ScanError, ApiError, and the client's connection errors (not OSErrors)
             self._failed(e)
             return None
+        self.last_full_seconds = time.monotonic() - start
         done = self._done(out, written, start)
         if done is not None and out.state is not None:
             self.state = out.state
@@ -275,7 +280,7 @@ class AuditController:
                 self._check_crds()
                 now = time.monotonic()
             asked = self.changes.full_since is not None
-            gap_left = self.last_full_start + self.opts.full_scan_gap - now
+            gap_left = self.last_full_start + self.full_scan_gap() - now
             if changed or now >= next_scan or (asked and gap_left <= 0):
                 ok = self.scan_once() is not None
                 next_scan = time.monotonic() + (
@@ -293,6 +298,10 @@ class AuditController:
                 timeout = min(timeout, gap_left)
             if not due:
                 self.changes.wake.wait(max(timeout, 0.01))
+
+    def full_scan_gap(self) -> float:
+        """Least time from one full scan's start to the next that a watch asks for."""
+        return max(self.opts.full_scan_gap, self.opts.full_scan_gap_factor * self.last_full_seconds)
 
     def _check_crds(self) -> None:
         """Ask for a full scan when the workload CRDs of the table that the API server serves are
