@@ -242,8 +242,13 @@ def test_audit_reports_follow_policies_and_deletions(
         "the violation to leave the metrics",
         timeout=30,
     )
+    # A rescan publishes its violations before it counts itself: wait for the count.
+    wait_for(
+        lambda: _metrics(port)["draguard_audit_namespace_scans_total"][(("outcome", "ok"),)] >= 3,
+        "the third namespace rescan to be counted",
+        timeout=10,
+    )
     metrics = _metrics(port)
-    assert metrics["draguard_audit_namespace_scans_total"][(("outcome", "ok"),)] >= 3
     # Full scans: at start and at the two policy changes; the workload changes came through watches.
     # A device published or withdrawn meanwhile (another node's driver) asks for one more each.
     events = metrics.get("draguard_audit_watch_events_total", {})

@@ -93,7 +93,9 @@ def test_a_workload_entry_follows_create_fix_and_delete(
 
     _apply(a, _deployment("llm", "llm-h200"))  # fixed: the class the policy asks for
     wait_for(lambda: _entries(a, "llm") == [("pass", "all")], "the fixed Deployment to pass", timeout=30)
-    assert _sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 0.0
+    # (The metrics follow the reports: a rescan writes, then publishes.)
+    wait_for(lambda: _sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 0.0,
+             "the violation to leave the metrics", timeout=10)  # fmt: skip
 
     assert a.kubectl("delete", "deployment", "llm", "-n", NS, "--wait=true").returncode == 0
     wait_for(lambda: _entries(a, "llm") == [], "the deleted Deployment's entry to go", timeout=30)
@@ -111,6 +113,9 @@ def test_a_burst_is_written_in_few_rescans(api: tuple[Api, Path], controller: Au
     _apply(a, *burst)
     wait_for(lambda: all(_entries(a, f"burst-{i}") == [("fail", RULE)] for i in range(20)),
              "all 20 Deployments in the report", timeout=60)  # fmt: skip
+    # A rescan writes its reports before it counts itself: wait for the last one to be counted.
+    wait_for(lambda: controller.changes.pending() == 0 and controller.namespace_scans_ok > before,
+             "the burst's rescans to be counted", timeout=10)  # fmt: skip
     rescans = controller.namespace_scans_ok - before
     assert 1 <= rescans < 10, rescans  # 20 creations (and their status updates), debounced
     assert a.kubectl("delete", "deployments", "-n", NS, "--all").returncode == 0
