@@ -174,6 +174,33 @@ def test_an_object_nested_too_deep_for_the_decoder_does_not_stop_the_scan(
     assert _entries(a, "train") == [("PyTorchJob", "fail", RULE)]
 
 
+def test_a_kind_the_audit_may_not_watch_is_tried_once_per_full_scan(
+    api: tuple[Api, Path], controller: AuditController
+) -> None:
+    # Without RBAC for MPIJobs the watch gets 403: it stops, instead of retrying every 30 s and
+    # logging each time, and is tried once more after each full scan (RBAC may have come since).
+    def mpi() -> list[Any]:
+        return [w for w in controller.watches if w.res.name == "mpijobs"]
+
+    def refused() -> float:
+        labels = {"resource": "mpijobs", "what": "refused"}
+        got = controller.metrics.registry.get_sample_value("draguard_audit_watch_events_total", labels)
+        return got or 0.0
+
+    def stopped() -> bool:
+        return len(mpi()) == 1 and mpi()[0].refused and not mpi()[0].thread.is_alive()
+
+    wait_for(stopped, "a stopped watch")
+    before, scans = refused(), controller.scans_ok
+    assert before >= 1
+    controller.opts = dataclasses.replace(controller.opts, full_scan_gap=0.0)
+    controller.changes.request_full()
+    wait_for(lambda: controller.scans_ok > scans, "a full scan", timeout=60)
+    wait_for(lambda: refused() == before + 1, "the watch tried once more", timeout=30)
+    assert len(mpi()) == 1 and mpi()[0].refused  # replaced, not added to
+    assert not any(w.refused for w in controller.watches if w.res.name == "pytorchjobs")
+
+
 def _jobset_crd() -> dict[str, Any]:
     crd = _crd("jobsets", "JobSet")
     crd["metadata"]["name"] = "jobsets.jobset.x-k8s.io"

@@ -257,8 +257,12 @@ class AuditController:
         crds = frozenset((c.group, c.kind) for c in collections if c.crd)
         scope = Scope(self.policies.crd_table, crds, self.state.owners if self.state is not None else None)
         self.scope = scope
+        refused = [w for w in self.watches if w.refused]
+        self.watches = [w for w in self.watches if not w.refused]
         for w in self.watches:
             w.scope = scope
+        for w in refused:  # once per full scan, not every 30 s: RBAC may have been granted since
+            self._watch(w.res, late=True)
         known = {w.res.path for w in self.watches}
         for c in collections:
             if c.path() not in known:

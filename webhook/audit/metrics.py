@@ -64,7 +64,8 @@ class AuditMetrics:
         self.watch_events = Counter(
             "draguard_audit_watch_events_total",
             "Watch events, by resource and what came of them (event: read; change: a namespace or full "
-            "scan asked for; expired: 410, relisted; unreadable: too large or not JSON, full scan; error)",
+            "scan asked for; expired: 410, relisted; unreadable: too large or not JSON, full scan; "
+            "refused: 403, stopped until the next full scan; error)",
             ["resource", "what"],
             registry=r,
         )

@@ -244,6 +244,9 @@ class ResourceWatch:
         self.resource_version = ""
         self.ready = threading.Event()  # a resourceVersion was obtained (or the first attempt failed)
         self.absent = False  # the API server does not serve this resource
+        # The audit may not watch it (403: its RBAC lacks the kind): stopped, not retried every 30 s;
+        # the controller starts it again after the next full scan (RBAC may have been granted).
+        self.refused = False
         self._stop = threading.Event()
         self._resp: Any = None
         self.thread = threading.Thread(target=self._run, name=f"audit-watch-{res.name}", daemon=True)
@@ -295,6 +298,15 @@ class ResourceWatch:
                     self.absent = True  # not served here (a CRD not installed): nothing to watch
                     self.ready.set()
                     log.info("not served; not watched", extra={"resource": self.res.path})
+                    return
+                if isinstance(e, ApiError) and e.status == 403:
+                    self.refused = True
+                    self.ready.set()
+                    self.on_event(self.res.name, "refused")
+                    log.warning(
+                        "not allowed to watch; tried again after the next full scan",
+                        extra={"resource": self.res.path, "reason": str(e)[:300]},
+                    )
                     return
                 first = False
                 self.ready.set()
