@@ -1,7 +1,7 @@
 """Kyverno's admission controller beside draguard's webhook, on one local control plane.
 
     python bench/peer.py --webhook [--objects 1500] [--arms none,null,draguard,kyverno] [--kyverno PATH]
-                                   [--quick] [--keep] [--json OUT]
+                                   [--kyverno-policy cluster|validating] [--quick] [--keep] [--json OUT]
 
 One kube-apiserver + etcd (`webhook/dev`, as bench/apiserver.py starts it) with one namespace per
 arm, the namespaces differing only in one label, `bench.draguard.io/arm`:
@@ -15,7 +15,9 @@ arm, the namespaces differing only in one label, `bench.draguard.io/arm`:
   this label through its `webhooks` ConfigMap setting. Its ClusterPolicy says "LLM workloads (vLLM
   images) must use H100/H200 classes": for each claim template a pod uses, it reads the template
   from the API server (an `apiCall` context) and denies when the template's deviceClassName is not
-  an H100/H200 class. Kyverno generates the same rule for Deployments.
+  an H100/H200 class. Kyverno generates the same rule for Deployments. `--kyverno-policy validating`
+  gives Kyverno the same policy as a CEL ValidatingPolicy (policies.kyverno.io/v1: the templates read
+  with `resource.Get`, a matchCondition on the vLLM image, autogen for Deployments).
 
 The same object stream goes to each namespace, one create per arm in turn (the order rotates), so
 background work (etcd compaction, Kyverno's admission reports, draguard's cache rebuilds) lands on
@@ -114,6 +116,59 @@ KYVERNO_POLICY: dict[str, Any] = {
                         }
                     ],
                 },
+            }
+        ],
+    },
+}
+
+
+def _h100_class(var: str) -> str:
+    """CEL: `var` is one of H100_CLASSES (a trailing `*` is a prefix)."""
+    terms = [
+        f"{var}.startsWith('{c[:-1]}')" if c.endswith("*") else f"{var} == '{c}'" for c in H100_CLASSES
+    ]
+    return " || ".join(terms)
+
+
+# The same policy as a CEL ValidatingPolicy (policies.kyverno.io/v1, Kyverno's newer engine): the pod's
+# claim templates read with Kyverno's `resource.Get`, and autogen for Deployments.
+KYVERNO_VALIDATING_POLICY: dict[str, Any] = {
+    "apiVersion": "policies.kyverno.io/v1",
+    "kind": "ValidatingPolicy",
+    "metadata": {"name": "llm-must-use-h100"},
+    "spec": {
+        "validationActions": ["Deny"],
+        "autogen": {"podControllers": {"controllers": ["deployments"]}},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["pods"],
+                }
+            ]
+        },
+        "matchConditions": [
+            {"name": "llm", "expression": "object.spec.containers.exists(c, c.image.contains('vllm'))"}
+        ],
+        "variables": [
+            {
+                "name": "templates",
+                "expression": "(has(object.spec.resourceClaims) ? object.spec.resourceClaims : [])"
+                ".filter(c, has(c.resourceClaimTemplateName)).map(c, c.resourceClaimTemplateName)",
+            },
+            {
+                "name": "classes",
+                "expression": "variables.templates.map(t, resource.Get('resource.k8s.io/v1', "
+                "'resourceclaimtemplates', object.metadata.namespace, t))"
+                ".map(r, r.spec.spec.devices.requests.map(q, q.exactly.deviceClassName))",
+            },
+        ],
+        "validations": [
+            {
+                "expression": f"variables.classes.all(l, l.all(c, {_h100_class('c')}))",
+                "message": "LLM workloads (vLLM images) must use H100 or H200 device classes",
             }
         ],
     },
@@ -352,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=60, help="objects per arm created first and not counted")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     ap.add_argument("--kyverno", default=None, help="Kyverno's admission controller binary")
+    ap.add_argument(
+        "--kyverno-policy",
+        choices=["cluster", "validating"],
+        default="cluster",
+        help="Kyverno's policy as a ClusterPolicy (JMESPath, apiCall; default) or a CEL ValidatingPolicy",
+    )
     ap.add_argument("--quick", action="store_true", help="60 objects per arm, 10 warm-up: a smoke run")
     ap.add_argument("--state-dir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
@@ -477,7 +538,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             say(f"kyverno registered its webhooks ({took:.1f} s)")
             # Its policy webhook may be registered before its server has loaded the certificate.
-            policy_doc = json.dumps(KYVERNO_POLICY)
+            kpolicy = KYVERNO_VALIDATING_POLICY if args.kyverno_policy == "validating" else KYVERNO_POLICY
+            res["kyverno_policy"] = kpolicy["kind"]
+            policy_doc = json.dumps(kpolicy)
             cluster.wait(
                 "kyverno",
                 lambda: (

@@ -104,3 +104,20 @@ def test_review_counts_and_process_figures() -> None:
     assert pw.proc_cpu_s(os.getpid()) - before >= 0.05
     rss, peak = pw.proc_rss_mib(os.getpid())
     assert 1 < rss <= peak
+
+
+def test_kyverno_validating_policy_says_the_same_as_the_cluster_policy() -> None:
+    # The CEL ValidatingPolicy (--kyverno-policy validating): the same vLLM match, the same classes
+    # (a trailing * as a prefix), the templates read from the API server, Deployments by autogen.
+    spec = pw.KYVERNO_VALIDATING_POLICY["spec"]
+    assert spec["validationActions"] == ["Deny"]
+    assert spec["autogen"]["podControllers"]["controllers"] == ["deployments"]
+    assert "c.image.contains('vllm')" in spec["matchConditions"][0]["expression"]
+    classes = {v["name"]: v["expression"] for v in spec["variables"]}["classes"]
+    assert "resource.Get('resource.k8s.io/v1', 'resourceclaimtemplates'" in classes
+    check = spec["validations"][0]["expression"]
+    terms = check.removeprefix("variables.classes.all(l, l.all(c, ").removesuffix("))").split(" || ")
+    want = [f"c.startsWith('{c[:-1]}')" if c.endswith("*") else f"c == '{c}'" for c in pw.H100_CLASSES]
+    assert terms == want
+    deny = pw.KYVERNO_POLICY["spec"]["rules"][0]["validate"]["foreach"][0]["deny"]
+    assert deny["conditions"]["any"][0]["value"] == pw.H100_CLASSES
