@@ -426,8 +426,8 @@ def watched_resources(http: KubeHttp, collections: Iterable[Collection]) -> list
     objects it judges or consults. A DeviceClass or ResourceSlice change needs a full scan: what a
     class selects, or which devices exist, can change any namespace's verdicts (whether a request
     can be satisfied, which attributes are published). A driver that republishes unchanged devices
-    keeps its pool generation and sends no event, and the full scans a watch asks for are at least
-    `full_scan_gap` apart, so a node that comes and goes costs one full scan, not one per event."""
+    keeps its pool generation and sends no event, and the full scans a watch asks for are spaced
+    (AuditOptions.full_scan_gap), so a node that comes and goes costs one full scan, not one per event."""
     out = [Watched(c.path(), c.group_version, c.kind) for c in collections]
     out.append(Watched("/api/v1/namespaces", "v1", "Namespace", "labels"))
     version, _served = discover_dra_versions(http)

@@ -465,11 +465,12 @@ ReviewKey = tuple[str, int, str, bytes]
 class ReviewCache:
     """Outcomes of identical requests (the same but for request.uid) under the same snapshot.
 
-    What repeats, as a v1.37 API server sends it: on /mutate, a controller's generateName pods
-    carry no name, uid or creationTimestamp yet, so a ReplicaSet's pods created in the same second
-    (managedFields times are in seconds) are one request; a re-applied object that did not change is
-    one request on either endpoint. A /validate CREATE never repeats: the API server has set the
-    generated name, a fresh uid and creationTimestamp before validating admission. The key covers
+    What repeats, as a v1.37 API server sends it: a server-side apply that changes nothing (a
+    GitOps controller's every sync) is the same UPDATE each time on either endpoint; on /mutate, a
+    controller's generateName pods carry no name, uid or creationTimestamp yet, so a ReplicaSet's
+    pods created in the same second (managedFields times are in seconds) are one request. A
+    /validate CREATE never repeats: the API server has set the generated name, a fresh uid and
+    creationTimestamp before validating admission. The key covers
     everything a verdict may depend on: endpoint, the whole request but its uid (object, namespace,
     operation, userInfo, dryRun),
     the snapshot generation (policies, inventory, usage, namespace labels) and the date (exception
