@@ -85,6 +85,14 @@ def policies_with_h200_only(into: Path, *extra: Path) -> Path:
     return into
 
 
+def watch_driven(policies: Path, **extra: Any) -> AuditOptions:
+    """Options under which only watches can bring a change in: the periodic scan an hour away, a
+    short debounce, and full scans as soon as a watch asks for one."""
+    return AuditOptions(
+        str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, full_scan_gap=0.0, **extra
+    )
+
+
 @contextmanager
 def running_audit(kubeconfig: Path, opts: AuditOptions) -> Iterator[AuditController]:
     """An AuditController in a thread, yielded once its first full scan is done."""

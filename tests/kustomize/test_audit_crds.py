@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kapi import Api, api_server, wait_for
-from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, watch_driven
 
 from webhook.audit.controller import AuditController, AuditOptions
 
@@ -215,11 +215,7 @@ def test_a_workload_crd_installed_later_is_listed_and_watched_within_seconds(
     # An operator installed while the audit runs: discovery finds its kind, a full scan lists it and
     # its watch starts, without waiting for the periodic scan (an hour away here).
     a, kubeconfig = api
-    policies = policies_with_h200_only(tmp_path / "policies")
-    opts = AuditOptions(
-        str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, full_scan_gap=0.0,
-        discovery_interval=0.5,
-    )  # fmt: skip
+    opts = watch_driven(policies_with_h200_only(tmp_path / "policies"), discovery_interval=0.5)
     spec = {"template": {"spec": {"template": {"spec": _pod_spec("llm-h100")}}}}
     jobset = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",

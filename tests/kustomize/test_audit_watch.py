@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from kapi import Api, api_server, wait_for
-from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, watch_driven
 
 from webhook.audit.controller import AuditController, AuditOptions
 from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Watched
@@ -334,10 +334,7 @@ def test_a_template_s_verdict_follows_the_devices_a_driver_publishes(
     # Whether a request can ever be allocated depends on the ResourceSlices, not on the template:
     # a node that joins or loses GPUs changes the report without waiting for the periodic scan.
     a, kubeconfig = api
-    policies = policies_with_h200_only(tmp_path / "policies")
-    opts = AuditOptions(
-        str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3, max_delay=5.0, full_scan_gap=0.0
-    )
+    opts = watch_driven(policies_with_h200_only(tmp_path / "policies"), max_delay=5.0)
     unsatisfiable = [("warn", "structure/unsatisfiable")]
     passes = [("pass", "all")]
 
