@@ -85,6 +85,11 @@ def policies_with_h200_only(into: Path, *extra: Path) -> Path:
     return into
 
 
+def sample(ctl: AuditController, name: str, **labels: str) -> float:
+    """A metric of the controller's registry (0 when it has no such sample yet)."""
+    return ctl.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def watch_driven(policies: Path, **extra: Any) -> AuditOptions:
     """Options under which only watches can bring a change in: the periodic scan an hour away, a
     short debounce, and full scans as soon as a watch asks for one."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kapi import Api, api_server, wait_for
-from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, watch_driven
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, sample, watch_driven
 
 from webhook.audit.controller import AuditController, AuditOptions
 
@@ -183,9 +183,7 @@ def test_a_kind_the_audit_may_not_watch_is_tried_once_per_full_scan(
         return [w for w in controller.watches if w.res.name == "mpijobs"]
 
     def refused() -> float:
-        labels = {"resource": "mpijobs", "what": "refused"}
-        got = controller.metrics.registry.get_sample_value("draguard_audit_watch_events_total", labels)
-        return got or 0.0
+        return sample(controller, "draguard_audit_watch_events_total", resource="mpijobs", what="refused")
 
     def stopped() -> bool:
         return len(mpi()) == 1 and mpi()[0].refused and not mpi()[0].thread.is_alive()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from kapi import Api, api_server, wait_for
-from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, watch_driven
+from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_audit, sample, watch_driven
 
 from webhook.audit.controller import AuditController, AuditOptions
 from webhook.audit.watch import Changes, Fingerprints, ResourceWatch, Watched
@@ -77,10 +77,6 @@ def _apply(a: Api, *objs: dict[str, Any]) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def _sample(ctl: AuditController, name: str, **labels: str) -> float:
-    return ctl.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
 def test_a_workload_entry_follows_create_fix_and_delete(
     api: tuple[Api, Path], controller: AuditController
 ) -> None:
@@ -88,13 +84,13 @@ def test_a_workload_entry_follows_create_fix_and_delete(
     _apply(a, _deployment("llm", "llm-h100"))
     took = wait_for(lambda: _entries(a, "llm") == [("fail", RULE)], "the new Deployment to fail", timeout=30)
     assert took < 30
-    wait_for(lambda: _sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 1.0,
+    wait_for(lambda: sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 1.0,
              "the violation in the metrics")  # fmt: skip
 
     _apply(a, _deployment("llm", "llm-h200"))  # fixed: the class the policy asks for
     wait_for(lambda: _entries(a, "llm") == [("pass", "all")], "the fixed Deployment to pass", timeout=30)
     # (The metrics follow the reports: a rescan writes, then publishes.)
-    wait_for(lambda: _sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 0.0,
+    wait_for(lambda: sample(controller, "draguard_audit_violations", rule=RULE, result="fail") == 0.0,
              "the violation to leave the metrics", timeout=10)  # fmt: skip
 
     assert a.kubectl("delete", "deployment", "llm", "-n", NS, "--wait=true").returncode == 0
@@ -128,10 +124,10 @@ def test_status_updates_do_not_rescan(api: tuple[Api, Path], controller: AuditCo
     wait_for(lambda: _entries(a, "steady") == [("pass", "all")], "the Deployment in the report", timeout=30)
     wait_for(lambda: controller.namespace_scans_ok >= 1, "the rescan to be counted")
     before = controller.namespace_scans_ok
-    changes_before = _sample(
+    changes_before = sample(
         controller, "draguard_audit_watch_events_total", resource="deployments", what="change"
     )
-    events_before = _sample(
+    events_before = sample(
         controller, "draguard_audit_watch_events_total", resource="deployments", what="event"
     )
     status = {"status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
@@ -140,12 +136,12 @@ def test_status_updates_do_not_rescan(api: tuple[Api, Path], controller: AuditCo
     assert res.returncode == 0, res.stderr
     wait_for(
         lambda: (
-            _sample(controller, "draguard_audit_watch_events_total", resource="deployments", what="event")
+            sample(controller, "draguard_audit_watch_events_total", resource="deployments", what="event")
             > events_before
         ),
         "the status update to arrive",
     )
-    assert _sample(
+    assert sample(
         controller, "draguard_audit_watch_events_total", resource="deployments", what="change"
     ) == (changes_before)
     assert controller.changes.pending() == 0 and controller.namespace_scans_ok == before
@@ -359,6 +355,6 @@ def test_a_template_s_verdict_follows_the_devices_a_driver_publishes(
             # (A scan writes its reports before it counts itself.)
             wait_for(lambda: ctl.scans_ok >= 4, "the third full scan to count itself", timeout=10)
             events = "draguard_audit_watch_events_total"
-            assert _sample(ctl, events, resource="resourceslices", what="change") >= 3
+            assert sample(ctl, events, resource="resourceslices", what="change") >= 3
         finally:
             a.kubectl("delete", "resourceslice", "audit-node-gpu.nvidia.com", "--ignore-not-found")
