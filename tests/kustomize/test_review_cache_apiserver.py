@@ -42,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, int,
                 "--log-level", "warning"]  # fmt: skip
         proc = subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: _get(port, ctx, "/readyz") == 200, "draguard serve to be ready", timeout=60)
+            wait_for(lambda: _get(port, ctx, "/readyz")[0] == 200, "draguard serve to be ready", timeout=60)
             hook = {
                 "name": "validate.cache.draguard.io",
                 "clientConfig": {
@@ -75,19 +75,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, int,
             proc.wait(30)
 
 
-def _get(port: int, ctx: ssl.SSLContext, path: str) -> int | str:
+def _get(port: int, ctx: ssl.SSLContext, path: str) -> tuple[int, str]:
+    """(status, body) of a GET to the webhook; status 0 while it does not answer."""
     try:
         with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=ctx, timeout=5) as resp:
-            body = resp.read().decode()
-            return body if path == "/metrics" else int(resp.status)
+            return int(resp.status), resp.read().decode()
     except OSError:
-        return 0
+        return 0, ""
 
 
 def _cache(served: tuple[Api, int, ssl.SSLContext]) -> dict[str, float]:
     _, port, ctx = served
-    text = _get(port, ctx, "/metrics")
-    assert isinstance(text, str)
+    status, text = _get(port, ctx, "/metrics")
+    assert status == 200, status
     out = {"hit": 0.0, "miss": 0.0}
     for line in text.splitlines():
         for result in out:
