@@ -8,9 +8,10 @@ generator runs in this process, pinned to another CPU. draguard serves the shipp
 client keeps 16 TLS connections open and sends realistic reviews (legacy GPU pods, Deployments with
 claims, DeviceClasses).
 
-Every review of the stream has its own uid and object name, as a cluster sends them (`--repeat`:
-the five bodies over and over, as this bench did before); the bare server's work does not depend
-on either.
+Every review sent has its own uid and object name (a number no earlier send of the run used), as a
+cluster sends them: no review repeats and every one is evaluated (`--repeat`: the five bodies
+over and over; draguard still evaluates each, as it never caches a validating CREATE). The bare
+server's work does not depend on either. What draguard's review cache answered is printed.
 
 The servers take turns for a few rounds and each one's least disturbed round is shown (all rounds
 are printed too): on a shared machine other work lands in some rounds. Latency is measured twice:
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import ssl
@@ -35,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -158,19 +160,32 @@ def reviews() -> list[bytes]:
     return out
 
 
-def distinct_reviews(n: int = 2000) -> list[bytes]:
-    """`reviews()`'s mix, each copy with its own uid and object name."""
+SEND_MARK = b"@@@@@@@@@@@@"  # 12 bytes; each send writes its own number here (uid and name)
+_sends = itertools.count()
+
+
+def distinct_reviews() -> list[bytes]:
+    """`reviews()`'s mix as templates: the load generator writes a number no send of this process
+    has used into each one's uid and object name, so no review repeats within a run (as a cluster's
+    /validate CREATEs never do) and a cache cannot answer any of them."""
     out = []
-    base = [json.loads(b) for b in reviews()]
-    for i in range(n):
-        doc = json.loads(json.dumps(base[i % len(base)]))
+    mark = SEND_MARK.decode()
+    for doc in (json.loads(b) for b in reviews()):
         req = doc["request"]
-        req["uid"] = f"c0ffee00-0000-4000-8000-{i:012d}"
-        name = f"{req['object']['metadata']['name']}-{i}"
+        req["uid"] = f"c0ffee00-0000-4000-8000-{mark}"
+        name = f"{req['object']['metadata']['name']}-{mark}"
         req["object"]["metadata"]["name"] = name
         req["name"] = name
         out.append(json.dumps(doc).encode())
     return out
+
+
+def _sender(req: bytes) -> Callable[[], bytes]:
+    """The bytes of one send of `req`: as it is, or with a fresh number in place of its marks."""
+    if SEND_MARK not in req:
+        return lambda: req
+    parts = req.split(SEND_MARK)
+    return lambda: (b"%012d" % next(_sends)).join(parts)
 
 
 CPU_RATIO_TARGET = 0.6  # server CPU per review, bare / draguard
@@ -238,7 +253,7 @@ async def _connection(
     host: str,
     port: int,
     ctx: ssl.SSLContext,
-    reqs: list[bytes],
+    reqs: list[Callable[[], bytes]],
     offset: int,
     stop_at: float,
     warm_until: float,
@@ -262,7 +277,7 @@ async def _connection(
             now = time.perf_counter()
             if now >= stop_at:
                 break
-            writer.write(reqs[n % len(reqs)])
+            writer.write(reqs[n % len(reqs)]())
             n += 1
             head = await reader.readuntil(b"\r\n\r\n")
             status = head[9:12]
@@ -311,9 +326,11 @@ async def load(
     ctx = ssl.create_default_context(cafile=ca)
     bodies = bodies if bodies is not None else reviews()
     reqs = [
-        b"POST /validate HTTP/1.1\r\nHost: draguard\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(b)}\r\n\r\n".encode()
-        + b
+        _sender(
+            b"POST /validate HTTP/1.1\r\nHost: draguard\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(b)}\r\n\r\n".encode()
+            + b
+        )
         for b in bodies
     ]
     lat: list[float] = []
@@ -432,8 +449,26 @@ def rounds(
             "cpu_ms_all": [round(r["cpu_ms_per_review"], 3) for r in runs[name]],
         }
         best["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
+        if name != "bare":
+            best["review_cache"] = review_cache_counts(_port, ca)
         out[name] = best
     return out
+
+
+def review_cache_counts(port: int, ca: str) -> dict[str, int]:
+    """How many reviews draguard answered from its review cache ("hit") and evaluated ("miss"),
+    from its /metrics: a run whose stream repeats shows it here."""
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=ca)
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=10) as r:
+        text = r.read().decode()
+    counts = {"hit": 0, "miss": 0}
+    for line in text.splitlines():
+        for result in counts:
+            if line.startswith(f'draguard_review_cache_total{{result="{result}"}}'):
+                counts[result] = int(float(line.rsplit(" ", 1)[1]))
+    return counts
 
 
 SCENARIOS = ("legacy Pod (warn)", "Deployment with claims", "legacy Pod (team-b)", None, "DeviceClass")
@@ -445,7 +480,7 @@ def scenarios(
     """Each kind of review alone, closed loop: server CPU per review and throughput per server."""
     ca = str(tls / "ca.crt")
     out: list[dict[str, Any]] = []
-    for label, body in zip(SCENARIOS, reviews(), strict=True):
+    for label, body in zip(SCENARIOS, reviews() if args.repeat else distinct_reviews(), strict=True):
         if label is None:
             continue  # the second Deployment is the same review as the first
         row: dict[str, Any] = {"scenario": label}
@@ -484,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repeat",
         action="store_true",
-        help="send the five review bodies over and over (default: every review its own uid and name)",
+        help="send the five review bodies over and over (default: every send its own uid and name)",
     )
     p.add_argument(
         "--baseline",
@@ -612,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {d['p99_ms']:.2f} ms | bare {b['cpu_ms_per_review']:.3f} ms CPU, {b['rps']:.0f} req/s | "
             f"CPU ratio {b['cpu_ms_per_review'] / d['cpu_ms_per_review']:.2f}"
         )
+    for name, r in shown[1:]:
+        rc = r["review_cache"]
+        print(f"{name} review cache: {rc['hit']} answered from it, {rc['miss']} evaluated")
     for name, (met, value) in targets.items():
         print(f"target {name}: {value}, {'met' if met else 'NOT met'}")
     print("targets met" if ok else "targets NOT met")

@@ -8,9 +8,8 @@ Then two server processes share the port through SO_REUSEPORT (the kernel spread
 between them); `draguard serve` has no worker option, so this bench sets the socket option in the
 child processes to show what a second worker would give on this machine.
 
-Bodies: by default 2,000 reviews, each with its own object name (`--unique`), and the servers'
-review cache off: the load generator cycles through its bodies, and the cache (which answers
-byte-identical repeats) would otherwise answer nearly all of them. The engine runs for every
+Bodies: by default every review sent has its own uid and object name (`--unique`, bench/webhook.py's
+stream), and the servers' review cache is off: nothing repeats, so the engine runs for every
 request. `--repeats` sends bench/webhook.py's five fixed reviews with the cache on.
 """
 
@@ -120,8 +119,7 @@ def main() -> int:
                 os.sched_setaffinity(0, set(cpus[1:]))  # the client off the server's core
             elif hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, set(cpus))
-            # Unique objects: the review cache is off, so every request runs the engine (the
-            # load generator cycles through its bodies, and a cache would answer the repeats).
+            # Unique objects: nothing repeats, so the review cache stays off (--repeats: on).
             procs = start_servers(workers, port, tls, inv, args.policies, cache=args.repeats)
             try:
                 r = asyncio.run(wb.load(port, ca, c, args.seconds, args.warmup))

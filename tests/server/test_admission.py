@@ -341,8 +341,9 @@ async def test_info_log_line_per_review_without_the_object(policy_dir: Callable[
 async def test_review_cache_answers_repeats_with_their_own_uid(policy_dir: Callable[[str], Path]) -> None:
     wh = make_webhook(policy_dir("enforce"))
     obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
-    first = review(obj, group="apps", kind="Deployment", uid="11111111-aaaa")
-    second = review(obj, group="apps", kind="Deployment", uid="22222222-bbbb")
+    # What repeats in a cluster: the same UPDATE (a GitOps sync that changes nothing).
+    first = review(obj, group="apps", kind="Deployment", operation="UPDATE", uid="11111111-aaaa")
+    second = review(obj, group="apps", kind="Deployment", operation="UPDATE", uid="22222222-bbbb")
     async with TestClient(TestServer(wh.build_app())) as c:
         d1 = await (await c.post("/validate", json=first)).json()
         d2 = await (await c.post("/validate", json=second)).json()
@@ -360,6 +361,21 @@ async def test_review_cache_answers_repeats_with_their_own_uid(policy_dir: Calla
         d4 = await (await c.post("/validate", json=other)).json()
         assert d4["response"]["uid"] == "33333333-cccc"
         assert any("migrate/legacy-gpu" in w for w in d4["response"]["warnings"])
+
+
+async def test_validating_creates_are_each_evaluated_and_never_stored(policy_dir: Callable[[str], Path]) -> None:
+    """The API server gives every object a fresh uid and creationTimestamp before validating a
+    CREATE: two such requests are never the same, and the cache keeps no entry for them."""
+    wh = make_webhook(policy_dir("enforce"))
+    obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    async with TestClient(TestServer(wh.build_app())) as c:
+        for uid in ("11111111-aaaa", "22222222-bbbb"):
+            d = await (await c.post("/validate", json=review(obj, group="apps", kind="Deployment", uid=uid))).json()
+            assert d["response"]["uid"] == uid and d["response"]["allowed"] is False
+        text = wh.metrics.render().decode()
+    assert 'draguard_review_cache_total{result="hit"} 0.0' in text
+    assert 'draguard_review_cache_total{result="miss"} 2.0' in text
+    assert wh.review_cache is not None and len(wh.review_cache) == 0
 
 
 QUOTA_CASES = [(k, *WORKLOADS[k]) for k in sorted(WORKLOADS) if k != "PodTemplate"] + [

@@ -42,7 +42,8 @@ def llm_deployment(template: str) -> dict[str, Any]:
 
 
 def body_with_uid_first(obj: Mapping[str, Any], uid: str) -> bytes:
-    doc = review(obj, group="apps", kind="Deployment", uid=uid)
+    # An UPDATE: what the review cache keeps (a validating CREATE never repeats).
+    doc = review(obj, group="apps", kind="Deployment", operation="UPDATE", uid=uid)
     req = doc["request"]
     doc["request"] = {"uid": req.pop("uid"), **req}  # the uid first, as the API server encodes it
     return json.dumps(doc).encode()

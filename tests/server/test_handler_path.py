@@ -69,7 +69,8 @@ async def test_metrics_per_kind_operation_and_verdict_stay_apart(policy_dir: Cal
     async with TestClient(TestServer(wh.build_app())) as c:
         for body in (
             review(tier),
-            review(tier),
+            review(tier, operation="UPDATE"),
+            review(tier, operation="UPDATE"),
             review(tier, operation="DELETE"),
             review(workload("Pod", legacy_pod_spec()), kind="Evil\nKind", operation="PATCHY"),
         ):
@@ -77,6 +78,10 @@ async def test_metrics_per_kind_operation_and_verdict_stay_apart(policy_dir: Cal
         text = (await (await c.get("/metrics")).read()).decode()
     assert (
         'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="CREATE",'
+        'verdict="warned"} 1.0' in text
+    )
+    assert (
+        'draguard_admission_requests_total{endpoint="validate",kind="Pod",operation="UPDATE",'
         'verdict="warned"} 2.0' in text
     )
     assert (
@@ -89,11 +94,11 @@ async def test_metrics_per_kind_operation_and_verdict_stay_apart(policy_dir: Cal
         'draguard_admission_ignored_total{endpoint="validate",kind="other",operation="other"} 1.0' in text
     )
     assert "Evil" not in text and "PATCHY" not in text
-    assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 4.0' in text
-    # The second identical review is answered from the review cache.
+    assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 5.0' in text
+    # The second identical UPDATE is answered from the review cache.
     assert 'draguard_review_cache_total{result="hit"} 1.0' in text
-    assert 'draguard_review_cache_total{result="miss"} 3.0' in text
-    assert 'draguard_findings_total{endpoint="validate",mode="warn",rule="tier/gpu-tiers"} 2.0' in text
+    assert 'draguard_review_cache_total{result="miss"} 4.0' in text
+    assert 'draguard_findings_total{endpoint="validate",mode="warn",rule="tier/gpu-tiers"} 3.0' in text
 
 
 async def test_client_names_still_checked_on_every_request(policy_dir: Callable[[str], Path]) -> None:

@@ -470,7 +470,8 @@ class ReviewCache:
     controller's generateName pods carry no name, uid or creationTimestamp yet, so a ReplicaSet's
     pods created in the same second (managedFields times are in seconds) are one request. A
     /validate CREATE never repeats: the API server has set the generated name, a fresh uid and
-    creationTimestamp before validating admission. The key covers
+    creationTimestamp before validating admission, so the server neither keys nor stores one. The
+    key covers
     everything a verdict may depend on: endpoint, the whole request but its uid (object, namespace,
     operation, userInfo, dryRun),
     the snapshot generation (policies, inventory, usage, namespace labels) and the date (exception
