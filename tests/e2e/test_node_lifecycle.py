@@ -5,6 +5,7 @@ session's cluster (with the simulated device plugin) runs GPU pods and is remove
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -47,6 +48,24 @@ def test_failed_start_next_to_a_running_node_leaves_nothing(
     # The session's node was not touched.
     assert first.netns in network._netns_list() and cluster.is_up()
     assert f"{network.SERVICE_NET}.{first.slot}.0/24" in _routes()
+
+
+def test_the_first_kubelet_serves_device_plugins_in_a_directory_of_its_own(
+    cluster: LocalCluster, real_node: str
+) -> None:
+    """A kubelet empties /var/lib/kubelet/device-plugins when it starts and keeps its checkpoint
+    there: the machine-wide directory would be shared with every other kubelet on the machine."""
+    net = cluster.net
+    assert net is not None
+    pid = cluster.running()["kubelet"]
+    own = kubelet.device_plugin_dir(net) / "kubelet.sock"
+    wait_for(own.is_socket, "the kubelet's device-plugin socket in its own directory")
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    # What the kubelet sees at the fixed path is its own directory.
+    inside = os.stat(f"/proc/{pid}/root{kubelet.FIXED_DEVICE_PLUGIN_DIR}/kubelet.sock")
+    assert inside.st_ino == own.stat().st_ino
+    host = kubelet.FIXED_DEVICE_PLUGIN_DIR / "kubelet.sock"
+    assert not host.exists() or host.stat().st_ino != own.stat().st_ino
 
 
 def test_an_added_device_plugin_node_runs_gpu_pods_and_goes_without_a_trace(

@@ -37,7 +37,7 @@ def plugin_dirs(net: NodeNet) -> tuple[Path, Path]:
 
 
 def device_plugin_dir(net: NodeNet) -> Path:
-    """Where a kubelet started with `own_device_plugins` serves kubelet.sock for device plugins."""
+    """Where the node's kubelet serves kubelet.sock for device plugins (its own, per node)."""
     return root_dir(net) / "device-plugins"
 
 
@@ -144,13 +144,12 @@ def start(
     node: RealNode,
     timeout: float,
     files: NodeFiles | None = None,
-    *,
-    own_device_plugins: bool = False,
 ) -> None:
     """Start the kubelet and wait until its node is Ready and untainted by the node controller.
 
-    `own_device_plugins`: device plugins register with this kubelet at `device_plugin_dir(net)`
-    instead of the machine-wide /var/lib/kubelet/device-plugins (which this kubelet then never sees).
+    Device plugins register with this kubelet at `device_plugin_dir(net)`, never in the machine-wide
+    /var/lib/kubelet/device-plugins (which it does not see): a kubelet empties that directory when
+    it starts and keeps its checkpoint there, so two kubelets sharing it would break each other.
     """
     files = files or NodeFiles(sup.paths.node)
     root = root_dir(net)
@@ -172,18 +171,16 @@ def start(
     }
     name = files.name("kubelet")
     path = f"{bins.bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-    wrap: list[str] = []
-    if own_device_plugins:
-        # The kubelet's device plugin socket is not under --root-dir: it is fixed at
-        # /var/lib/kubelet/device-plugins/, where every kubelet on a machine would empty the others'.
-        # This kubelet gets its own mount namespace with its root's directory bound there; the root
-        # itself is a shared mount, so its volume mounts still reach containerd on the host.
-        dp = device_plugin_dir(net)
-        dp.mkdir(parents=True, exist_ok=True)
-        FIXED_DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
-        bind = 'mount --bind "$0" "$1" && shift && exec "$@"'
-        wrap = ["unshare", "--mount", "--propagation", "unchanged", "--",
-                "sh", "-c", bind, str(dp), str(FIXED_DEVICE_PLUGIN_DIR)]  # fmt: skip
+    # The kubelet's device plugin socket is not under --root-dir: it is fixed at
+    # /var/lib/kubelet/device-plugins/, where every kubelet on a machine would empty the others'.
+    # This kubelet gets its own mount namespace with its root's directory bound there; the root
+    # itself is a shared mount, so its volume mounts still reach containerd on the host.
+    dp = device_plugin_dir(net)
+    dp.mkdir(parents=True, exist_ok=True)
+    FIXED_DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    bind = 'mount --bind "$0" "$1" && shift && exec "$@"'
+    wrap = ["unshare", "--mount", "--propagation", "unchanged", "--",
+            "sh", "-c", bind, str(dp), str(FIXED_DEVICE_PLUGIN_DIR)]  # fmt: skip
     sup.spawn(
         name,
         [

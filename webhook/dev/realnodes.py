@@ -121,7 +121,7 @@ def add(
             draguard=False,
             taints=(f"{DEVICE_PLUGIN_TAINT}=true:NoSchedule",) if device_plugin else (),
         )
-        kubelet.start(cluster, net, bins, cp, node, timeout, files, own_device_plugins=True)
+        kubelet.start(cluster, net, bins, cp, node, timeout, files)
         gpus = _start_device_plugin(cluster, name, net, files, topology, timeout) if device_plugin else 0
     except BaseException:
         cluster.progress(f"adding node {name} failed; logs kept in {cluster.paths.logs}")
