@@ -363,14 +363,17 @@ async def test_review_cache_answers_repeats_with_their_own_uid(policy_dir: Calla
         assert any("migrate/legacy-gpu" in w for w in d4["response"]["warnings"])
 
 
-async def test_validating_creates_are_each_evaluated_and_never_stored(policy_dir: Callable[[str], Path]) -> None:
+async def test_validating_creates_are_each_evaluated_and_never_stored(
+    policy_dir: Callable[[str], Path],
+) -> None:
     """The API server gives every object a fresh uid and creationTimestamp before validating a
     CREATE: two such requests are never the same, and the cache keeps no entry for them."""
     wh = make_webhook(policy_dir("enforce"))
     obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
     async with TestClient(TestServer(wh.build_app())) as c:
         for uid in ("11111111-aaaa", "22222222-bbbb"):
-            d = await (await c.post("/validate", json=review(obj, group="apps", kind="Deployment", uid=uid))).json()
+            body = review(obj, group="apps", kind="Deployment", uid=uid)
+            d = await (await c.post("/validate", json=body)).json()
             assert d["response"]["uid"] == uid and d["response"]["allowed"] is False
         text = wh.metrics.render().decode()
     assert 'draguard_review_cache_total{result="hit"} 0.0' in text
