@@ -53,14 +53,14 @@ def _claim_request(operation: str = "CREATE", owner: str = "p", namespace: str =
     }
 
 
-def _pod_request(template: str) -> dict[str, Any]:
+def _pod_request(template: str, image: str = "vllm/vllm-openai:1") -> dict[str, Any]:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "p", "namespace": "ml"},
         "spec": {
             "containers": [
-                {"name": "c", "image": "vllm/vllm-openai:1", "resources": {"claims": [{"name": "g"}]}}
+                {"name": "c", "image": image, "resources": {"claims": [{"name": "g"}]}}
             ],
             "resourceClaims": [{"name": "g", "resourceClaimTemplateName": template}],
         },
@@ -80,6 +80,20 @@ def test_what_is_looked_up() -> None:
     assert lookups.wanted(_claim_request(owner="../../secrets/x"), snap) == []
     assert lookups.wanted(_pod_request("a/b?watch=true"), snap) == []
     assert lookups.wanted(_claim_request(), Snapshot(policies=None)) == []
+    # A workload no tier policy classifies needs nothing looked up, whatever it names.
+    assert lookups.wanted(_pod_request("llm-a100", image="example.com/batch:1"), snap) == []
+    # Nor one whose template the caches hold already.
+    held = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "llm-a100", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}
+        ]}}},
+    }  # fmt: skip
+    cached = Snapshot(policies=snap.policies, inventory=Inventory.from_objects([held]))
+    assert lookups.wanted(_pod_request("llm-a100"), cached) == []
+    assert lookups.wanted(_pod_request("other"), cached) == [("ResourceClaimTemplate", "ml", "other")]
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from webhook.server.admission import Snapshot
+from webhook.dra.workloads import using_crd_table
+from webhook.engine.rules.tier import lookups_needed
+from webhook.server.admission import Snapshot, is_checked
 
 MAX_PENDING_PODS = 500
 LOOKUP_BUDGET = 1.0  # seconds per request, well inside the validating webhooks' 3 s timeout
@@ -47,16 +49,11 @@ class Lookups:
 
 def wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]]:
     """What the tier rule needs for this validating request that the snapshot lacks."""
-    from webhook.dra.workloads import using_crd_table
-
     with using_crd_table(getattr(snap.policies, "crd_table", None)):
         return _wanted(req, snap)
 
 
 def _wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]]:
-    from webhook.engine.rules.tier import lookups_needed
-    from webhook.server.admission import is_checked
-
     if snap.policies is None or not snap.policies.tier or req.get("operation") not in ("CREATE", "UPDATE"):
         return []
     raw_kind = req.get("kind")

@@ -405,16 +405,10 @@ def lookups_needed(
     templates and claims it names. Admission reads these from
     the API server so every replica judges from the same facts, whatever its watch has seen yet.
     """
-    if obj.get("kind") != "ResourceClaim":
-        facts = workload_facts(obj)
-        if facts is None:
-            return []
-        if index is not None:
-            policies = index.candidates(facts)
-    scoped = [p for p in policies if p.scope.applies(namespace, labels)]
-    if not scoped:
-        return []
     if obj.get("kind") == "ResourceClaim":
+        scoped = [p for p in policies if p.scope.applies(namespace, labels)]
+        if not scoped:
+            return []
         owner = owner_pod(obj)
         read = claim_spec_of(obj)
         name = as_str(as_map(obj.get("metadata")).get("name"))
@@ -425,7 +419,7 @@ def lookups_needed(
         # A user's claim: the unscheduled pods of the namespace that name it.
         return [("PendingPods", namespace, name)] if name else []
     found = pod_spec_of(obj)
-    if found is None or facts is None or not any(p.classifications(facts) for p in scoped):
+    if found is None:
         return []
     out: list[tuple[str, str, str]] = []
     for raw in as_list(found[1].get("resourceClaims")):
@@ -436,4 +430,16 @@ def lookups_needed(
             out.append(("ResourceClaimTemplate", namespace, tmpl))
         elif claim and not tmpl and (namespace, claim) not in inventory.claims:
             out.append(("ResourceClaim", namespace, claim))
+    if not out:
+        # Nothing the caches lack (every admitted workload once the watch has its templates): the
+        # workload's facts and classes, most of this function's cost, cannot add a lookup.
+        return []
+    facts = workload_facts(obj)
+    if facts is None:
+        return []
+    if index is not None:
+        policies = index.candidates(facts)
+    scoped = [p for p in policies if p.scope.applies(namespace, labels)]
+    if not scoped or not any(p.classifications(facts) for p in scoped):
+        return []
     return list(dict.fromkeys(out))[:MAX_LOOKUPS]
