@@ -25,8 +25,17 @@ def _exported() -> dict[str, set[str]]:
     from webhook.server.metrics import DraStats, Metrics
 
     hook = Metrics()
-    hook.bind(lambda: DraStats(1, 1, 0, {"gpu.nvidia.com-h100": 3}, {"gpu.nvidia.com-h100": 5}), dict)
+    hook.bind(
+        lambda: DraStats(1, 1, 0, {"gpu.nvidia.com-h100": 3}, {"gpu.nvidia.com-h100": 5}),
+        lambda: {"resourceslices": (True, 2)},
+    )
     hook.allocation.observe(2.0)
+    kids = hook.answered("validate", "Pod", "CREATE", "denied")
+    kids.latency.observe(0.01)
+    kids.requests.add()
+    hook.rule_errors.labels("quota/team-budgets", "validate").inc()
+    hook.tls_reloads.labels("invalid").inc()
+    hook.policy_reload_failures.inc()
     drv = DriverMetrics()
     drv.nvml_error("nvmlDeviceGetCount")
     out: dict[str, set[str]] = {}
@@ -72,6 +81,33 @@ def test_alerts_read_series_the_exporters_publish() -> None:
                     continue
                 users = [s for s in re.findall(r"\b(dra_[a-z_]+)\b", expr)]
                 assert all(label in exported[s] for s in users), f"{name}: label {label} missing on {users}"
+
+
+def test_webhook_alerts_read_series_the_webhook_publishes() -> None:
+    rules = _rules("draguard.webhook")
+    assert set(rules) == {
+        "DraguardWebhookDown",
+        "DraguardWebhookCachesNotSynced",
+        "DraguardPolicyChangeRejected",
+        "DraguardAdmissionRuleErrors",
+        "DraguardAdmissionSlow",
+        "DraguardServingCertificateRejected",
+    }
+    exported = _exported()
+    for name, rule in rules.items():
+        expr = str(rule["expr"])
+        used = set(re.findall(r"\b(draguard_[a-z_]+)\b", expr))
+        assert used, name
+        for series in used:
+            assert series in exported, f"{name}: {series} is not exported by the webhook"
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                if label != "le":
+                    assert all(label in exported[s] for s in used), f"{name}: label {label} missing"
+    # No replica answering means admission fails closed: the one page-worthy alert.
+    assert rules["DraguardWebhookDown"]["labels"] == {"severity": "critical"}
+    others = {str(r["labels"]["severity"]) for n, r in rules.items() if n != "DraguardWebhookDown"}  # type: ignore[index]
+    assert others == {"warning"}
 
 
 def _audit_exported() -> dict[str, set[str]]:
@@ -167,4 +203,4 @@ def test_the_alerts_are_optional_and_build_on_every_overlay(overlay: str) -> Non
         ("ServiceMonitor", "draguard-webhook"),
     ]
     groups = {g["name"] for g in one(with_alerts, "PrometheusRule", "draguard")["spec"]["groups"]}
-    assert groups == {"draguard.dra", "draguard.audit"}
+    assert groups == {"draguard.dra", "draguard.webhook", "draguard.audit"}

@@ -157,3 +157,65 @@ def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> No
     fired = _fired(rules_file, other)
     assert len(fired["DraguardAuditDown"]) == 1
     assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditViolations"] == []
+
+
+WEBHOOK_ALERTS = (
+    "DraguardWebhookDown",
+    "DraguardWebhookCachesNotSynced",
+    "DraguardPolicyChangeRejected",
+    "DraguardAdmissionRuleErrors",
+    "DraguardAdmissionSlow",
+    "DraguardServingCertificateRejected",
+)
+
+
+def _webhook_scrapes(*, slow: bool = False, broken: bool = False) -> list[dict[str, Any]]:
+    """A webhook replica's /metrics scraped every minute for 30 minutes, 20 reviews a minute: each
+    answered in 2 s when `slow`; with `broken`, its claims cache unsynced, and 3 minutes before the
+    end a rejected policy change, a rule error and a rejected certificate."""
+    from webhook.server.metrics import DraStats, Metrics
+
+    m = Metrics()
+    m.bind(DraStats, lambda: {"resourceslices": (True, 4), "resourceclaims": (not broken, 0)})
+    m.policy_rules.set(7)
+    target = {"job": "draguard-webhook-metrics", "pod": "draguard-webhook-7c9-x2"}
+    samples = []
+    for minute in range(30):
+        for _ in range(20):
+            kids = m.answered("validate", "Pod", "CREATE", "allowed")
+            kids.latency.observe(2.0 if slow else 0.004)
+            kids.requests.add()
+        if broken and minute == 27:
+            m.policy_reload_failures.inc()
+            m.rule_errors.labels("internal/quota", "validate").inc()
+            m.tls_reloads.labels("invalid").inc()
+        for fam in text_string_to_metric_families(m.render().decode()):
+            for s in fam.samples:
+                labels = {"__name__": s.name, **target, **s.labels}
+                samples.append({"labels": labels, "t": NOW - 60 * (29 - minute), "v": s.value})
+    return samples
+
+
+def test_webhook_alerts_stay_quiet_on_a_healthy_replica(rules_file: Path) -> None:
+    fired = _fired(rules_file, _webhook_scrapes())
+    assert {a: fired[a] for a in WEBHOOK_ALERTS} == {a: [] for a in WEBHOOK_ALERTS}
+
+
+def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> None:
+    fired = _fired(rules_file, _webhook_scrapes(broken=True))
+    [cache] = fired["DraguardWebhookCachesNotSynced"]
+    assert cache["labels"]["resource"] == "resourceclaims"
+    assert cache["labels"]["pod"] == "draguard-webhook-7c9-x2"
+    [rejected] = fired["DraguardPolicyChangeRejected"]
+    assert rejected["labels"]["pod"] == "draguard-webhook-7c9-x2" and rejected["value"] > 0
+    [errors] = fired["DraguardAdmissionRuleErrors"]
+    # A series at 0 from the start: the first error of a rule is an increase.
+    assert errors["labels"] == {"rule": "internal/quota"} and errors["value"] > 0
+    [cert] = fired["DraguardServingCertificateRejected"]
+    assert cert["labels"]["outcome"] == "invalid"
+    assert fired["DraguardAdmissionSlow"] == [] and fired["DraguardWebhookDown"] == []
+    [slow] = _fired(rules_file, _webhook_scrapes(slow=True))["DraguardAdmissionSlow"]
+    assert slow["labels"] == {"endpoint": "validate"} and slow["value"] > 1
+    # No replica scraped at all: admission fails closed, and only "down" can say so.
+    down = _fired(rules_file, [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}])
+    assert len(down["DraguardWebhookDown"]) == 1 and down["DraguardWebhookCachesNotSynced"] == []

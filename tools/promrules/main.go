@@ -6,7 +6,9 @@
 //	                       rules as JSON, or the errors and exit status 1
 //	promrules eval FILE    read {"samples": [{"labels": {...}, "t": seconds, "v": value}], "at":
 //	                       seconds} on stdin, store the samples in a TSDB, and print what each
-//	                       alerting rule's expr returns at "at" ({"Alert": [{"labels", "value"}]})
+//	                       alerting rule's expr returns at "at" ({"Alert": [{"labels", "value"}]});
+//	                       a value JSON cannot hold (NaN, ±Inf: a quantile of no observations) is
+//	                       written as Prometheus writes it, in a string
 package main
 
 import (
@@ -15,8 +17,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/common/model"
@@ -48,7 +52,17 @@ type evalIn struct {
 
 type seriesOut struct {
 	Labels map[string]string `json:"labels"`
-	Value  float64           `json:"value"`
+	Value  value             `json:"value"`
+}
+
+type value float64
+
+func (v value) MarshalJSON() ([]byte, error) {
+	f := float64(v)
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return json.Marshal(strconv.FormatFloat(f, 'g', -1, 64))
+	}
+	return json.Marshal(f)
 }
 
 func fail(format string, args ...any) {
@@ -139,7 +153,7 @@ func eval(file string) {
 			}
 			series := []seriesOut{}
 			for _, s := range vec {
-				series = append(series, seriesOut{Labels: s.Metric.Map(), Value: s.F})
+				series = append(series, seriesOut{Labels: s.Metric.Map(), Value: value(s.F)})
 			}
 			out[r.Alert] = series
 			q.Close()
