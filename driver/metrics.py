@@ -50,9 +50,14 @@ class DriverMetrics:
         )
         for t in ("gpu", "mig"):
             self.devices.labels(type=t).set(0)
+        # Every series an alert reads through increase() exists at 0 from the start: a series' first
+        # sample is no increase, so errors that create it (the first 5 within a minute) would not fire.
         for res in ("success", "error"):
             self.prepare.labels(result=res)
             self.unprepare.labels(result=res)
+            self.slice_publishes.labels(result=res)
+        for operation in ("publish", "prepare", "unprepare", "nvml"):
+            self.errors.labels(operation=operation)
 
     def nvml_error(self, call: str) -> None:
         self.nvml_errors.labels(call=call).inc()

@@ -88,7 +88,7 @@ def _driver_metrics() -> str:
     d.prepare_seconds.observe(0.02)
     d.unprepare_seconds.observe(0.01)
     d.nvml_error("nvmlDeviceGetCount")
-    d.slice_publishes.labels(result="ok").inc()
+    d.slice_publishes.labels(result="success").inc()
     return generate_latest(d.registry).decode()
 
 

@@ -219,3 +219,33 @@ def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> Non
     # No replica scraped at all: admission fails closed, and only "down" can say so.
     down = _fired(rules_file, [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}])
     assert len(down["DraguardWebhookDown"]) == 1 and down["DraguardWebhookCachesNotSynced"] == []
+
+
+def _driver_scrapes(errors_at_end: int) -> list[dict[str, Any]]:
+    """One node's driver scraped every 15 s for 10 minutes (as its ServiceMonitor does), with
+    `errors_at_end` failed prepares in the last 30 s and none before."""
+    from prometheus_client import generate_latest
+
+    from driver.metrics import DriverMetrics
+
+    d = DriverMetrics()
+    target = {"job": "draguard-driver-metrics", "pod": "draguard-driver-q8", "node": "gpu-node-0"}
+    samples = []
+    steps = 40
+    for step in range(steps):
+        if step == steps - 2:
+            for _ in range(errors_at_end):
+                d.prepare.labels(result="error").inc()
+                d.errors.labels(operation="prepare").inc()
+        for fam in text_string_to_metric_families(generate_latest(d.registry).decode()):
+            for s in fam.samples:
+                labels = {"__name__": s.name, **target, **s.labels}
+                samples.append({"labels": labels, "t": NOW - 15 * (steps - 1 - step), "v": s.value})
+    return samples
+
+
+def test_a_drivers_first_errors_fire_the_critical_alert(rules_file: Path) -> None:
+    # Its very first errors: the series was there at 0 before them, so they are an increase.
+    [fired] = _fired(rules_file, _driver_scrapes(6))["DRAPluginErrors"]
+    assert fired["labels"] == {"node": "gpu-node-0"} and fired["value"] >= 5
+    assert _fired(rules_file, _driver_scrapes(2))["DRAPluginErrors"] == []
