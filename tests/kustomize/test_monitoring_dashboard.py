@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +32,11 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s"}
 Query = tuple[str, str, str, str]  # (panel title, refId, expr, legendFormat)
 
 
-def _dashboard(objs: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
-    cm = one(
-        tuple(objs) if objs is not None else build("eks", ("monitoring",)), "ConfigMap", "draguard-dashboard"
-    )
-    doc: dict[str, Any] = json.loads(cm["data"]["draguard.json"])
-    return doc
-
-
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    return _dashboard()
+    cm = one(build("eks", ("monitoring",)), "ConfigMap", "draguard-dashboard")
+    doc: dict[str, Any] = json.loads(cm["data"]["draguard.json"])
+    return doc
 
 
 def _queries(dash: dict[str, Any]) -> list[Query]:
