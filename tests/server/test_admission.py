@@ -425,3 +425,25 @@ async def test_migration_template_created_in_a_served_version(policy_dir: Callab
     req = tmpl["spec"]["spec"]["devices"]["requests"][0]
     assert "exactly" not in req and req["deviceClassName"] == "gpu.nvidia.com-a100"
     k8s.ApiClient().deserialize(json.dumps(tmpl), "V1beta1ResourceClaimTemplate", "application/json")
+
+
+async def test_managed_fields_are_not_judged(policy_dir: Callable[[str], Path]) -> None:
+    """No rule reads who wrote which field: an API server's managedFields, however deep, change
+    nothing in the answer (the caches and the audit drop them as well)."""
+    wh = make_webhook(policy_dir("enforce"))
+    obj = workload("Deployment", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(150):  # past the engine's 100-level limit
+        node["f:x"] = {}
+        node = node["f:x"]
+    managed = json.loads(json.dumps(obj))
+    managed["metadata"]["managedFields"] = [
+        {"manager": "kubectl", "operation": "Update", "apiVersion": "apps/v1", "fieldsType": "FieldsV1",
+         "fieldsV1": deep}
+    ]  # fmt: skip
+    _, plain = await post(wh, "validate", review(obj, group="apps", kind="Deployment"))
+    _, with_fields = await post(wh, "validate", review(managed, group="apps", kind="Deployment"))
+    assert plain["response"]["allowed"] is False
+    assert "[tier/gpu-tiers]" in plain["response"]["status"]["message"]
+    assert with_fields["response"] == plain["response"]

@@ -195,7 +195,8 @@ def _ref(obj: Mapping[str, Any], kind: str, namespace: str, name: str) -> Object
 
 
 def prepare_object(req: Mapping[str, Any], group: str, version: str, kind: str) -> dict[str, Any] | None:
-    """The object as the engine wants it: apiVersion/kind and namespace filled in (shallow copies)."""
+    """The object as the engine wants it: apiVersion/kind and namespace filled in, managedFields
+    left out (shallow copies)."""
     raw = req.get("object")
     if not isinstance(raw, dict):
         return None
@@ -207,6 +208,9 @@ def prepare_object(req: Mapping[str, Any], group: str, version: str, kind: str) 
     ns = req.get("namespace")
     meta = obj.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}
+    # No rule reads who wrote which field, and the caches and the audit drop it too: an API server's
+    # object carries it on every request, and the depth check would walk it each time.
+    meta.pop("managedFields", None)
     if isinstance(ns, str) and ns and not meta.get("namespace") and kind != "DeviceClass":
         meta["namespace"] = ns
     if not meta.get("name"):
