@@ -40,3 +40,12 @@ def go_tool(name: str) -> Path:
             if res.returncode != 0:
                 pytest.fail(f"building tools/{name} failed:\n{res.stdout}\n{res.stderr}", pytrace=False)
     return path
+
+
+def run_tool(
+    name: str, *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run tools/<name> (built on first use) with `args`; its output as text, never raising on exit."""
+    return subprocess.run(
+        [str(go_tool(name)), *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )

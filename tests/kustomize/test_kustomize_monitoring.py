@@ -83,6 +83,23 @@ def test_alerts_read_series_the_exporters_publish() -> None:
                 assert all(label in exported[s] for s in users), f"{name}: label {label} missing on {users}"
 
 
+def _read_exported_series(
+    rules: dict[str, dict[str, object]], exported: dict[str, set[str]], pattern: str, who: str
+) -> None:
+    """Every series each rule reads (names matching `pattern`) is exported by `who`, with every
+    label the rule groups by (le: a histogram's own)."""
+    for name, rule in rules.items():
+        expr = str(rule["expr"])
+        used = set(re.findall(rf"\b({pattern})\b", expr))
+        assert used, name
+        for series in used:
+            assert series in exported, f"{name}: {series} is not exported by {who}"
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                if label != "le":
+                    assert all(label in exported[s] for s in used), f"{name}: label {label} missing"
+
+
 def test_webhook_alerts_read_series_the_webhook_publishes() -> None:
     rules = _rules("draguard.webhook")
     assert set(rules) == {
@@ -93,17 +110,7 @@ def test_webhook_alerts_read_series_the_webhook_publishes() -> None:
         "DraguardAdmissionSlow",
         "DraguardServingCertificateRejected",
     }
-    exported = _exported()
-    for name, rule in rules.items():
-        expr = str(rule["expr"])
-        used = set(re.findall(r"\b(draguard_[a-z_]+)\b", expr))
-        assert used, name
-        for series in used:
-            assert series in exported, f"{name}: {series} is not exported by the webhook"
-        for group in re.findall(r"by \(([^)]*)\)", expr):
-            for label in (x.strip() for x in group.split(",")):
-                if label != "le":
-                    assert all(label in exported[s] for s in used), f"{name}: label {label} missing"
+    _read_exported_series(rules, _exported(), r"draguard_[a-z_]+", "the webhook")
     # No replica answering means admission fails closed: the one page-worthy alert.
     assert rules["DraguardWebhookDown"]["labels"] == {"severity": "critical"}
     others = {str(r["labels"]["severity"]) for n, r in rules.items() if n != "DraguardWebhookDown"}  # type: ignore[index]
@@ -131,16 +138,8 @@ def test_audit_alerts_read_series_the_audit_publishes() -> None:
         "DraguardAuditScansStale",
         "DraguardAuditDown",
     }
-    exported = _audit_exported()
+    _read_exported_series(rules, _audit_exported(), r"draguard_audit_[a-z_]+", "the audit")
     for name, rule in rules.items():
-        expr = str(rule["expr"])
-        used = set(re.findall(r"\b(draguard_audit_[a-z_]+)\b", expr))
-        assert used, name
-        for series in used:
-            assert series in exported, f"{name}: {series} is not exported by the audit"
-        for group in re.findall(r"by \(([^)]*)\)", expr):
-            for label in (x.strip() for x in group.split(",")):
-                assert all(label in exported[s] for s in used), f"{name}: label {label} missing"
         assert rule["labels"] == {"severity": "warning"}, name  # type: ignore[comparison-overlap]
 
 

@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from driver.metrics import DriverMetrics
-from tests.gotool import go_tool
+from tests.gotool import run_tool
 from webhook.audit.metrics import AuditMetrics
 from webhook.server.metrics import DraStats, Metrics
 
@@ -119,14 +119,7 @@ def _scrapes(minutes: int = 30, step: int = 15) -> list[dict[str, Any]]:
 
 
 def _promrules(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(go_tool("promrules")), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_tool("promrules", *args, stdin=stdin)
 
 
 def problems(dash: dict[str, Any], tmp: Path) -> list[str]:
