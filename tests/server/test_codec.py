@@ -66,13 +66,19 @@ def test_hostile_bodies_are_refused_with_a_reason(body: bytes, reason: str) -> N
 
 def test_review_cache_key_ignores_only_the_uid() -> None:
     obj = workload("Pod", legacy_pod_spec())
-    a = admission.parse_review(json.dumps(review(obj, uid="one")).encode())
-    b = admission.parse_review(json.dumps(review(obj, uid="two")).encode())
-    other = admission.parse_review(json.dumps(review({**obj, "metadata": {"name": "x"}}, uid="one")).encode())
+    # UPDATEs: what repeats on /validate (a server-side apply that changes nothing).
+    a = admission.parse_review(json.dumps(review(obj, operation="UPDATE", uid="one")).encode())
+    b = admission.parse_review(json.dumps(review(obj, operation="UPDATE", uid="two")).encode())
+    other = admission.parse_review(
+        json.dumps(review({**obj, "metadata": {"name": "x"}}, operation="UPDATE", uid="one")).encode()
+    )
     key = admission.ReviewCache.key
     assert key("validate", a, 1) == key("validate", b, 1)
     assert key("validate", a, 1) != key("validate", other, 1)
     assert key("validate", a, 1) != key("mutate", a, 1)
+    # A validating CREATE never repeats (a fresh uid and creationTimestamp each time): no key.
+    create = admission.parse_review(json.dumps(review(obj, uid="one")).encode())
+    assert key("validate", create, 1) is None and key("mutate", create, 1) is not None
 
 
 @pytest.fixture

@@ -474,8 +474,8 @@ class ReviewCache:
     controller's generateName pods carry no name, uid or creationTimestamp yet, so a ReplicaSet's
     pods created in the same second (managedFields times are in seconds) are one request. A
     /validate CREATE never repeats: the API server has set the generated name, a fresh uid and
-    creationTimestamp before validating admission, so the server neither keys nor stores one. The
-    key covers
+    creationTimestamp before validating admission, so `key()` gives none (never stored). The key
+    covers
     everything a verdict may depend on: endpoint, the whole request but its uid (object, namespace,
     operation, userInfo, dryRun),
     the snapshot generation (policies, inventory, usage, namespace labels) and the date (exception
@@ -495,7 +495,11 @@ class ReviewCache:
     @staticmethod
     def key(endpoint: str, request: Mapping[str, Any], generation: int) -> ReviewKey | None:
         """The request without its uid, structurally (a uid that also occurs elsewhere in the body
-        changes nothing but the uid); None when it cannot be serialised again (never cached)."""
+        changes nothing but the uid); None (never cached) for a validating CREATE, which never
+        repeats (keying and storing it would only cost time and push out entries that do), and when
+        it cannot be serialised again."""
+        if endpoint == "validate" and request.get("operation") == "CREATE":
+            return None
         rest = {k: v for k, v in request.items() if k != "uid"}
         try:
             text = codec.dumps(rest)

@@ -386,10 +386,7 @@ class Webhook:
         if snap.policies is None:
             # Not ready; the API server's failurePolicy decides. Never guess a verdict.
             return self._bad(503, "not-ready", "draguard has no valid policy set loaded yet")
-        # The API server sets a fresh metadata.uid and creationTimestamp before validating a
-        # CREATE: such a request never repeats, and keying and storing it would only cost time
-        # and push out entries that do repeat (a server-side apply's no-op UPDATE).
-        cache = None if endpoint == "validate" and request.get("operation") == "CREATE" else self.review_cache
+        cache = self.review_cache
         scope = scope_of(request)
         if self.rebuilder is not None:
             # What this caller had admitted a moment ago and the watch has not reported yet
