@@ -436,7 +436,7 @@ def rounds(
             res["errors"] += paced["errors"]
             runs[name].append(res)
     out: dict[str, dict[str, Any]] = {}
-    for name, (proc, _port) in servers.items():
+    for name, (proc, port) in servers.items():
         best = max(runs[name], key=lambda r: r["rps"])
         best = {
             **best,
@@ -451,7 +451,7 @@ def rounds(
         }
         best["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
         if name != "bare":
-            best["review_cache"] = review_cache_counts(_port, ca)
+            best["review_cache"] = review_cache_counts(port, ca)
         out[name] = best
     return out
 
