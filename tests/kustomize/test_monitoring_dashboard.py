@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kbundle import build, one
+from kprom import NOW, promrules, scraped
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from driver.metrics import DriverMetrics
-from tests.gotool import run_tool
 from webhook.audit.metrics import AuditMetrics
 from webhook.server.metrics import DraStats, Metrics
 
-NOW = 1_800_000_000.0
 # What Grafana puts in place of its own variables before the query reaches Prometheus.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s"}
 Query = tuple[str, str, str, str]  # (panel title, refId, expr, legendFormat)
@@ -108,18 +105,8 @@ TARGETS = (
 
 
 def _scrapes(minutes: int = 30, step: int = 15) -> list[dict[str, Any]]:
-    samples = []
-    for render, target in TARGETS:
-        for fam in text_string_to_metric_families(render()):
-            for s in fam.samples:
-                labels = {**target, **s.labels, "__name__": s.name}
-                for i in range(minutes * 60 // step):
-                    samples.append({"labels": labels, "t": NOW - step * i, "v": s.value})
-    return samples
-
-
-def _promrules(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return run_tool("promrules", *args, stdin=stdin)
+    times = [NOW - step * i for i in range(minutes * 60 // step)]
+    return [x for render, target in TARGETS for x in scraped(render(), target, times)]
 
 
 def problems(dash: dict[str, Any], tmp: Path) -> list[str]:
@@ -137,10 +124,10 @@ def problems(dash: dict[str, Any], tmp: Path) -> list[str]:
         rules.append({"alert": name, "expr": expr})
     path = tmp / "dashboard.rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    checked = _promrules("check", str(path))
+    checked = promrules("check", str(path))
     if checked.returncode != 0:
         return [*out, f"Prometheus refuses a query: {checked.stderr.strip()}"]
-    res = _promrules("eval", str(path), stdin=json.dumps({"samples": _scrapes(), "at": NOW}))
+    res = promrules("eval", str(path), stdin=json.dumps({"samples": _scrapes(), "at": NOW}))
     assert res.returncode == 0, res.stderr
     for name, series in json.loads(res.stdout).items():
         title, ref, legend = names[name]

@@ -5,16 +5,14 @@ alerts fire on the series the audit really exports, and only then."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kbundle import build, one
-from prometheus_client.parser import text_string_to_metric_families
+from kprom import NOW, promrules, scraped
 
-from tests.gotool import run_tool
 from webhook.audit.controller import AuditController, AuditOptions
 from webhook.audit.scan import judge_pages
 from webhook.audit.source import ClusterState
@@ -24,7 +22,6 @@ from webhook.policy.load import load_policies
 from webhook.server.caches import KubeHttp
 
 REPO = Path(__file__).resolve().parents[2]
-NOW = 1_800_000_000.0
 H200_ONLY = """\
 apiVersion: policy.draguard.io/v1alpha1
 kind: GpuTierPolicy
@@ -46,12 +43,8 @@ def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _promrules(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return run_tool("promrules", *args, stdin=stdin)
-
-
 def test_every_rule_loads_as_prometheus_loads_it(rules_file: Path) -> None:
-    res = _promrules("check", str(rules_file))
+    res = promrules("check", str(rules_file))
     assert res.returncode == 0, res.stderr
     alerts = {r["alert"] for r in json.loads(res.stdout)}
     assert {"DraguardAuditViolations", "DraguardAuditScansStale", "DRAPluginErrors"} <= alerts
@@ -64,7 +57,7 @@ def test_a_broken_rule_is_refused(tmp_path: Path, rules_file: Path) -> None:
     doc["groups"][1]["rules"][1]["annotations"]["summary"] = "{{ $labels.rule "
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
-    res = _promrules("check", str(bad))
+    res = promrules("check", str(bad))
     assert res.returncode == 1
     assert "could not parse expression" in res.stderr and "summary" in res.stderr
 
@@ -114,17 +107,11 @@ def _deployment(name: str, short: str) -> dict[str, Any]:
 
 def _scrapes(text: str, minutes: int = 30) -> list[dict[str, Any]]:
     """The exposition as Prometheus would store it, scraped every minute up to NOW."""
-    samples = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            for m in range(minutes):
-                labels = {"__name__": s.name, "job": "draguard-audit-metrics", **s.labels}
-                samples.append({"labels": labels, "t": NOW - 60 * (minutes - 1 - m), "v": s.value})
-    return samples
+    return scraped(text, {"job": "draguard-audit-metrics"}, [NOW - 60 * m for m in range(minutes)])
 
 
 def _fired(rules_file: Path, samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    res = _promrules("eval", str(rules_file), stdin=json.dumps({"samples": samples, "at": NOW}))
+    res = promrules("eval", str(rules_file), stdin=json.dumps({"samples": samples, "at": NOW}))
     assert res.returncode == 0, res.stderr
     out: dict[str, list[dict[str, Any]]] = json.loads(res.stdout)
     return out
@@ -172,10 +159,7 @@ def _webhook_scrapes(*, slow: bool = False, broken: bool = False) -> list[dict[s
             m.policy_reload_failures.inc()
             m.rule_errors.labels("internal/quota", "validate").inc()
             m.tls_reloads.labels("invalid").inc()
-        for fam in text_string_to_metric_families(m.render().decode()):
-            for s in fam.samples:
-                labels = {"__name__": s.name, **target, **s.labels}
-                samples.append({"labels": labels, "t": NOW - 60 * (29 - minute), "v": s.value})
+        samples += scraped(m.render().decode(), target, [NOW - 60 * (29 - minute)])
     return samples
 
 
@@ -223,10 +207,7 @@ def _driver_scrapes(errors_at_end: int) -> list[dict[str, Any]]:
             for _ in range(errors_at_end):
                 d.prepare.labels(result="error").inc()
                 d.errors.labels(operation="prepare").inc()
-        for fam in text_string_to_metric_families(generate_latest(d.registry).decode()):
-            for s in fam.samples:
-                labels = {"__name__": s.name, **target, **s.labels}
-                samples.append({"labels": labels, "t": NOW - 15 * (steps - 1 - step), "v": s.value})
+        samples += scraped(generate_latest(d.registry).decode(), target, [NOW - 15 * (steps - 1 - step)])
     return samples
 
 
