@@ -415,13 +415,12 @@ async def run_driver(args: argparse.Namespace) -> int:
             published = tracker.apply(current)
             try:
                 await asyncio.to_thread(publisher.publish, published)
-                metrics.slice_publishes.labels(result="success").inc()
+                metrics.published(True)
                 metrics.set_devices(dict(Counter(d.type for d in current)))
                 probes.started = True
                 failures = 0
             except (SlicePublishError, SliceValidationError) as exc:
-                metrics.slice_publishes.labels(result="error").inc()
-                metrics.errors.labels(operation="publish").inc()
+                metrics.published(False)
                 log.error("publishing ResourceSlices failed: %s", exc)
                 failures += 1
             # After a failed publish, try again soon (5 s, doubling), not a whole resync later.

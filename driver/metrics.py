@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# The operations and results the driver counts. Call sites name them through `error()`,
+# `prepared()`, `unprepared()` and `published()`, so mypy refuses a name that would start without
+# its zero series.
+Operation = Literal["publish", "prepare", "unprepare", "nvml"]
+Result = Literal["success", "error"]
+OPERATIONS: tuple[Operation, ...] = get_args(Operation)
+RESULTS: tuple[Result, ...] = get_args(Result)
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -52,16 +60,39 @@ class DriverMetrics:
             self.devices.labels(type=t).set(0)
         # Every series an alert reads through increase() exists at 0 from the start: a series' first
         # sample is no increase, so errors that create it (the first 5 within a minute) would not fire.
-        for res in ("success", "error"):
+        for res in RESULTS:
             self.prepare.labels(result=res)
             self.unprepare.labels(result=res)
             self.slice_publishes.labels(result=res)
-        for operation in ("publish", "prepare", "unprepare", "nvml"):
+        for operation in OPERATIONS:
             self.errors.labels(operation=operation)
+
+    def error(self, operation: Operation) -> None:
+        self.errors.labels(operation=operation).inc()
 
     def nvml_error(self, call: str) -> None:
         self.nvml_errors.labels(call=call).inc()
-        self.errors.labels(operation="nvml").inc()
+        self.error("nvml")
+
+    def prepared(self, ok: bool, seconds: float) -> None:
+        """One claim through NodePrepareResources; a failure is also a `prepare` error."""
+        self.prepare_seconds.observe(seconds)
+        self.prepare.labels(result="success" if ok else "error").inc()
+        if not ok:
+            self.error("prepare")
+
+    def unprepared(self, ok: bool, seconds: float) -> None:
+        """One claim through NodeUnprepareResources; a failure is also an `unprepare` error."""
+        self.unprepare_seconds.observe(seconds)
+        self.unprepare.labels(result="success" if ok else "error").inc()
+        if not ok:
+            self.error("unprepare")
+
+    def published(self, ok: bool) -> None:
+        """One ResourceSlice publish attempt; a failure is also a `publish` error."""
+        self.slice_publishes.labels(result="success" if ok else "error").inc()
+        if not ok:
+            self.error("publish")
 
     def set_devices(self, counts: dict[str, int]) -> None:
         for t in set(counts) | {"gpu", "mig"}:

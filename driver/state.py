@@ -184,10 +184,7 @@ class DeviceState:
             log.exception("prepare of claim %s failed unexpectedly", ref)
             outcome = PrepareOutcome(error=f"internal error preparing claim {ref}: {exc}")
         if self.metrics is not None:
-            self.metrics.prepare_seconds.observe(time.perf_counter() - start)
-            self.metrics.prepare.labels(result="error" if outcome.error else "success").inc()
-            if outcome.error:
-                self.metrics.errors.labels(operation="prepare").inc()
+            self.metrics.prepared(not outcome.error, time.perf_counter() - start)
         took = (time.perf_counter() - start) * 1000
         if outcome.error:
             log.warning("prepare %s failed after %.1f ms: %s", ref, took, outcome.error)
@@ -290,7 +287,7 @@ class DeviceState:
             except (SharingUnsupported, NvmlCallError) as exc:  # the claim is gone either way
                 log.error("claim %s: resetting the time-slice of %s failed: %s", uid, dev.name, exc)
                 if self.metrics is not None:
-                    self.metrics.errors.labels(operation="unprepare").inc()
+                    self.metrics.error("unprepare")
 
     def _read(self, ref: ClaimRef) -> dict[str, Any]:
         try:
@@ -473,10 +470,7 @@ class DeviceState:
         except OSError as exc:
             error = f"unprepare of claim {ref} failed: {exc}"
         if self.metrics is not None:
-            self.metrics.unprepare_seconds.observe(time.perf_counter() - start)
-            self.metrics.unprepare.labels(result="error" if error else "success").inc()
-            if error:
-                self.metrics.errors.labels(operation="unprepare").inc()
+            self.metrics.unprepared(not error, time.perf_counter() - start)
         took = (time.perf_counter() - start) * 1000
         if error:
             log.warning("unprepare %s failed after %.1f ms: %s", ref, took, error)

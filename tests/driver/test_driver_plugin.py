@@ -362,3 +362,26 @@ async def test_metrics_count_prepares_and_errors(short_dir, claims):
     assert val("dra_plugin_errors_total", {"operation": "prepare"}) == 1
     assert val("dra_plugin_unprepare_total", {"result": "success"}) == 1
     assert val("dra_plugin_prepare_duration_seconds_count") == 2
+
+
+def test_metrics_every_error_series_starts_at_zero_and_counts_its_operation():
+    from driver.metrics import OPERATIONS, DriverMetrics
+
+    m = DriverMetrics()
+    val = m.registry.get_sample_value
+    # An alert reads these through increase(): each must exist before its first error.
+    assert {op: val("dra_plugin_errors_total", {"operation": op}) for op in OPERATIONS} == dict.fromkeys(
+        ("publish", "prepare", "unprepare", "nvml"), 0.0
+    )
+    m.published(True)
+    m.published(False)
+    m.unprepared(False, 0.01)
+    m.nvml_error("nvmlDeviceGetCount")
+    assert val("dra_plugin_slice_publishes_total", {"result": "success"}) == 1
+    assert val("dra_plugin_slice_publishes_total", {"result": "error"}) == 1
+    assert val("dra_plugin_errors_total", {"operation": "publish"}) == 1
+    assert val("dra_plugin_unprepare_total", {"result": "error"}) == 1
+    assert val("dra_plugin_errors_total", {"operation": "unprepare"}) == 1
+    assert val("dra_plugin_errors_total", {"operation": "nvml"}) == 1
+    assert val("dra_plugin_nvml_errors_total", {"call": "nvmlDeviceGetCount"}) == 1
+    assert val("dra_plugin_errors_total", {"operation": "prepare"}) == 0

@@ -25,6 +25,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.workloads import using_crd_table
 from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
+from webhook.engine.rules import ENGINE_FAILURE
 from webhook.server import codec
 
 API_VERSION = "admission.k8s.io/v1"
@@ -360,7 +361,7 @@ def _review(
     except Exception as e:  # the engine promises not to raise; never turn a bug into a 500
         findings = [
             Finding(
-                rule="internal/engine",
+                rule=ENGINE_FAILURE,
                 severity=Severity.ERROR,
                 mode=Mode.ENFORCE,
                 object=ref,

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from webhook.engine.rules import RULE_MODULES
+from webhook.engine.rules import INTERNAL_RULES
 
 # Webhook answers live in milliseconds; the tail buckets catch a stalled event loop.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -280,9 +280,9 @@ class Metrics:
         # sample as an increase, so a first rejected certificate or rule error would go unnoticed.
         for outcome in ("ok", "invalid"):
             self.tls_reloads.labels(outcome)
-        for module in (*RULE_MODULES, "engine"):
+        for rule in INTERNAL_RULES:
             for endpoint in ("validate", "mutate"):
-                self.rule_errors.labels(f"internal/{module}", endpoint)
+                self.rule_errors.labels(rule, endpoint)
         self.inventory_rebuilds = Counter(
             "draguard_inventory_rebuilds_total", "Inventory and usage rebuilds from the caches", registry=r
         )

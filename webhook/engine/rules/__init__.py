@@ -9,6 +9,10 @@ from functools import cache
 from webhook.engine.rules.base import Rule
 
 RULE_MODULES: tuple[str, ...] = ("structure", "tier", "migrate", "quota", "cel_lint", "opaque", "release")
+# The rules draguard's own failures are reported under: `internal/<module>` when a rule module
+# raised, `internal/engine` when the engine as a whole did (the server's guard around it).
+ENGINE_FAILURE = "internal/engine"
+INTERNAL_RULES: tuple[str, ...] = (*(f"internal/{m}" for m in RULE_MODULES), ENGINE_FAILURE)
 
 
 @dataclass(frozen=True, slots=True)
