@@ -27,3 +27,47 @@ def scraped(text: str, target: Mapping[str, str], times: Iterable[float]) -> lis
 
 def promrules(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return run_tool("promrules", *args, stdin=stdin)
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Series name -> label names, from the exporters' own /metrics rendering."""
+    from prometheus_client import generate_latest
+
+    from driver.metrics import DriverMetrics
+    from webhook.server.metrics import DraStats, Metrics
+
+    hook = Metrics()
+    hook.bind(
+        lambda: DraStats(1, 1, 0, {"gpu.nvidia.com-h100": 3}, {"gpu.nvidia.com-h100": 5}),
+        lambda: {"resourceslices": (True, 2)},
+    )
+    hook.allocation.observe(2.0)
+    kids = hook.answered("validate", "Pod", "CREATE", "denied")
+    kids.latency.observe(0.01)
+    kids.requests.add()
+    hook.rule_errors.labels("quota/team-budgets", "validate").inc()
+    hook.tls_reloads.labels("invalid").inc()
+    hook.policy_reload_failures.inc()
+    hook.bad_requests.labels("too-large").inc()
+    drv = DriverMetrics()
+    drv.nvml_error("nvmlDeviceGetCount")
+    out: dict[str, set[str]] = {}
+    for text in (hook.render().decode(), generate_latest(drv.registry).decode()):
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
+def audit_series() -> dict[str, set[str]]:
+    """Series name -> label names, from the audit's own /metrics rendering."""
+    from webhook.audit.metrics import AuditMetrics
+
+    m = AuditMetrics()
+    m.set_violations({("tier/gpu-tiers", "fail"): 1})
+    m.scans.labels("ok").inc()
+    out: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, set()).update(s.labels)
+    return out

@@ -7,43 +7,13 @@ import re
 
 import pytest
 from kbundle import build, find, one
-
-prometheus_parser = pytest.importorskip("prometheus_client.parser")
+from kprom import audit_series, exported_series
 
 
 def _rules(group: str = "draguard.dra") -> dict[str, dict[str, object]]:
     objs = build("eks", ("monitoring",))
     rule = one(objs, "PrometheusRule", "draguard")
     return {r["alert"]: r for g in rule["spec"]["groups"] if g["name"] == group for r in g["rules"]}
-
-
-def _exported() -> dict[str, set[str]]:
-    """Series name -> label names, from the exporters' own /metrics rendering."""
-    from prometheus_client import generate_latest
-
-    from driver.metrics import DriverMetrics
-    from webhook.server.metrics import DraStats, Metrics
-
-    hook = Metrics()
-    hook.bind(
-        lambda: DraStats(1, 1, 0, {"gpu.nvidia.com-h100": 3}, {"gpu.nvidia.com-h100": 5}),
-        lambda: {"resourceslices": (True, 2)},
-    )
-    hook.allocation.observe(2.0)
-    kids = hook.answered("validate", "Pod", "CREATE", "denied")
-    kids.latency.observe(0.01)
-    kids.requests.add()
-    hook.rule_errors.labels("quota/team-budgets", "validate").inc()
-    hook.tls_reloads.labels("invalid").inc()
-    hook.policy_reload_failures.inc()
-    drv = DriverMetrics()
-    drv.nvml_error("nvmlDeviceGetCount")
-    out: dict[str, set[str]] = {}
-    for text in (hook.render().decode(), generate_latest(drv.registry).decode()):
-        for fam in prometheus_parser.text_string_to_metric_families(text):
-            for s in fam.samples:
-                out.setdefault(s.name, set()).update(s.labels)
-    return out
 
 
 def test_alerts_encode_the_seed_thresholds() -> None:
@@ -69,7 +39,7 @@ def test_alerts_encode_the_seed_thresholds() -> None:
 
 def test_alerts_read_series_the_exporters_publish() -> None:
     # node: added by the driver ServiceMonitor's relabeling, not by the exporter.
-    _read_exported_series(_rules(), _exported(), r"dra_[a-z_]+", "the webhook or the driver", {"node"})
+    _read_exported_series(_rules(), exported_series(), r"dra_[a-z_]+", "the webhook or the driver", {"node"})
 
 
 def _read_exported_series(
@@ -103,24 +73,11 @@ def test_webhook_alerts_read_series_the_webhook_publishes() -> None:
         "DraguardAdmissionSlow",
         "DraguardServingCertificateRejected",
     }
-    _read_exported_series(rules, _exported(), r"draguard_[a-z_]+", "the webhook")
+    _read_exported_series(rules, exported_series(), r"draguard_[a-z_]+", "the webhook")
     # No replica answering means admission fails closed: the one page-worthy alert.
     assert rules["DraguardWebhookDown"]["labels"] == {"severity": "critical"}
     others = {str(r["labels"]["severity"]) for n, r in rules.items() if n != "DraguardWebhookDown"}  # type: ignore[index]
     assert others == {"warning"}
-
-
-def _audit_exported() -> dict[str, set[str]]:
-    from webhook.audit.metrics import AuditMetrics
-
-    m = AuditMetrics()
-    m.set_violations({("tier/gpu-tiers", "fail"): 1})
-    m.scans.labels("ok").inc()
-    out: dict[str, set[str]] = {}
-    for fam in prometheus_parser.text_string_to_metric_families(m.render().decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, set()).update(s.labels)
-    return out
 
 
 def test_audit_alerts_read_series_the_audit_publishes() -> None:
@@ -131,7 +88,7 @@ def test_audit_alerts_read_series_the_audit_publishes() -> None:
         "DraguardAuditScansStale",
         "DraguardAuditDown",
     }
-    _read_exported_series(rules, _audit_exported(), r"draguard_audit_[a-z_]+", "the audit")
+    _read_exported_series(rules, audit_series(), r"draguard_audit_[a-z_]+", "the audit")
     for name, rule in rules.items():
         assert rule["labels"] == {"severity": "warning"}, name  # type: ignore[comparison-overlap]
 
