@@ -49,6 +49,7 @@ def exported_series() -> dict[str, set[str]]:
     hook.tls_reloads.labels("invalid").inc()
     hook.policy_reload_failures.inc()
     hook.bad_requests.labels("too-large").inc()
+    hook.serving_certificate(NOW + 60 * 86400)
     drv = DriverMetrics()
     drv.nvml_error("nvmlDeviceGetCount")
     out: dict[str, set[str]] = {}

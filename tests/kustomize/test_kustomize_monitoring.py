@@ -72,11 +72,15 @@ def test_webhook_alerts_read_series_the_webhook_publishes() -> None:
         "DraguardAdmissionRuleErrors",
         "DraguardAdmissionSlow",
         "DraguardServingCertificateRejected",
+        "DraguardServingCertificateExpiresSoon",
+        "DraguardServingCertificateExpiresToday",
     }
     _read_exported_series(rules, exported_series(), r"draguard_[a-z_]+", "the webhook")
-    # No replica answering means admission fails closed: the one page-worthy alert.
-    assert rules["DraguardWebhookDown"]["labels"] == {"severity": "critical"}
-    others = {str(r["labels"]["severity"]) for n, r in rules.items() if n != "DraguardWebhookDown"}  # type: ignore[index]
+    # Admission fails closed when no replica answers or the certificate expires: those page.
+    paging = {"DraguardWebhookDown", "DraguardServingCertificateExpiresToday"}
+    for name in paging:
+        assert rules[name]["labels"] == {"severity": "critical"}, name
+    others = {str(r["labels"]["severity"]) for n, r in rules.items() if n not in paging}  # type: ignore[index]
     assert others == {"warning"}
 
 

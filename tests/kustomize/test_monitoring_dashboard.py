@@ -66,6 +66,7 @@ def _webhook_metrics() -> str:
     m.policy_rules.set(7)
     m.policy_reload_failures.inc()
     m.tls_reloads.labels("invalid").inc()
+    m.serving_certificate(NOW + 30 * 86400)
     m.allocation.observe(2.0)
     return m.render().decode()
 

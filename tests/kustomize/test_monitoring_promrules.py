@@ -139,15 +139,19 @@ def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> No
     assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditViolations"] == []
 
 
-def _webhook_scrapes(*, slow: bool = False, broken: bool = False) -> list[dict[str, Any]]:
+def _webhook_scrapes(
+    *, slow: bool = False, broken: bool = False, cert_days: float = 60.0
+) -> list[dict[str, Any]]:
     """A webhook replica's /metrics scraped every minute for 30 minutes, 20 reviews a minute: each
     answered in 2 s when `slow`; with `broken`, its claims cache unsynced, and 3 minutes before the
-    end a rejected policy change, a rule error and a rejected certificate."""
+    end a rejected policy change, a rule error and a rejected certificate. Its serving certificate
+    expires `cert_days` after the last scrape."""
     from webhook.server.metrics import DraStats, Metrics
 
     m = Metrics()
     m.bind(DraStats, lambda: {"resourceslices": (True, 4), "resourceclaims": (not broken, 0)})
     m.policy_rules.set(7)
+    m.serving_certificate(NOW + cert_days * 86400)
     target = {"job": "draguard-webhook-metrics", "pod": "draguard-webhook-7c9-x2"}
     samples = []
     for minute in range(30):
@@ -166,7 +170,7 @@ def _webhook_scrapes(*, slow: bool = False, broken: bool = False) -> list[dict[s
 def test_webhook_alerts_stay_quiet_on_a_healthy_replica(rules_file: Path) -> None:
     groups = yaml.safe_load(rules_file.read_text())["groups"]
     names = [r["alert"] for g in groups if g["name"] == "draguard.webhook" for r in g["rules"]]
-    assert len(names) == 6
+    assert len(names) == 8
     fired = _fired(rules_file, _webhook_scrapes())
     assert {a: fired[a] for a in names} == {a: [] for a in names}
 
@@ -189,6 +193,20 @@ def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> Non
     # No replica scraped at all: admission fails closed, and only "down" can say so.
     down = _fired(rules_file, [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}])
     assert len(down["DraguardWebhookDown"]) == 1 and down["DraguardWebhookCachesNotSynced"] == []
+
+
+def test_certificate_expiry_warns_a_week_ahead_and_pages_a_day_ahead(rules_file: Path) -> None:
+    soon, today = "DraguardServingCertificateExpiresSoon", "DraguardServingCertificateExpiresToday"
+    assert _fired(rules_file, _webhook_scrapes(cert_days=8))[soon] == []
+    fired = _fired(rules_file, _webhook_scrapes(cert_days=3))
+    [warning] = fired[soon]
+    assert warning["labels"]["pod"] == "draguard-webhook-7c9-x2"
+    assert 3 * 86400 - 60 <= warning["value"] <= 3 * 86400
+    assert fired[today] == []
+    fired = _fired(rules_file, _webhook_scrapes(cert_days=0.5))
+    assert len(fired[soon]) == 1 and len(fired[today]) == 1
+    # Expired already: still firing (negative time left), not silently resolved.
+    assert len(_fired(rules_file, _webhook_scrapes(cert_days=-1))[today]) == 1
 
 
 def _driver_scrapes(errors_at_end: int) -> list[dict[str, Any]]:

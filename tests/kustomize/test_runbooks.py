@@ -51,6 +51,15 @@ def _argv(line: str) -> list[str]:
     return shlex.split(re.sub(r"<[^>]+>", "x", line))
 
 
+def _pod_labels(obj: dict[str, object]) -> dict[str, str]:
+    """The labels of the pods a workload of the bundle makes."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or pod_spec(obj) is None:
+        return {}
+    template = spec["jobTemplate"]["spec"]["template"] if obj["kind"] == "CronJob" else spec["template"]
+    return dict(template["metadata"].get("labels") or {})
+
+
 def test_every_alert_has_a_runbook_section_and_links_to_it() -> None:
     alerts = _alerts()
     headings = _headings(_text())
@@ -155,10 +164,7 @@ def test_objects_labels_and_components_the_runbooks_name_are_in_the_bundle() -> 
             pods = [
                 o
                 for o in objs
-                if o["metadata"].get("namespace") == ns
-                and pod_spec(o) is not None
-                and o["kind"] in ("Deployment", "DaemonSet")
-                and o["spec"]["template"]["metadata"]["labels"].get(key) == value
+                if o["metadata"].get("namespace") == ns and _pod_labels(o).get(key) == value
             ]
             assert pods, f"{line}: no pods labelled {selector} in {ns}"
             checked += 1

@@ -132,9 +132,11 @@ def _served_serial(port: int, ca: Path) -> int:
 async def test_certificate_swap_under_load_drops_nothing(tmp_path: Path, cert_dir: Path) -> None:
     pol = write_policies(tmp_path / "pol", "enforce")
     body = review(workload("Pod", legacy_pod_spec()))
+    first_pem = (cert_dir / "tls.crt").read_bytes()
     async with running(pol, cert_dir) as (url, wh):
         port = int(url.rsplit(":", 1)[1])
         before = await asyncio.to_thread(_served_serial, port, cert_dir / "ca-bundle.crt")
+        expiry_before = _expiry(wh)
         ctx = client_ctx(cert_dir / "ca-bundle.crt")
         failures: list[str] = []
         done = 0
@@ -182,6 +184,17 @@ async def test_certificate_swap_under_load_drops_nothing(tmp_path: Path, cert_di
         assert wh.tls.reloads >= 1
         ok = wh.metrics.registry.get_sample_value("draguard_tls_reloads_total", {"outcome": "ok"})
         assert (ok or 0) >= 1
+        # The expiry the alerts read is the renewed certificate's, not the first one's.
+        assert expiry_before == _file_not_after(first_pem)
+        assert _expiry(wh) == _file_not_after((cert_dir / "tls.crt").read_bytes()) != expiry_before
+
+
+def _expiry(wh: Webhook) -> float | None:
+    return wh.metrics.registry.get_sample_value("draguard_tls_certificate_expiry_timestamp_seconds")
+
+
+def _file_not_after(pem: bytes) -> float:
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
 
 
 async def test_half_written_key_pair_keeps_serving_old_certificate(tmp_path: Path, cert_dir: Path) -> None:
@@ -191,7 +204,7 @@ async def test_half_written_key_pair_keeps_serving_old_certificate(tmp_path: Pat
         before = await asyncio.to_thread(_served_serial, port, cert_dir / "ca.crt")
         # A new certificate without its key (a rotation caught half-way).
         m = certs.DirStore(cert_dir).load()
-        crt, _key = certs.generate_serving(m.ca_cert, m.ca_key, ["127.0.0.1"])
+        crt, _key = certs.generate_serving(m.ca_cert, m.ca_key, ["127.0.0.1"], days=30)
         (cert_dir / "tls.crt").write_bytes(crt)
 
         def rejected() -> float:
@@ -204,6 +217,8 @@ async def test_half_written_key_pair_keeps_serving_old_certificate(tmp_path: Pat
             await asyncio.sleep(0.05)
         assert rejected() >= 1
         assert await asyncio.to_thread(_served_serial, port, cert_dir / "ca.crt") == before
+        # The refused certificate's expiry is not the one reported: the old one is still served.
+        assert _expiry(wh) == wh.tls.not_after != _file_not_after(crt)
 
 
 def _configmap_dir(root: Path, version: str, mode: str, broken: bool = False) -> None:

@@ -682,12 +682,13 @@ async def serve(
         raise ValueError(
             "--tls-cert and --tls-key are required (the API server only calls webhooks over TLS)"
         )
-    wh.tls = ReloadingTls(
-        opts.tls_cert,
-        opts.tls_key,
-        opts.client_ca,
-        on_reload=lambda ok: wh.metrics.tls_reloads.labels("ok" if ok else "invalid").inc(),
-    )
+    def reloaded(ok: bool) -> None:
+        wh.metrics.tls_reloads.labels("ok" if ok else "invalid").inc()
+        if ok:
+            wh.metrics.serving_certificate(wh.tls.not_after)
+
+    wh.tls = ReloadingTls(opts.tls_cert, opts.tls_key, opts.client_ca, on_reload=reloaded)
+    wh.metrics.serving_certificate(wh.tls.not_after)
     await wh.start_background()
     # What start-up loaded (modules, policies, a --inventory file) lives as long as the process: keep
     # the cyclic GC from rescanning it on the request path. Only once: views rebuilt later from the

@@ -276,6 +276,7 @@ class Metrics:
         self.tls_reloads = Counter(
             "draguard_tls_reloads_total", "Serving certificate reloads", ["outcome"], registry=r
         )
+        self._tls_expiry: Gauge | None = None  # no series until a certificate is loaded
         # Series that exist from the start at 0: an alert on increase() cannot see a series' first
         # sample as an increase, so a first rejected certificate or rule error would go unnoticed.
         for outcome in ("ok", "invalid"):
@@ -339,6 +340,17 @@ class Metrics:
         """Add the pending tallies to their counters (run before every read of the registry)."""
         for t in self._tallies:
             t.flush()
+
+    def serving_certificate(self, not_after: float) -> None:
+        """The serving certificate now in use expires at `not_after` (Unix time). The series exists
+        from the first call on: an expiry alert must not read a 0 as "expired long ago"."""
+        if self._tls_expiry is None:
+            self._tls_expiry = Gauge(
+                "draguard_tls_certificate_expiry_timestamp_seconds",
+                "When the serving certificate new connections get expires (notAfter, Unix time)",
+                registry=self.registry,
+            )
+        self._tls_expiry.set(not_after)
 
     def answered(self, endpoint: str, kind: str, operation: str, verdict: str) -> Answered:
         """The children one answered review updates, resolved once per label combination (kind and

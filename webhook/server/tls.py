@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 log = logging.getLogger("draguard.tls")
 
 
@@ -48,6 +50,13 @@ def _read(path: str, what: str) -> bytes:
     if not data.strip():
         raise TlsError(f"{path}: the TLS {what} file is empty")
     return data
+
+
+def not_after(pem_file: str) -> float:
+    """When the first certificate of `pem_file` (the serving one, before its chain) expires, as Unix
+    time; `load_cert_chain` has already accepted the file."""
+    cert = x509.load_pem_x509_certificate(Path(pem_file).read_bytes())
+    return cert.not_valid_after_utc.timestamp()
 
 
 def peer_names(peercert: Mapping[str, Any] | None) -> set[str]:
@@ -84,6 +93,7 @@ class ReloadingTls:
         files = self._snapshot()
         self.context = self._new_context()  # the listening socket's, never replaced
         self._load_into(self.context, *files)
+        self.not_after = not_after(files[0])  # of the certificate new handshakes get
         self.current = self.context  # the newest valid set; new handshakes move onto it
         self.context.sni_callback = self._pick
         self.reloads = 0
@@ -146,6 +156,7 @@ class ReloadingTls:
                 self.on_reload(False)
             return False
         self.current = fresh
+        self.not_after = not_after(files[0])
         self._fp = fp
         self.reloads += 1
         log.info("TLS certificate reloaded", extra={"cert_file": self.cert_file})
