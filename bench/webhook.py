@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -226,8 +227,9 @@ def run_draguard(port: int, cert: str, key: str, policies: str, inventory: str, 
     from webhook.server import logs
     from webhook.server.app import ServeOptions, serve
 
-    # Info level: one JSON line per review, as in production (to /dev/null here).
-    logs.setup("info", open(os.devnull, "w"))  # noqa: SIM115
+    # Info level: one JSON line per review, as in production: to stderr, a pipe the parent drains
+    # (in a pod, the pipe to the container runtime).
+    logs.setup("info", sys.stderr)
     opts = ServeOptions(
         policies=policies,
         host="127.0.0.1",
@@ -408,9 +410,32 @@ def start(
         str(tls / "tls.key"),
         *extra,
     ]
-    proc = subprocess.Popen(cmd)
-    _wait_port(port, proc)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    tail = _drain(proc)
+    try:
+        _wait_port(port, proc)
+    except SystemExit:
+        proc.kill()
+        proc.wait()
+        sys.stderr.write(b"".join(tail).decode(errors="replace"))
+        raise
     return proc, port
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> collections.deque[bytes]:
+    """Read the server's stderr as the container runtime reads a pod's, in a thread of this
+    process; the last lines are kept to show when the server fails to start."""
+    import threading
+
+    tail: collections.deque[bytes] = collections.deque(maxlen=40)
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            tail.append(line)
+
+    threading.Thread(target=read, name=f"drain-{proc.pid}", daemon=True).start()
+    return tail
 
 
 def rounds(
