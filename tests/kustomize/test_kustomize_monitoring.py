@@ -156,4 +156,25 @@ def test_the_alerts_are_optional_and_build_on_every_overlay(overlay: str) -> Non
         ("ServiceMonitor", "draguard-webhook"),
     ]
     groups = {g["name"] for g in one(with_alerts, "PrometheusRule", "draguard")["spec"]["groups"]}
-    assert groups == {"draguard.dra", "draguard.webhook", "draguard.audit"}
+    assert groups == {"draguard.dra", "draguard.driver", "draguard.webhook", "draguard.audit"}
+
+
+def test_driver_down_reads_the_job_and_node_the_driver_scrape_gives() -> None:
+    objs = build("eks", ("monitoring",))
+    [rule] = _rules("draguard.driver").values()
+    job = re.fullmatch(r'up\{job="([a-z0-9-]+)"\} == 0', str(rule["expr"]))
+    assert job, rule["expr"]
+    # The Prometheus Operator names a ServiceMonitor's job after the Service it scrapes.
+    monitor = one(objs, "ServiceMonitor", "draguard-driver")
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    [service] = [
+        o
+        for o in find(objs, "Service")
+        if o["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
+        and selected.items() <= o["metadata"].get("labels", {}).items()
+    ]
+    assert service["metadata"]["name"] == job.group(1)
+    relabel = monitor["spec"]["endpoints"][0]["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in relabel
+    assert "{{ $labels.node }}" in str(rule["annotations"])
+    assert rule["labels"] == {"severity": "critical"}

@@ -53,8 +53,9 @@ def test_every_rule_loads_as_prometheus_loads_it(rules_file: Path) -> None:
 def test_a_broken_rule_is_refused(tmp_path: Path, rules_file: Path) -> None:
     # The check can fail: a typo in an expression, and a template that does not parse.
     doc = yaml.safe_load(rules_file.read_text())
-    doc["groups"][1]["rules"][0]["expr"] = "max by (rule) (draguard_audit_violations{result=fail}) > 0"
-    doc["groups"][1]["rules"][1]["annotations"]["summary"] = "{{ $labels.rule "
+    [audit] = [g for g in doc["groups"] if g["name"] == "draguard.audit"]
+    audit["rules"][0]["expr"] = "max by (rule) (draguard_audit_violations{result=fail}) > 0"
+    audit["rules"][1]["annotations"]["summary"] = "{{ $labels.rule "
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
     res = promrules("check", str(bad))
@@ -117,6 +118,18 @@ def _fired(rules_file: Path, samples: list[dict[str, Any]]) -> dict[str, list[di
     return out
 
 
+def _active(
+    rules_file: Path, samples: list[dict[str, Any]], minutes: float, interval: float = 30.0
+) -> dict[str, list[dict[str, Any]]]:
+    """What Prometheus' rule engine has active at NOW, evaluating every `interval` seconds over the
+    last `minutes` (each alert's `for` counted as Prometheus counts it): pending or firing."""
+    stdin = json.dumps({"samples": samples, "at": NOW, "from": NOW - 60 * minutes, "interval": interval})
+    res = promrules("alerts", str(rules_file), stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    out: dict[str, list[dict[str, Any]]] = json.loads(res.stdout)
+    return out
+
+
 def test_audit_alerts_fire_on_the_audits_own_series(rules_file: Path, tmp_path: Path) -> None:
     fired = _fired(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 120)))
     [violation] = fired["DraguardAuditViolations"]
@@ -140,9 +153,9 @@ def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> No
 
 
 def _webhook_scrapes(
-    *, slow: bool = False, broken: bool = False, cert_days: float = 60.0
+    *, slow: bool = False, broken: bool = False, cert_days: float = 60.0, minutes: int = 30
 ) -> list[dict[str, Any]]:
-    """A webhook replica's /metrics scraped every minute for 30 minutes, 20 reviews a minute: each
+    """A webhook replica's /metrics scraped every minute for `minutes`, 20 reviews a minute: each
     answered in 2 s when `slow`; with `broken`, its claims cache unsynced, and 3 minutes before the
     end a rejected policy change, a rule error and a rejected certificate. Its serving certificate
     expires `cert_days` after the last scrape."""
@@ -154,16 +167,16 @@ def _webhook_scrapes(
     m.serving_certificate(NOW + cert_days * 86400)
     target = {"job": "draguard-webhook-metrics", "pod": "draguard-webhook-7c9-x2"}
     samples = []
-    for minute in range(30):
+    for minute in range(minutes):
         for _ in range(20):
             kids = m.answered("validate", "Pod", "CREATE", "allowed")
             kids.latency.observe(2.0 if slow else 0.004)
             kids.requests.add()
-        if broken and minute == 27:
+        if broken and minute == minutes - 3:
             m.policy_reload_failures.inc()
             m.rule_errors.labels("internal/quota", "validate").inc()
             m.tls_reloads.labels("invalid").inc()
-        samples += scraped(m.render().decode(), target, [NOW - 60 * (29 - minute)])
+        samples += scraped(m.render().decode(), target, [NOW - 60 * (minutes - 1 - minute)])
     return samples
 
 
@@ -197,16 +210,24 @@ def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> Non
 
 def test_certificate_expiry_warns_a_week_ahead_and_pages_a_day_ahead(rules_file: Path) -> None:
     soon, today = "DraguardServingCertificateExpiresSoon", "DraguardServingCertificateExpiresToday"
-    assert _fired(rules_file, _webhook_scrapes(cert_days=8))[soon] == []
-    fired = _fired(rules_file, _webhook_scrapes(cert_days=3))
+
+    def active(cert_days: float, minutes: int = 90) -> dict[str, list[dict[str, Any]]]:
+        return _active(rules_file, _webhook_scrapes(cert_days=cert_days, minutes=minutes), minutes)
+
+    assert active(8)[soon] == []
+    fired = active(3)
     [warning] = fired[soon]
-    assert warning["labels"]["pod"] == "draguard-webhook-7c9-x2"
+    assert warning["state"] == "firing" and warning["labels"]["pod"] == "draguard-webhook-7c9-x2"
     assert 3 * 86400 - 60 <= warning["value"] <= 3 * 86400
     assert fired[today] == []
-    fired = _fired(rules_file, _webhook_scrapes(cert_days=0.5))
-    assert len(fired[soon]) == 1 and len(fired[today]) == 1
+    # Under an hour of data: the warning waits out its `for: 1h`.
+    [early] = active(3, minutes=40)[soon]
+    assert early["state"] == "pending"
+    fired = active(0.5)
+    assert [a["state"] for a in fired[soon] + fired[today]] == ["firing", "firing"]
     # Expired already: still firing (negative time left), not silently resolved.
-    assert len(_fired(rules_file, _webhook_scrapes(cert_days=-1))[today]) == 1
+    [expired] = active(-1)[today]
+    assert expired["state"] == "firing" and expired["value"] < 0
 
 
 def _driver_scrapes(errors_at_end: int) -> list[dict[str, Any]]:
@@ -234,3 +255,28 @@ def test_a_drivers_first_errors_fire_the_critical_alert(rules_file: Path) -> Non
     [fired] = _fired(rules_file, _driver_scrapes(6))["DRAPluginErrors"]
     assert fired["labels"] == {"node": "gpu-node-0"} and fired["value"] >= 5
     assert _fired(rules_file, _driver_scrapes(2))["DRAPluginErrors"] == []
+
+
+def _driver_up(down_minutes: int) -> list[dict[str, Any]]:
+    """`up` of one node's driver target, scraped every 15 s for 10 minutes, failing (0) for the last
+    `down_minutes`: what Prometheus records for a driver pod that crash-loops."""
+    labels = {"__name__": "up", "job": "draguard-driver-metrics", "pod": "draguard-driver-q8",
+              "node": "gpu-node-0", "namespace": "draguard-driver"}  # fmt: skip
+    return [
+        {"labels": labels, "t": NOW - 15 * step, "v": 0.0 if step < down_minutes * 4 else 1.0}
+        for step in range(40)
+    ]
+
+
+def test_a_driver_that_stops_answering_pages_after_five_minutes(rules_file: Path) -> None:
+    def active(down_minutes: int, job: str = "draguard-driver-metrics") -> list[dict[str, Any]]:
+        samples = [{**x, "labels": {**x["labels"], "job": job}} for x in _driver_up(down_minutes)]
+        return _active(rules_file, samples, 10, interval=15)["DraguardDriverDown"]
+
+    assert active(0) == []
+    [restarting] = active(3)  # a restart, not an outage: pending, no page
+    assert restarting["state"] == "pending"
+    [down] = active(7)
+    assert down["state"] == "firing" and down["labels"]["node"] == "gpu-node-0" and down["value"] == 0
+    # Another job's failing target is not the driver's.
+    assert active(7, job="node-exporter") == []

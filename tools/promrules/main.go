@@ -9,6 +9,12 @@
 //	                       alerting rule's expr returns at "at" ({"Alert": [{"labels", "value"}]});
 //	                       a value JSON cannot hold (NaN, ±Inf: a quantile of no observations) is
 //	                       written as Prometheus writes it, in a string
+//	promrules alerts FILE  the same input plus "from" and "interval" (seconds): every alerting
+//	                       rule is evaluated by Prometheus' rule engine (rules.AlertingRule, with its
+//	                       `for` and `keep_firing_for`) at from, from+interval, ... up to at, and
+//	                       what is active at the end is printed ({"Alert": [{"labels", "value",
+//	                       "state": "pending"|"firing"}]}; labels as in eval, without alertname and
+//	                       the rule's own labels)
 package main
 
 import (
@@ -28,6 +34,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/tsdb"
 )
 
@@ -46,13 +53,16 @@ type sample struct {
 }
 
 type evalIn struct {
-	Samples []sample `json:"samples"`
-	At      float64  `json:"at"`
+	Samples  []sample `json:"samples"`
+	At       float64  `json:"at"`
+	From     float64  `json:"from"`
+	Interval float64  `json:"interval"`
 }
 
 type seriesOut struct {
 	Labels map[string]string `json:"labels"`
 	Value  value             `json:"value"`
+	State  string            `json:"state,omitempty"`
 }
 
 type value float64
@@ -98,8 +108,8 @@ func check(file string) {
 
 func ms(seconds float64) int64 { return int64(seconds * 1000) }
 
-func eval(file string) {
-	groups := load(file)
+// stored reads the input on stdin and stores its samples in a fresh TSDB; close() removes it.
+func stored() (evalIn, *tsdb.DB, promql.QueryEngine, func()) {
 	raw, err := io.ReadAll(os.Stdin)
 	if err != nil {
 		fail("reading stdin: %v", err)
@@ -112,26 +122,38 @@ func eval(file string) {
 	if err != nil {
 		fail("%v", err)
 	}
-	defer os.RemoveAll(dir)
 	db, err := tsdb.Open(dir, nil, nil, tsdb.DefaultOptions(), nil)
 	if err != nil {
+		os.RemoveAll(dir)
 		fail("opening a TSDB: %v", err)
 	}
-	defer db.Close()
+	closeAll := func() {
+		db.Close()
+		os.RemoveAll(dir)
+	}
 	// One series' samples must arrive in time order.
 	sort.SliceStable(in.Samples, func(i, j int) bool { return in.Samples[i].T < in.Samples[j].T })
 	app := db.Appender(context.Background())
 	for _, s := range in.Samples {
 		if _, err := app.Append(0, labels.FromMap(s.Labels), ms(s.T), s.V); err != nil {
+			closeAll()
 			fail("sample %v at %v: %v", s.Labels, s.T, err)
 		}
 	}
 	if err := app.Commit(); err != nil {
+		closeAll()
 		fail("committing samples: %v", err)
 	}
 	engine := promql.NewEngine(promql.EngineOpts{
 		MaxSamples: 1_000_000, Timeout: time.Minute, LookbackDelta: 5 * time.Minute, EnableAtModifier: true,
 	})
+	return in, db, engine, closeAll
+}
+
+func eval(file string) {
+	groups := load(file)
+	in, db, engine, closeAll := stored()
+	defer closeAll()
 	at := time.UnixMilli(ms(in.At))
 	out := map[string][]seriesOut{}
 	for _, g := range groups.Groups {
@@ -162,6 +184,50 @@ func eval(file string) {
 	emit(out)
 }
 
+func alerts(file string) {
+	groups := load(file)
+	in, db, engine, closeAll := stored()
+	defer closeAll()
+	if in.Interval <= 0 || in.From > in.At {
+		fail("alerts needs \"interval\" > 0 and \"from\" <= \"at\"")
+	}
+	query := rules.EngineQueryFunc(engine, db)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	out := map[string][]seriesOut{}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+			if err != nil {
+				fail("%s: %v", r.Alert, err)
+			}
+			rule := rules.NewAlertingRule(r.Alert, expr, time.Duration(r.For), time.Duration(r.KeepFiringFor),
+				labels.FromMap(r.Labels), labels.FromMap(r.Annotations), labels.EmptyLabels(), "", true, logger)
+			for t := in.From; t <= in.At+1e-9; t += in.Interval {
+				if _, err := rule.Eval(context.Background(), 0, time.UnixMilli(ms(t)), query, nil, 0); err != nil {
+					fail("%s at %v: %v", r.Alert, t, err)
+				}
+			}
+			series := []seriesOut{}
+			for _, a := range rule.ActiveAlerts() {
+				lbls := a.Labels.Map()
+				delete(lbls, labels.AlertName)
+				for k := range r.Labels {
+					delete(lbls, k)
+				}
+				series = append(series, seriesOut{Labels: lbls, Value: value(a.Value), State: a.State.String()})
+			}
+			sort.Slice(series, func(i, j int) bool {
+				return labels.FromMap(series[i].Labels).String() < labels.FromMap(series[j].Labels).String()
+			})
+			out[r.Alert] = series
+		}
+	}
+	emit(out)
+}
+
 func emit(v any) {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
@@ -172,14 +238,16 @@ func emit(v any) {
 
 func main() {
 	if len(os.Args) != 3 {
-		fail("usage: promrules check|eval RULES.yaml")
+		fail("usage: promrules check|eval|alerts RULES.yaml")
 	}
 	switch os.Args[1] {
 	case "check":
 		check(os.Args[2])
 	case "eval":
 		eval(os.Args[2])
+	case "alerts":
+		alerts(os.Args[2])
 	default:
-		fail("unknown command %q (check, eval)", os.Args[1])
+		fail("unknown command %q (check, eval, alerts)", os.Args[1])
 	}
 }
