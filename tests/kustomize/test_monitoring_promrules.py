@@ -130,9 +130,15 @@ def _active(
     return out
 
 
+def _firing(active: dict[str, list[dict[str, Any]]], alert: str) -> list[dict[str, Any]]:
+    """The alert's active instances, each of which must be past its `for` (firing)."""
+    assert [a["state"] for a in active[alert]] == ["firing"] * len(active[alert]), active[alert]
+    return active[alert]
+
+
 def test_audit_alerts_fire_on_the_audits_own_series(rules_file: Path, tmp_path: Path) -> None:
-    fired = _fired(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 120)))
-    [violation] = fired["DraguardAuditViolations"]
+    fired = _active(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 120)), 30)
+    [violation] = _firing(fired, "DraguardAuditViolations")
     assert violation["labels"] == {"rule": "tier/llm-h200-only"} and violation["value"] == 1.0
     assert fired["DraguardAuditRuleErrors"] == []
     assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditDown"] == []
@@ -141,14 +147,14 @@ def test_audit_alerts_fire_on_the_audits_own_series(rules_file: Path, tmp_path: 
 
 
 def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> None:
-    fired = _fired(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 3600)))
-    [stale] = fired["DraguardAuditScansStale"]
+    fired = _active(rules_file, _scrapes(_audit_metrics(tmp_path, last_success=NOW - 3600)), 30)
+    [stale] = _firing(fired, "DraguardAuditScansStale")
     assert 3590 <= stale["value"] <= 3610
     assert fired["DraguardAuditDown"] == []
-    # Nothing scraped at all: only "down" can say so.
-    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}]
-    fired = _fired(rules_file, other)
-    assert len(fired["DraguardAuditDown"]) == 1
+    # Nothing scraped at all for 20 minutes: only "down" can say so, once its 15 minutes are up.
+    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW - 60 * m, "v": 1.0} for m in range(20)]
+    fired = _active(rules_file, other, 20)
+    assert len(_firing(fired, "DraguardAuditDown")) == 1
     assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditViolations"] == []
 
 
@@ -184,28 +190,29 @@ def test_webhook_alerts_stay_quiet_on_a_healthy_replica(rules_file: Path) -> Non
     groups = yaml.safe_load(rules_file.read_text())["groups"]
     names = [r["alert"] for g in groups if g["name"] == "draguard.webhook" for r in g["rules"]]
     assert len(names) == 8
-    fired = _fired(rules_file, _webhook_scrapes())
+    fired = _active(rules_file, _webhook_scrapes(), 30)
     assert {a: fired[a] for a in names} == {a: [] for a in names}
 
 
 def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> None:
-    fired = _fired(rules_file, _webhook_scrapes(broken=True))
-    [cache] = fired["DraguardWebhookCachesNotSynced"]
+    fired = _active(rules_file, _webhook_scrapes(broken=True), 30)
+    [cache] = _firing(fired, "DraguardWebhookCachesNotSynced")
     assert cache["labels"]["resource"] == "resourceclaims"
     assert cache["labels"]["pod"] == "draguard-webhook-7c9-x2"
-    [rejected] = fired["DraguardPolicyChangeRejected"]
+    [rejected] = _firing(fired, "DraguardPolicyChangeRejected")
     assert rejected["labels"]["pod"] == "draguard-webhook-7c9-x2" and rejected["value"] > 0
-    [errors] = fired["DraguardAdmissionRuleErrors"]
+    [errors] = _firing(fired, "DraguardAdmissionRuleErrors")
     # A series at 0 from the start: the first error of a rule is an increase.
     assert errors["labels"] == {"rule": "internal/quota"} and errors["value"] > 0
-    [cert] = fired["DraguardServingCertificateRejected"]
+    [cert] = _firing(fired, "DraguardServingCertificateRejected")
     assert cert["labels"]["outcome"] == "invalid"
     assert fired["DraguardAdmissionSlow"] == [] and fired["DraguardWebhookDown"] == []
-    [slow] = _fired(rules_file, _webhook_scrapes(slow=True))["DraguardAdmissionSlow"]
+    [slow] = _firing(_active(rules_file, _webhook_scrapes(slow=True), 30), "DraguardAdmissionSlow")
     assert slow["labels"] == {"endpoint": "validate"} and slow["value"] > 1
     # No replica scraped at all: admission fails closed, and only "down" can say so.
-    down = _fired(rules_file, [{"labels": {"__name__": "up", "job": "other"}, "t": NOW, "v": 1.0}])
-    assert len(down["DraguardWebhookDown"]) == 1 and down["DraguardWebhookCachesNotSynced"] == []
+    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW - 60 * m, "v": 1.0} for m in range(10)]
+    down = _active(rules_file, other, 10)
+    assert len(_firing(down, "DraguardWebhookDown")) == 1 and down["DraguardWebhookCachesNotSynced"] == []
 
 
 def test_certificate_expiry_warns_a_week_ahead_and_pages_a_day_ahead(rules_file: Path) -> None:
