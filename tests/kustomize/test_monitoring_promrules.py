@@ -287,3 +287,37 @@ def test_a_driver_that_stops_answering_pages_after_five_minutes(rules_file: Path
     assert down["state"] == "firing" and down["labels"]["node"] == "gpu-node-0" and down["value"] == 0
     # Another job's failing target is not the driver's.
     assert active(7, job="node-exporter") == []
+
+
+def _dra_scrapes(pending_from_minute: int, minutes: int = 20) -> list[dict[str, Any]]:
+    """Two webhook replicas' DRA series, scraped every minute: both see the same cluster (claims
+    pending from `pending_from_minute` on; H100s 1 free of 20, A100s 5 of 10; every claim allocated
+    45 s after its creation)."""
+    from webhook.server.metrics import DraStats, Metrics
+
+    samples = []
+    replicas = []
+    for pod in ("draguard-webhook-7c9-x2", "draguard-webhook-7c9-k4"):
+        replicas.append((Metrics(), {"job": "draguard-webhook-metrics", "pod": pod}))
+    for minute in range(minutes):
+        pending = 2 if minute >= pending_from_minute else 0
+        stats = DraStats(30, pending, 28 - pending, {"h100": 1, "a100": 5}, {"h100": 19, "a100": 5})
+        for m, target in replicas:
+            m.bind(lambda stats=stats: stats, lambda: {"resourceclaims": (True, 30)})
+            for _ in range(10):
+                m.allocation.observe(45.0)
+            samples += scraped(m.render().decode(), target, [NOW - 60 * (minutes - 1 - minute)])
+    return samples
+
+
+def test_the_dra_alerts_fire_once_for_the_cluster_not_once_per_replica(rules_file: Path) -> None:
+    fired = _active(rules_file, _dra_scrapes(pending_from_minute=8), 20)
+    [pending] = _firing(fired, "DRAResourceClaimsPending")
+    assert pending["labels"] == {} and pending["value"] == 2
+    [low] = _firing(fired, "DRADeviceAvailabilityLow")
+    assert low["labels"] == {"device_class": "h100"} and low["value"] == 0.05
+    [slow] = _firing(fired, "DRAAllocationSlow")
+    assert slow["labels"] == {} and slow["value"] > 30
+    # Claims pending for 3 minutes: waiting out the article's 5, not paging yet.
+    [early] = _active(rules_file, _dra_scrapes(pending_from_minute=17), 20)["DRAResourceClaimsPending"]
+    assert early["state"] == "pending"
