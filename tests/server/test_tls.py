@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from tests.server.conftest import free_port, make_webhook, review, run_cli, write_policies
 from tests.server.objects import legacy_pod_spec, tier_pod_spec, workload
@@ -219,6 +220,45 @@ async def test_half_written_key_pair_keeps_serving_old_certificate(tmp_path: Pat
         assert await asyncio.to_thread(_served_serial, port, cert_dir / "ca.crt") == before
         # The refused certificate's expiry is not the one reported: the old one is still served.
         assert _expiry(wh) == wh.tls.not_after != _file_not_after(crt)
+
+
+def _trusted_form(pem: bytes) -> bytes:
+    """The first certificate of `pem` as OpenSSL's `TRUSTED CERTIFICATE` block (no trust settings),
+    which OpenSSL serves from and `cryptography` does not read; the chain after it unchanged."""
+    import base64
+    import textwrap
+
+    first, sep, rest = pem.partition(b"-----END CERTIFICATE-----\n")
+    der = x509.load_pem_x509_certificate(first + sep).public_bytes(serialization.Encoding.DER)
+    body = "\n".join(textwrap.wrap(base64.b64encode(der).decode(), 64))
+    return f"-----BEGIN TRUSTED CERTIFICATE-----\n{body}\n-----END TRUSTED CERTIFICATE-----\n".encode() + rest
+
+
+async def test_a_certificate_whose_expiry_cannot_be_read_still_serves_without_an_expiry(
+    tmp_path: Path, cert_dir: Path
+) -> None:
+    pol = write_policies(tmp_path / "pol", "enforce")
+    normal = (cert_dir / "tls.crt").read_bytes()
+    (cert_dir / "tls.crt").write_bytes(_trusted_form(normal))
+    async with running(pol, cert_dir) as (url, wh):
+        port = int(url.rsplit(":", 1)[1])
+        # Served as before, with no expiry series rather than a wrong one.
+        assert await asyncio.to_thread(_served_serial, port, cert_dir / "ca-bundle.crt")
+        assert wh.tls.not_after is None and _expiry(wh) is None
+
+        async def reloaded(n: int) -> None:
+            deadline = time.monotonic() + 30
+            while wh.tls.reloads < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert wh.tls.reloads >= n
+
+        (cert_dir / "tls.crt").write_bytes(normal)
+        await reloaded(1)
+        assert _expiry(wh) == _file_not_after(normal)
+        # Back to the form whose expiry is unknown: the earlier date is not left behind.
+        (cert_dir / "tls.crt").write_bytes(_trusted_form(normal) + b"\n")
+        await reloaded(2)
+        assert _expiry(wh) is None
 
 
 def _configmap_dir(root: Path, version: str, mode: str, broken: bool = False) -> None:

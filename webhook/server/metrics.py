@@ -341,9 +341,15 @@ class Metrics:
         for t in self._tallies:
             t.flush()
 
-    def serving_certificate(self, not_after: float) -> None:
-        """The serving certificate now in use expires at `not_after` (Unix time). The series exists
-        from the first call on: an expiry alert must not read a 0 as "expired long ago"."""
+    def serving_certificate(self, not_after: float | None) -> None:
+        """The serving certificate now in use expires at `not_after` (Unix time; None: unknown). The
+        series exists only while the expiry is known: an expiry alert must not read a 0 as "expired
+        long ago", nor an earlier certificate's date."""
+        if not_after is None:
+            if self._tls_expiry is not None:
+                self.registry.unregister(self._tls_expiry)
+                self._tls_expiry = None
+            return
         if self._tls_expiry is None:
             self._tls_expiry = Gauge(
                 "draguard_tls_certificate_expiry_timestamp_seconds",

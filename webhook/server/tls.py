@@ -52,10 +52,18 @@ def _read(path: str, what: str) -> bytes:
     return data
 
 
-def not_after(pem_file: str) -> float:
+def not_after(pem_file: str, shown: str) -> float | None:
     """When the first certificate of `pem_file` (the serving one, before its chain) expires, as Unix
-    time; `load_cert_chain` has already accepted the file."""
-    cert = x509.load_pem_x509_certificate(Path(pem_file).read_bytes())
+    time; None when only OpenSSL reads it (a `TRUSTED CERTIFICATE` block): it still serves, but its
+    expiry is not reported."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(pem_file).read_bytes())
+    except ValueError as e:
+        log.warning(
+            "serving certificate loaded, but its expiry cannot be read; it is not exported",
+            extra={"cert_file": shown, "reason": str(e)[:300]},
+        )
+        return None
     return cert.not_valid_after_utc.timestamp()
 
 
@@ -93,7 +101,7 @@ class ReloadingTls:
         files = self._snapshot()
         self.context = self._new_context()  # the listening socket's, never replaced
         self._load_into(self.context, *files)
-        self.not_after = not_after(files[0])  # of the certificate new handshakes get
+        self.not_after = not_after(files[0], cert_file)  # of the certificate new handshakes get
         self.current = self.context  # the newest valid set; new handshakes move onto it
         self.context.sni_callback = self._pick
         self.reloads = 0
@@ -149,6 +157,7 @@ class ReloadingTls:
             files = self._snapshot()
             fresh = self._new_context()
             self._load_into(fresh, *files)  # a half-written set never reaches a handshake
+            expires = not_after(files[0], self.cert_file)
         except TlsError as e:
             # Often a half-finished rotation (new cert, old key): try again on the next tick.
             log.warning("TLS files changed but are not usable yet", extra={"reason": str(e)})
@@ -156,7 +165,7 @@ class ReloadingTls:
                 self.on_reload(False)
             return False
         self.current = fresh
-        self.not_after = not_after(files[0])
+        self.not_after = expires
         self._fp = fp
         self.reloads += 1
         log.info("TLS certificate reloaded", extra={"cert_file": self.cert_file})
