@@ -90,16 +90,22 @@ def one(objs: tuple[Obj, ...] | list[Obj], kind: str, name: str) -> Obj:
     return found[0]
 
 
+def pod_template(obj: Obj) -> Obj | None:
+    """Where each controller kind keeps the template of its pods (metadata and spec)."""
+    kind = obj.get("kind")
+    if kind in {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "ReplicationController"}:
+        return obj["spec"]["template"]  # type: ignore[no-any-return]
+    if kind == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]  # type: ignore[no-any-return]
+    return None
+
+
 def pod_spec(obj: Obj) -> Obj | None:
     """Where each workload kind keeps its pod spec."""
-    kind = obj.get("kind")
-    if kind == "Pod":
+    if obj.get("kind") == "Pod":
         return obj["spec"]  # type: ignore[no-any-return]
-    if kind in {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "ReplicationController"}:
-        return obj["spec"]["template"]["spec"]  # type: ignore[no-any-return]
-    if kind == "CronJob":
-        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]  # type: ignore[no-any-return]
-    return None
+    template = pod_template(obj)
+    return template["spec"] if template is not None else None
 
 
 def containers(obj: Obj) -> Iterator[Obj]:

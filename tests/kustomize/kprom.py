@@ -52,12 +52,7 @@ def exported_series() -> dict[str, set[str]]:
     hook.serving_certificate(NOW + 60 * 86400)
     drv = DriverMetrics()
     drv.nvml_error("nvmlDeviceGetCount")
-    out: dict[str, set[str]] = {}
-    for text in (hook.render().decode(), generate_latest(drv.registry).decode()):
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                out.setdefault(s.name, set()).update(s.labels)
-    return out
+    return _label_names(hook.render().decode(), generate_latest(drv.registry).decode())
 
 
 def audit_series() -> dict[str, set[str]]:
@@ -67,8 +62,14 @@ def audit_series() -> dict[str, set[str]]:
     m = AuditMetrics()
     m.set_violations({("tier/gpu-tiers", "fail"): 1})
     m.scans.labels("ok").inc()
+    return _label_names(m.render().decode())
+
+
+def _label_names(*texts: str) -> dict[str, set[str]]:
+    """Series name -> the label names its samples carry, over the expositions `texts`."""
     out: dict[str, set[str]] = {}
-    for fam in text_string_to_metric_families(m.render().decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, set()).update(s.labels)
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, set()).update(s.labels)
     return out

@@ -74,10 +74,8 @@ def _webhook_metrics() -> str:
 def _driver_metrics() -> str:
     d = DriverMetrics()
     d.set_devices({"gpu": 4, "mig": 0})
-    d.prepare.labels(result="success").inc()
-    d.unprepare.labels(result="success").inc()
-    d.prepare_seconds.observe(0.02)
-    d.unprepare_seconds.observe(0.01)
+    d.prepared(True, 0.02)
+    d.unprepared(True, 0.01)
     d.nvml_error("nvmlDeviceGetCount")
     d.slice_publishes.labels(result="success").inc()
     return generate_latest(d.registry).decode()

@@ -111,13 +111,6 @@ def _scrapes(text: str, minutes: int = 30) -> list[dict[str, Any]]:
     return scraped(text, {"job": "draguard-audit-metrics"}, [NOW - 60 * m for m in range(minutes)])
 
 
-def _fired(rules_file: Path, samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    res = promrules("eval", str(rules_file), stdin=json.dumps({"samples": samples, "at": NOW}))
-    assert res.returncode == 0, res.stderr
-    out: dict[str, list[dict[str, Any]]] = json.loads(res.stdout)
-    return out
-
-
 def _active(
     rules_file: Path, samples: list[dict[str, Any]], minutes: float, interval: float = 30.0
 ) -> dict[str, list[dict[str, Any]]]:
@@ -128,6 +121,12 @@ def _active(
     assert res.returncode == 0, res.stderr
     out: dict[str, list[dict[str, Any]]] = json.loads(res.stdout)
     return out
+
+
+def _nothing_of_ours(minutes: int) -> list[dict[str, Any]]:
+    """A Prometheus that scrapes something else every minute, and nothing of draguard's."""
+    up = {"__name__": "up", "job": "other"}
+    return [{"labels": up, "t": NOW - 60 * m, "v": 1.0} for m in range(minutes)]
 
 
 def _firing(active: dict[str, list[dict[str, Any]]], alert: str) -> list[dict[str, Any]]:
@@ -152,8 +151,7 @@ def test_a_stale_or_missing_audit_alerts(rules_file: Path, tmp_path: Path) -> No
     assert 3590 <= stale["value"] <= 3610
     assert fired["DraguardAuditDown"] == []
     # Nothing scraped at all for 20 minutes: only "down" can say so, once its 15 minutes are up.
-    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW - 60 * m, "v": 1.0} for m in range(20)]
-    fired = _active(rules_file, other, 20)
+    fired = _active(rules_file, _nothing_of_ours(20), 20)
     assert len(_firing(fired, "DraguardAuditDown")) == 1
     assert fired["DraguardAuditScansStale"] == [] and fired["DraguardAuditViolations"] == []
 
@@ -210,8 +208,7 @@ def test_webhook_alerts_fire_on_the_webhooks_own_series(rules_file: Path) -> Non
     [slow] = _firing(_active(rules_file, _webhook_scrapes(slow=True), 30), "DraguardAdmissionSlow")
     assert slow["labels"] == {"endpoint": "validate"} and slow["value"] > 1
     # No replica scraped at all: admission fails closed, and only "down" can say so.
-    other = [{"labels": {"__name__": "up", "job": "other"}, "t": NOW - 60 * m, "v": 1.0} for m in range(10)]
-    down = _active(rules_file, other, 10)
+    down = _active(rules_file, _nothing_of_ours(10), 10)
     assert len(_firing(down, "DraguardWebhookDown")) == 1 and down["DraguardWebhookCachesNotSynced"] == []
 
 
@@ -251,17 +248,16 @@ def _driver_scrapes(errors_at_end: int) -> list[dict[str, Any]]:
     for step in range(steps):
         if step == steps - 2:
             for _ in range(errors_at_end):
-                d.prepare.labels(result="error").inc()
-                d.errors.labels(operation="prepare").inc()
+                d.prepared(False, 0.01)
         samples += scraped(generate_latest(d.registry).decode(), target, [NOW - 15 * (steps - 1 - step)])
     return samples
 
 
 def test_a_drivers_first_errors_fire_the_critical_alert(rules_file: Path) -> None:
     # Its very first errors: the series was there at 0 before them, so they are an increase.
-    [fired] = _fired(rules_file, _driver_scrapes(6))["DRAPluginErrors"]
+    [fired] = _firing(_active(rules_file, _driver_scrapes(6), 10, interval=15), "DRAPluginErrors")
     assert fired["labels"] == {"node": "gpu-node-0"} and fired["value"] >= 5
-    assert _fired(rules_file, _driver_scrapes(2))["DRAPluginErrors"] == []
+    assert _active(rules_file, _driver_scrapes(2), 10, interval=15)["DRAPluginErrors"] == []
 
 
 def _driver_up(down_minutes: int) -> list[dict[str, Any]]:

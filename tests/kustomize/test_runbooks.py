@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kbundle import KUSTOMIZE, REPO, build, find, one, pod_spec
+from kbundle import KUSTOMIZE, REPO, build, find, one, pod_spec, pod_template
 from kprom import audit_series, exported_series
 
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -53,11 +53,8 @@ def _argv(line: str) -> list[str]:
 
 def _pod_labels(obj: dict[str, object]) -> dict[str, str]:
     """The labels of the pods a workload of the bundle makes."""
-    spec = obj.get("spec")
-    if not isinstance(spec, dict) or pod_spec(obj) is None:
-        return {}
-    template = spec["jobTemplate"]["spec"]["template"] if obj["kind"] == "CronJob" else spec["template"]
-    return dict(template["metadata"].get("labels") or {})
+    template = pod_template(obj)
+    return dict(template["metadata"].get("labels") or {}) if template is not None else {}
 
 
 def test_every_alert_has_a_runbook_section_and_links_to_it() -> None:
