@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint typecheck k8s image demo demo-down review bench reliability clean
+.PHONY: all prereqs venv test test-fast lint typecheck k8s image demo demo-down review bench reliability clean
 
 all: test
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+## System prerequisites of demo and test (Go, gcc, libseccomp, debootstrap, iptables, root, disk), checked
+## first; as root, missing Debian packages are installed, otherwise the exact command is printed.
+prereqs:
+	@bash scripts/prereqs.sh $(if $(filter demo,$(MAKECMDGOALS)),demo,test)
 
 ## The Kubernetes binaries: the control plane and the node's kubelet, kube-proxy, containerd, runc,
 ## CNI plugins and crictl (cached outside the tree; a no-op when present).
@@ -33,7 +38,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict webhook driver
 
 ## The whole test suite: lint, types, unit, integration, end-to-end against a real local API server.
-test: $(STAMP) k8s lint
+test: prereqs $(STAMP) k8s lint
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 ## Without the end-to-end tests (no Kubernetes build needed).
@@ -41,7 +46,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not e2e"
 
 ## The main job: a local control plane with a simulated GPU node, walking through the seed scenarios.
-demo: $(STAMP) k8s
+demo: prereqs $(STAMP) k8s
 	$(VENV)/bin/draguard demo
 
 demo-down: $(STAMP)
