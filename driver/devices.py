@@ -145,6 +145,9 @@ def _common(node: NodeGpus, gpu: GpuInfo) -> dict[str, tuple[AttrKind, AttrValue
     if gpu.addressing_mode:
         attrs["addressingMode"] = ("string", gpu.addressing_mode)
     if gpu.numa_node is not None:
+        # The standard key (Kubernetes 1.37) is what topology-aware selectors written for any driver use;
+        # the driver-domain key stays for one release so existing selectors keep matching.
+        attrs[f"{K8S_DOMAIN}/numaNode"] = ("int", gpu.numa_node)
         attrs["numaNode"] = ("int", gpu.numa_node)
     return attrs
 

@@ -96,7 +96,13 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _a(
         "addressingMode", "string", _BOTH, "HMM, ATS or None; only on coherent-memory systems.", optional=True
     ),
-    _a("numaNode", "int", _BOTH, "NUMA node of the GPU's PCI device; absent without one.", optional=True),
+    _a(
+        "numaNode",
+        "int",
+        _BOTH,
+        "Deprecated: use resource.kubernetes.io/numaNode (same value); kept for one release.",
+        optional=True,
+    ),
     _a("profile", "string", _MIG, "MIG profile, e.g. 3g.20gb."),
     _a("parentUUID", "string", _MIG, "UUID of the GPU this MIG device lives on."),
     _a(
@@ -114,6 +120,14 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
         "string",
         _BOTH,
         "PCIe root complex, pci<domain>:<bus>; only when resolvable.",
+        domain=K8S_DOMAIN,
+        optional=True,
+    ),
+    _a(
+        "numaNode",
+        "int",
+        _BOTH,
+        "NUMA node of the GPU's PCI device (the standard key); absent without one.",
         domain=K8S_DOMAIN,
         optional=True,
     ),

@@ -169,7 +169,10 @@ def test_multi_ci_mig_me_profiles_and_numa_nodes(tmp_path: Path) -> None:
     assert {"gpu-0-mig-1c3g20gb-9-0-0", "gpu-0-mig-1c3g20gb-9-0-1", "gpu-1-mig-1g10gb-me-20-6"} <= set(devs)
     assert devs["gpu-0-mig-1c3g20gb-9-0-1"].ci_id == 1
     assert devs["gpu-0-mig-3g20gb-9-4"].attributes["numaNode"] == ("int", 1)
+    # The standard key a selector written for any driver uses, with the same value.
+    assert devs["gpu-0-mig-3g20gb-9-4"].attributes["resource.kubernetes.io/numaNode"] == ("int", 1)
     assert "numaNode" not in devs["gpu-1-mig-1g10gb-me-20-6"].attributes  # GPU 1 has no NUMA affinity
+    assert "resource.kubernetes.io/numaNode" not in devs["gpu-1-mig-1g10gb-me-20-6"].attributes
     validate_slices(
         build_slices(list(devs.values()), node_name=NODE, driver_name="gpu.nvidia.com", generation=0)
     )
