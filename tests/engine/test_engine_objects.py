@@ -331,3 +331,117 @@ def test_pod_labels_merge_workload_and_template() -> None:
         ("/spec/template/spec/initContainers/0", True),
         ("/spec/template/spec/containers/0", False),
     ]
+
+
+# -- the v1.37 fields ----------------------------------------------------------------------------
+
+V137_INVENTORY = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: counters}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
+  nodeName: node-a
+  sharedCounters:
+  - name: gpu-0-counters
+    counters: {memory: {value: 80Gi}, multiprocessors: {value: "132"}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: devices}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: node-a, generation: 1, resourceSliceCount: 2}
+  perDeviceNodeSelection: true
+  devices:
+  - name: gpu-0
+    nodeName: node-a
+    allowMultipleAllocations: true
+    attributes:
+      productName: {string: NVIDIA H100 80GB HBM3}
+      resource.kubernetes.io/numaNode: {ints: [0, 1]}
+    capacity:
+      memory:
+        value: 80Gi
+        requestPolicy:
+          default: 10Gi
+          validRange: {min: 10Gi, step: 10Gi}
+    consumesCounters:
+    - counterSet: gpu-0-counters
+      counters: {memory: {value: 80Gi}}
+    taints:
+    - {key: gpu.nvidia.com/xid, value: "79", effect: NoSchedule, timeAdded: "2026-12-01T00:00:00Z"}
+    bindsToNode: true
+    bindingConditions: [attached]
+  - name: remote
+    nodeSelector:
+      nodeSelectorTerms:
+      - matchExpressions: [{key: rack, operator: In, values: [r1]}]
+  - name: everywhere
+    allNodes: true
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceTaintRule
+metadata: {name: drain-gpu-0}
+spec:
+  deviceSelector: {driver: gpu.nvidia.com, device: gpu-0}
+  taint: {key: maintenance, effect: NoExecute}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {rack: r1}}
+"""
+
+
+def test_v137_slice_fields_are_read_not_dropped() -> None:
+    inv = parse_inventory_text(V137_INVENTORY)
+    assert inv.counter_sets[("gpu.nvidia.com", "node-a", "gpu-0-counters")] == {
+        "memory": "80Gi",
+        "multiprocessors": "132",
+    }
+    gpu, remote, everywhere = inv.devices
+    assert gpu.node == "node-a" and gpu.allow_multiple_allocations
+    assert gpu.list_attributes["resource.kubernetes.io"]["numaNode"] == (0, 1)
+    assert "numaNode" not in gpu.attributes.get("resource.kubernetes.io", {})
+    policy = gpu.capacity_policy["gpu.nvidia.com"]["memory"]
+    assert str(policy.default) == "10Gi" and str(policy.step) == "10Gi"
+    (use,) = gpu.consumes_counters
+    assert use.counter_set == "gpu-0-counters" and use.counters == {"memory": "80Gi"}
+    assert [t.describe() for t in inv.taints_of(gpu)] == [
+        "gpu.nvidia.com/xid=79:NoSchedule",
+        "maintenance:NoExecute (DeviceTaintRule drain-gpu-0)",
+    ]
+    assert gpu.binds_to_node and gpu.binding_conditions == ("attached",)
+    assert remote.node is None and remote.node_selector is not None and not remote.all_nodes
+    assert everywhere.node is None and everywhere.all_nodes
+    assert inv.node_labels == {"node-a": {"rack": "r1"}}
+    assert inv.taints_of(remote) == ()
+
+
+def test_request_tolerations_and_capacity_are_read_and_written_back() -> None:
+    raw = yaml.safe_load("""
+devices:
+  requests:
+  - name: share
+    exactly:
+      deviceClassName: gpu.nvidia.com
+      capacity: {requests: {memory: 10Gi}}
+      tolerations: [{key: gpu.nvidia.com/xid, operator: Exists, effect: NoSchedule}]
+  - name: alt
+    firstAvailable:
+    - name: one
+      deviceClassName: gpu.nvidia.com
+      capacity: {requests: {memory: 20Gi}}
+      tolerations: [{operator: Exists}]
+  constraints:
+  - {requests: [share, alt], distinctAttribute: gpu.nvidia.com/uuid}
+""")
+    spec = read_claim_spec(raw, "resource.k8s.io/v1")
+    share, alt = spec.requests
+    assert share.capacity_requests == {"memory": "10Gi"}
+    assert share.tolerations[0].key == "gpu.nvidia.com/xid" and share.tolerations[0].operator == "Exists"
+    assert alt.first_available[0].capacity_requests == {"memory": "20Gi"}
+    assert alt.first_available[0].tolerations[0].operator == "Exists"
+    assert spec.constraints[0].distinct_attribute == "gpu.nvidia.com/uuid"
+    assert write_claim_spec(spec, "resource.k8s.io/v1") == raw

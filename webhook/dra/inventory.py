@@ -27,8 +27,10 @@ from webhook.dra.objects import (
     claim_spec_of,
     dra_version,
     read_device_class,
+    read_slice_counters,
     read_slice_devices,
 )
+from webhook.dra.taints import DeviceTaint, DeviceTaintRule, read_taint_rule
 
 T = TypeVar("T")
 _MEMO_LIMIT = 4096
@@ -130,6 +132,11 @@ class Inventory:
     # (namespace, name) -> record; filled when the cluster's claims/templates are known.
     claims: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
     templates: Mapping[tuple[str, str], ClaimRecord] = field(default_factory=dict)
+    # (driver, pool, counter set) -> {counter: quantity text}: shared counters (KEP-4815).
+    counter_sets: Mapping[tuple[str, str, str], Mapping[str, str]] = field(default_factory=dict)
+    taint_rules: tuple[DeviceTaintRule, ...] = ()
+    # node name -> labels, from Node objects in the inventory (per-device node selectors need them).
+    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Derived facts computed once per inventory (rules ask for them once per object). Not an
     # __init__ argument, so dataclasses.replace() starts a fresh memo for the changed inventory.
     _memo: Memo = field(default_factory=Memo, init=False, compare=False, repr=False)
@@ -150,6 +157,9 @@ class Inventory:
         classes: dict[str, DeviceClassSpec] = {}
         claims: dict[tuple[str, str], ClaimRecord] = {}
         templates: dict[tuple[str, str], ClaimRecord] = {}
+        counter_sets: dict[tuple[str, str, str], Mapping[str, str]] = {}
+        taint_rules: list[DeviceTaintRule] = []
+        node_labels: dict[str, Mapping[str, str]] = {}
 
         def add(obj: Mapping[str, Any]) -> None:
             kind = obj.get("kind")
@@ -158,10 +168,24 @@ class Inventory:
                     if isinstance(item, Mapping):
                         add(item)
                 return
+            if kind == "Node" and obj.get("apiVersion") == "v1":
+                meta = as_map(obj.get("metadata"))
+                name = as_str(meta.get("name"))
+                if name:
+                    labels = as_map(meta.get("labels"))
+                    node_labels[name] = {k: v for k, v in labels.items() if isinstance(v, str)}
+                return
+            rule = read_taint_rule(obj)
+            if rule is not None:
+                taint_rules.append(rule)
+                return
             if dra_version(obj.get("apiVersion")) is None:
                 return
             if kind == "ResourceSlice":
                 devices.extend(read_slice_devices(obj))
+                driver, pool, sets = read_slice_counters(obj)
+                for set_name, counters in sets.items():
+                    counter_sets[(driver, pool, set_name)] = MappingProxyType(counters)
             elif kind == "DeviceClass":
                 dc = read_device_class(obj)
                 if dc.name:
@@ -180,7 +204,17 @@ class Inventory:
             classes=MappingProxyType(classes),
             claims=MappingProxyType(claims),
             templates=MappingProxyType(templates),
+            counter_sets=MappingProxyType(counter_sets),
+            taint_rules=tuple(taint_rules),
+            node_labels=MappingProxyType(node_labels),
         )
+
+    def taints_of(self, device: Device) -> tuple[DeviceTaint, ...]:
+        """The device's own taints and those DeviceTaintRules give it."""
+        if not self.taint_rules:
+            return device.taints
+        extra = tuple(r.taint for r in self.taint_rules if r.applies(device.driver, device.pool, device.name))
+        return device.taints + extra
 
     def devices_by_node(self) -> dict[str | None, list[Device]]:
         """Devices grouped by node name; None holds network-attached (allNodes/selector) devices."""
@@ -220,6 +254,9 @@ class Inventory:
             classes=MappingProxyType({**self.classes, **other.classes}),
             claims=MappingProxyType({**self.claims, **other.claims}),
             templates=MappingProxyType({**self.templates, **other.templates}),
+            counter_sets=MappingProxyType({**self.counter_sets, **other.counter_sets}),
+            taint_rules=self.taint_rules + other.taint_rules,
+            node_labels=MappingProxyType({**self.node_labels, **other.node_labels}),
         )
 
 

@@ -15,7 +15,9 @@ from types import MappingProxyType
 from typing import Any
 
 from webhook.core.frozen import one_call_init
-from webhook.dra.device import AttrValue, Device, Version
+from webhook.dra.capacity import RequestPolicy, read_policy
+from webhook.dra.device import AttrValue, CounterConsumption, Device, Version
+from webhook.dra.taints import DeviceToleration, read_taints, read_tolerations
 
 GROUP = "resource.k8s.io"
 VERSIONS: tuple[str, ...] = ("v1", "v1beta2", "v1beta1")
@@ -27,7 +29,8 @@ EXACT_COUNT = "ExactCount"
 ALL = "All"
 
 # Fields of a request we do not model but must carry through a rewrite unchanged.
-_PASSTHROUGH_REQUEST_FIELDS = ("tolerations", "capacity")
+# tolerations and capacity are also read (below); derivedAttributes (alpha) is only carried.
+_PASSTHROUGH_REQUEST_FIELDS = ("tolerations", "capacity", "derivedAttributes")
 
 
 # -- reading an object once per evaluation ------------------------------------------------------
@@ -154,6 +157,9 @@ class DeviceSubRequest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # Whether `count` was written out (so a rewrite keeps the user's spelling).
     count_explicit: bool = True
+    tolerations: tuple[DeviceToleration, ...] = ()
+    # capacity.requests: qualified capacity name -> quantity text, as written.
+    capacity_requests: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +176,8 @@ class DeviceRequest:
     pointer: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     count_explicit: bool = True
+    tolerations: tuple[DeviceToleration, ...] = ()
+    capacity_requests: Mapping[str, str] = field(default_factory=dict)
 
     def alternatives(self) -> tuple[tuple[str | None, tuple[Selector, ...], str, int, str], ...]:
         """(device_class, selectors, allocation_mode, count, pointer) for each way it can be satisfied."""
@@ -255,6 +263,16 @@ def _extra(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: raw[k] for k in _PASSTHROUGH_REQUEST_FIELDS if k in raw}
 
 
+def _capacity_requests(raw: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, q in as_map(as_map(raw.get("capacity")).get("requests")).items():
+        if isinstance(q, int | float) and not isinstance(q, bool):
+            q = str(q)
+        if isinstance(key, str) and isinstance(q, str):
+            out[key] = q
+    return out
+
+
 def _read_subrequests(raw: object, pointer: str) -> tuple[DeviceSubRequest, ...]:
     out: list[DeviceSubRequest] = []
     for i, item in enumerate(as_list(raw)):
@@ -271,6 +289,8 @@ def _read_subrequests(raw: object, pointer: str) -> tuple[DeviceSubRequest, ...]
                 pointer=p,
                 extra=_extra(sub),
                 count_explicit="count" in sub,
+                tolerations=read_tolerations(sub.get("tolerations")),
+                capacity_requests=_capacity_requests(sub),
             )
         )
     return tuple(out)
@@ -304,6 +324,8 @@ def _read_request(raw: Mapping[str, Any], flat: bool, p: str) -> DeviceRequest:
         pointer=bp,
         extra=_extra(body),
         count_explicit="count" in body,
+        tolerations=read_tolerations(body.get("tolerations")),
+        capacity_requests=_capacity_requests(body),
     )
 
 
@@ -424,35 +446,105 @@ def qualify(key: str, driver: str) -> tuple[str, str]:
     return (domain, name) if sep else (driver, key)
 
 
+_LIST_ATTR_KEYS: tuple[tuple[str, str], ...] = (
+    ("strings", "string"),
+    ("ints", "int"),
+    ("bools", "bool"),
+    ("versions", "version"),
+)
+
+
+def _list_attr_value(raw: object) -> tuple[AttrValue, ...] | None:
+    """A list-typed attribute (KEP-5491); None when `raw` is not one."""
+    m = as_map(raw)
+    for key, typ in _LIST_ATTR_KEYS:
+        if key not in m:
+            continue
+        out = [_attr_value({typ: v}) for v in as_list(m[key])]
+        return tuple(v for v in out if v is not None)
+    return None
+
+
+def _quantity_text(raw: object) -> str | None:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return str(raw)
+    return raw if isinstance(raw, str) else None
+
+
+def _counters(raw: object) -> dict[str, str]:
+    """{counter: quantity text} from a `counters` map of `{value: q}` entries."""
+    out: dict[str, str] = {}
+    for name, entry in as_map(raw).items():
+        q = _quantity_text(as_map(entry).get("value"))
+        if isinstance(name, str) and q is not None:
+            out[name] = q
+    return out
+
+
+def read_slice_counters(obj: Mapping[str, Any]) -> tuple[str, str, dict[str, dict[str, str]]]:
+    """(driver, pool, {counter set: {counter: quantity}}) of a ResourceSlice's `sharedCounters`.
+
+    Since 1.35 counters are published in slices of their own; the devices of other slices of the
+    same pool consume them, so sets are keyed by (driver, pool, set name).
+    """
+    spec = as_map(obj.get("spec"))
+    sets: dict[str, dict[str, str]] = {}
+    for item in as_list(spec.get("sharedCounters")):
+        entry = as_map(item)
+        name = as_str(entry.get("name"))
+        if name:
+            sets[name] = _counters(entry.get("counters"))
+    return as_str(spec.get("driver")) or "", as_str(as_map(spec.get("pool")).get("name")) or "", sets
+
+
 def read_slice_devices(obj: Mapping[str, Any]) -> list[Device]:
     """Devices of a ResourceSlice of any served version (v1beta1 `basic` wrapper included)."""
     spec = as_map(obj.get("spec"))
     driver = as_str(spec.get("driver")) or ""
     pool = as_str(as_map(spec.get("pool")).get("name")) or ""
     slice_node = as_str(spec.get("nodeName"))
+    slice_selector = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), Mapping) else None
+    slice_all = spec.get("allNodes") is True
     out: list[Device] = []
     for item in as_list(spec.get("devices")):
         entry = as_map(item)
         body = as_map(entry.get("basic")) if "basic" in entry else entry
         attributes: dict[str, dict[str, AttrValue]] = {}
+        lists: dict[str, dict[str, tuple[AttrValue, ...]]] = {}
         for key, raw in as_map(body.get("attributes")).items():
-            value = _attr_value(raw)
-            if value is None or not isinstance(key, str):
+            if not isinstance(key, str):
                 continue
             domain, name = qualify(key, driver)
-            attributes.setdefault(domain, {})[name] = value
+            value = _attr_value(raw)
+            if value is not None:
+                attributes.setdefault(domain, {})[name] = value
+                continue
+            values = _list_attr_value(raw)
+            if values is not None:
+                lists.setdefault(domain, {})[name] = values
         capacity: dict[str, dict[str, str]] = {}
+        policies: dict[str, dict[str, RequestPolicy]] = {}
         for key, raw in as_map(body.get("capacity")).items():
             if not isinstance(key, str):
                 continue
             # {value: q} since v1beta1; a bare quantity in v1alpha3-era output.
-            q = raw.get("value") if isinstance(raw, Mapping) else raw
-            if isinstance(q, int | float) and not isinstance(q, bool):
-                q = str(q)
-            if isinstance(q, str):
-                domain, name = qualify(key, driver)
-                capacity.setdefault(domain, {})[name] = q
+            q = _quantity_text(raw.get("value") if isinstance(raw, Mapping) else raw)
+            if q is None:
+                continue
+            domain, name = qualify(key, driver)
+            capacity.setdefault(domain, {})[name] = q
+            policy = read_policy(as_map(raw).get("requestPolicy"))
+            if policy is not None:
+                policies.setdefault(domain, {})[name] = policy
+        consumes = tuple(
+            CounterConsumption(
+                as_str(as_map(c).get("counterSet")) or "", _counters(as_map(c).get("counters"))
+            )
+            for c in as_list(body.get("consumesCounters"))
+        )
+        # The slice's node scope, or (perDeviceNodeSelection) the device's own.
         node = slice_node if slice_node is not None else as_str(body.get("nodeName"))
+        selector = body.get("nodeSelector") if isinstance(body.get("nodeSelector"), Mapping) else None
         out.append(
             Device(
                 driver=driver,
@@ -462,9 +554,65 @@ def read_slice_devices(obj: Mapping[str, Any]) -> list[Device]:
                 attributes=attributes,
                 capacity=capacity,
                 allow_multiple_allocations=body.get("allowMultipleAllocations") is True,
+                consumes_counters=consumes,
+                taints=read_taints(body.get("taints")),
+                capacity_policy=policies,
+                node_selector=slice_selector if slice_selector is not None else selector,
+                all_nodes=slice_all or body.get("allNodes") is True,
+                binds_to_node=body.get("bindsToNode") is True,
+                binding_conditions=tuple(
+                    c for c in as_list(body.get("bindingConditions")) if isinstance(c, str)
+                ),
+                binding_failure_conditions=tuple(
+                    c for c in as_list(body.get("bindingFailureConditions")) if isinstance(c, str)
+                ),
+                list_attributes=lists,
+                raw=entry,
             )
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of a claim's `status.allocation.devices.results`."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.device)
+
+
+def read_allocation(obj: Mapping[str, Any]) -> tuple[AllocatedDevice, ...]:
+    """The devices a ResourceClaim's status says are allocated to it (empty when not allocated)."""
+    alloc = as_map(as_map(obj.get("status")).get("allocation"))
+    out: list[AllocatedDevice] = []
+    for item in as_list(as_map(alloc.get("devices")).get("results")):
+        r = as_map(item)
+        consumed: dict[str, str] = {}
+        for key, q in as_map(r.get("consumedCapacity")).items():
+            text = _quantity_text(q)
+            if isinstance(key, str) and text is not None:
+                consumed[key] = text
+        out.append(
+            AllocatedDevice(
+                request=as_str(r.get("request")) or "",
+                driver=as_str(r.get("driver")) or "",
+                pool=as_str(r.get("pool")) or "",
+                device=as_str(r.get("device")) or "",
+                admin_access=r.get("adminAccess") is True,
+                share_id=as_str(r.get("shareID")),
+                consumed_capacity=consumed,
+            )
+        )
+    return tuple(out)
 
 
 # -- writers -----------------------------------------------------------------------------------
