@@ -1,29 +1,56 @@
 """The listening side of `draguard serve`: a connection limit and bounded waits for each phase.
 
 aiohttp's own server has no connection limit and waits for request headers as long as its
-keep-alive timeout. Here, on top of it:
+keep-alive timeout; asyncio's TLS server only sees a connection once its handshake is done. Here:
 
-- a TLS handshake must finish within `handshake_timeout`, and a TLS shutdown within 2 s;
+- every connection counts against `max_connections` from the moment it is accepted, before and
+  during its TLS handshake;
+- the TLS handshake must finish within `handshake_timeout` of the accept, whether the client sends
+  nothing at all or stops half-way; a TLS shutdown gets 2 s;
 - a connection that has not sent a complete request line and headers within `idle_timeout`
-  (from its start or from its last answer) is closed (aiohttp's keep-alive timer, which also
-  runs before the first request);
-- at most `max_connections` connections are open: at the limit, the longest-open connection that is
-  not being answered is closed to make room (so idle or slow clients cannot lock the API server
-  out); only when every connection is busy is the new one closed;
+  (from its handshake or from its last answer) is closed (aiohttp's keep-alive timer);
+- at the limit, the longest-waiting connection that has not finished its handshake is closed to
+  make room, else the longest-open one that is not being answered (idle, or still sending its
+  body); only when every connection is being answered is the new one closed, at once;
 - reading a body is bounded by the caller (see `app.Webhook._handle`).
+
+Why the TLS layer is built here rather than by `loop.create_server(ssl=...)`: asyncio makes its
+TLS protocol for every accepted socket, and each one holds a 256 KiB receive buffer of its own from
+the start, so a client holding open connections that never send a byte costs a replica about
+300 KiB apiece. Here an accepted socket gets only a small gate object until its first bytes
+arrive; the TLS state is made then, and every TLS connection of a thread reads into one shared
+buffer (the loop copies each read into the connection's own, small, OpenSSL input before it reads
+any other socket, so nothing is ever left in the shared buffer between reads). The HTTP handler is
+made only once the handshake is done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import ssl
+import threading
+from asyncio import sslproto
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 log = logging.getLogger("draguard.server")
+
+# Read size for TLS records (a record is at most 16 KiB plus overhead; a larger read only saves calls).
+_READ_CHUNK = 64 * 1024
+SHUTDOWN_TIMEOUT = 2.0
+
+
+class _ReadBuffer(threading.local):
+    def __init__(self) -> None:
+        self.data = bytearray(_READ_CHUNK)
+        self.view = memoryview(self.data)
+
+
+_buffer = _ReadBuffer()
 
 
 class _Refused(asyncio.Protocol):
@@ -33,12 +60,133 @@ class _Refused(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]
 
 
-def _busy(handler: Any) -> bool:
-    return getattr(handler, "_current_request", None) is not None
+class _Tls(sslproto.SSLProtocol):
+    """asyncio's TLS protocol, reading into the thread's shared buffer instead of one of its own."""
+
+    max_size = _READ_CHUNK
+
+    def __init__(self, gate: _Gate, context: ssl.SSLContext, timeout: float) -> None:
+        super().__init__(
+            gate.site.loop,
+            gate,
+            context,
+            cast("asyncio.Future[Any]", None),  # nobody waits for the handshake: the gate hears of it
+            server_side=True,
+            # The gate's deadline (from the accept) is the one that counts; this one is never shorter.
+            ssl_handshake_timeout=max(1, math.ceil(timeout)),
+            ssl_shutdown_timeout=SHUTDOWN_TIMEOUT,
+        )
+        # The base class allocated a buffer of max_size; drop it for the shared one.
+        self._ssl_buffer = _buffer.data
+        self._ssl_buffer_view = _buffer.view
+        self.gate: _Gate | None = gate
+
+    def get_buffer(self, n: int) -> memoryview:
+        # A thread's loop reads one socket at a time and buffer_updated copies the bytes out at once.
+        self._ssl_buffer = _buffer.data
+        self._ssl_buffer_view = _buffer.view
+        return _buffer.view
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        gate, self.gate = self.gate, None
+        super().connection_lost(exc)
+        if gate is not None:
+            gate.lost()
+
+
+class _Gate(asyncio.Protocol):
+    """One accepted connection until its handshake is done: counted, timed, and cheap while it waits."""
+
+    __slots__ = ("open", "site", "timer", "tls", "transport")
+
+    def __init__(self, site: GuardedSite) -> None:
+        self.site = site
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.tls: _Tls | None = None
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.transport is not None:
+            # The second call comes from the TLS layer: the handshake is done.
+            self._hand_over(cast(asyncio.Transport, transport))
+            return
+        self.transport = cast(asyncio.Transport, transport)
+        if self.site.ssl_context is None:
+            self._hand_over(self.transport)
+            return
+        self.timer = self.site.loop.call_later(self.site.handshake_timeout, self._expired)
+
+    def data_received(self, data: bytes) -> None:
+        # The first bytes of a TLS connection (a ClientHello, or junk): only now is TLS state made.
+        transport = self.transport
+        context = self.site.ssl_context
+        if transport is None or context is None or self.tls is not None or self.timer is None:
+            return
+        remaining = self.timer.when() - self.site.loop.time()
+        tls = self.tls = _Tls(self, context, remaining)
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
+        view = memoryview(data)
+        while view and tls.gate is not None and not transport.is_closing():
+            buf = tls.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            tls.buffer_updated(n)
+            view = view[n:]
+
+    def eof_received(self) -> bool | None:
+        return False  # a client that closes before its first byte: close our side too
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost()
+
+    def _hand_over(self, transport: asyncio.Transport) -> None:
+        """The connection becomes an aiohttp connection: no longer waiting, no deadline of ours."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.site.pending.pop(self, None)
+        self.open = True
+        handler = self.site.handler()
+        if self.tls is not None:
+            self.tls._set_app_protocol(handler)
+        else:
+            transport.set_protocol(handler)
+        handler.connection_made(transport)
+
+    def lost(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.site.pending.pop(self, None)
+        self.tls = None
+
+    def close(self, why: str) -> None:
+        self.lost()
+        self.site.dropped(why)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _expired(self) -> None:
+        self.timer = None
+        if not self.open:
+            self.close("handshake-timeout")
+
+
+def _answering(handler: Any) -> bool:
+    """Whether the connection's request is complete and being answered (a body still arriving is not)."""
+    request = getattr(handler, "_current_request", None)
+    if request is None:
+        return False
+    try:
+        return bool(request.content.is_eof())
+    except Exception:  # an aiohttp internal that changed shape: treat the connection as busy
+        return True
 
 
 class GuardedSite(web.TCPSite):
-    """`web.TCPSite` with a connection limit and a TLS handshake timeout."""
+    """`web.TCPSite` with a connection limit counted from the accept and a TLS handshake deadline."""
 
     def __init__(
         self,
@@ -52,57 +200,90 @@ class GuardedSite(web.TCPSite):
         handshake_timeout: float = 10.0,
         on_drop: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
+        # The TLS layer is this class's (see the module's docstring): aiohttp's site serves plain TCP.
+        super().__init__(runner, host, port, backlog=backlog)
+        self.ssl_context = ssl_context
         self.max_connections = max_connections
         self.handshake_timeout = handshake_timeout
         self.on_drop = on_drop
+        # Accepted, handshake not done; oldest first. Removed on hand-over, close or loss.
+        self.pending: dict[_Gate, None] = {}
+        self._evicted: set[Any] = set()  # handlers closed to make room, not yet gone from aiohttp's list
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def open_connections(self) -> int:
-        server = self._runner.server
-        return len(server.connections) if server is not None else 0
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
 
-    def _factory(self) -> asyncio.BaseProtocol:
+    def _open(self) -> dict[Any, Any]:
         server = self._runner.server
         assert server is not None
-        conns = server.connections  # oldest first
-        if len(conns) >= self.max_connections:
-            idle = next((h for h in conns if not _busy(h)), None)
-            if idle is None:
-                self._dropped("limit")
-                return _Refused()
-            transport = idle.transport
-            idle.force_close()
+        # aiohttp's own registry (a dict, oldest first); `.connections` copies it on every call.
+        return cast("dict[Any, Any]", server._connections)
+
+    def open_connections(self) -> int:
+        if self._runner.server is None:
+            return len(self.pending)
+        self._evicted.intersection_update(self._open())
+        return len(self.pending) + len(self._open()) - len(self._evicted)
+
+    def handler(self) -> asyncio.BaseProtocol:
+        server = self._runner.server
+        assert server is not None
+        return server()
+
+    def dropped(self, why: str) -> None:
+        if self.on_drop is not None:
+            self.on_drop(why)
+
+    def _accept(self) -> asyncio.BaseProtocol:
+        if self.open_connections() >= self.max_connections and not self._make_room():
+            self.dropped("limit")
+            return _Refused()
+        gate = _Gate(self)
+        self.pending[gate] = None
+        return gate
+
+    def _make_room(self) -> bool:
+        if self.pending:
+            next(iter(self.pending)).close("evicted")
+            return True
+        for handler in self._open():
+            if handler in self._evicted or _answering(handler):
+                continue
+            self._evicted.add(handler)
+            transport = handler.transport
+            handler.force_close()
             if transport is not None:
                 # No TLS close_notify exchange: a client that does not read would keep the
                 # connection's buffers for the whole shutdown timeout.
                 transport.abort()
-            self._dropped("evicted")
-        return server()
-
-    def _dropped(self, why: str) -> None:
-        if self.on_drop is not None:
-            self.on_drop(why)
+            self.dropped("evicted")
+            return True
+        return False
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
-        loop = asyncio.get_running_loop()
-        kwargs: dict[str, Any] = {}
-        if self._ssl_context is not None:
-            kwargs["ssl_handshake_timeout"] = self.handshake_timeout
-            # Closing a TLS connection waits for the peer's close_notify; not for long.
-            kwargs["ssl_shutdown_timeout"] = 2.0
-        self._server = await loop.create_server(
-            self._factory,
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            self._accept,
             self._host,
             self._port,
-            ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
-            **kwargs,
         )
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+    async def stop(self) -> None:
+        await super().stop()
+        # Connections still in their handshake are not aiohttp's: close them here.
+        for gate in list(self.pending):
+            gate.lost()
+            if gate.transport is not None:
+                gate.transport.abort()
 
 
 _QUIET = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, TimeoutError, ssl.SSLError)
