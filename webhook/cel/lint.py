@@ -20,6 +20,8 @@ from webhook.cel.issues import CHECKS, CelIssue
 from webhook.cel.match import MatchError, match_compiled
 from webhook.core.findings import Severity
 from webhook.dra.device import Device, Version
+from webhook.dra.drivers import DriverSchema
+from webhook.dra.drivers import draguard as _bundled
 from webhook.dra.semver import coerce_semver
 
 __all__ = ["CHECKS", "CelIssue", "lint_selector"]
@@ -61,15 +63,17 @@ def _access_text(kind: str, domain: str, name: str) -> str:
 
 class _Linter:
     def __init__(
-        self, compiled: CompiledSelector, devices: Sequence[Device] | None, driver: str | None
+        self, compiled: CompiledSelector, devices: Sequence[Device] | None, driver: str | None,
+        known: DriverSchema | None = None,
     ) -> None:
         self.c = compiled
         self.text = compiled.expression
         self.devices = devices
-        self.driver = driver or schema.DRIVER_NAME
+        # The schema of the driver serving the cluster (webhook/dra/drivers): its names are known.
+        self.schema = known or _bundled.SCHEMA
+        self.driver = driver or self.schema.driver_name
         # Domains whose names and types the schema describes (the bundled driver's name is configurable).
-        self.schema_domains = {schema.DRIVER_NAME: schema.DRIVER_NAME, self.driver: schema.DRIVER_NAME,
-                               schema.K8S_DOMAIN: schema.K8S_DOMAIN}
+        self.schema_domains = {d: d for d in self.schema.domains} | {self.driver: self.schema.driver_name}
         # What the inventory publishes, found only for the keys the expression reads (inventories are big).
         self.published: dict[tuple[str, str, str], TypeName] = {}
         for access in compiled.analysis.accesses:
@@ -106,7 +110,7 @@ class _Linter:
         sdomain = self.schema_domains.get(domain)
         if sdomain is None:
             return None
-        spec = schema.lookup(sdomain, name, "attribute" if kind == "attributes" else "capacity")
+        spec = self.schema.lookup(sdomain, name, "attribute" if kind == "attributes" else "capacity")
         return spec.type if spec is not None else None
 
     def rewrite_name(self, access: Access, new_name: str) -> str | None:
@@ -143,7 +147,7 @@ class _Linter:
                 self.check_foreign_domain(access)
                 continue
             wanted: schema.Kind = "attribute" if access.kind == "attributes" else "capacity"
-            if schema.lookup(sdomain, access.name, wanted) is not None:
+            if self.schema.lookup(sdomain, access.name, wanted) is not None:
                 continue
             self.report_unknown(access, sdomain, wanted)
 
@@ -186,7 +190,7 @@ class _Linter:
         severity = Severity.WARNING if access.presence else Severity.ERROR
         lookup_suffix = " (always false)" if access.presence else " (evaluation fails with 'no such key')"
         other: schema.Kind = "capacity" if wanted == "attribute" else "attribute"
-        other_spec = schema.lookup(sdomain, name, other)
+        other_spec = self.schema.lookup(sdomain, name, other)
         if other_spec is not None:
             other_kind = "capacity" if other == "capacity" else "attributes"
             if other == "capacity":
@@ -197,16 +201,16 @@ class _Linter:
             self.add("cel/unknown-attribute", severity,
                      f"'{name}' is a {other} of {sdomain}, not an {wanted}{lookup_suffix}", fix, access)
             return
-        for other_domain in (schema.DRIVER_NAME, schema.K8S_DOMAIN):
-            if other_domain != sdomain and schema.lookup(other_domain, name, wanted) is not None:
-                real = self.driver if other_domain == schema.DRIVER_NAME else other_domain
+        for other_domain in self.schema.domains:
+            if other_domain != sdomain and self.schema.lookup(other_domain, name, wanted) is not None:
+                real = self.driver if other_domain == self.schema.driver_name else other_domain
                 self.add("cel/unknown-attribute", severity,
                          f"'{name}' is published in domain '{real}', not '{access.domain}'{lookup_suffix}",
                          f"use {_access_text(access.kind, real, name)}", access)
                 return
         suggestion = self.suggest(name, sdomain, wanted)
         if suggestion is None:
-            names = sorted(s.name for s in schema.ATTRIBUTES if s.domain == sdomain and s.kind == wanted)
+            names = sorted(self.known_names(sdomain, wanted))
             self.add("cel/unknown-attribute", severity,
                      f"{access.domain} does not publish {word} '{name}'{lookup_suffix}",
                      f"published {word} names: {', '.join(names)}", access)
@@ -220,9 +224,21 @@ class _Linter:
                  f"did you mean '{suggestion}'?",
                  fix, access)
 
+    def known_names(self, sdomain: str, wanted: schema.Kind) -> list[str]:
+        """Names to offer: the schema's, narrowed to what the inventory's devices publish in that
+        domain when it publishes any (a name no device has would make the selector match nothing)."""
+        names = [s.name for s in self.schema.attributes if s.domain == sdomain and s.kind == wanted]
+        if self.devices:
+            domain = self.driver if sdomain == self.schema.driver_name else sdomain
+            kind = "attributes" if wanted == "attribute" else "capacity"
+            published = {n for d in self.devices for n in (d.attributes if kind == "attributes"
+                                                            else d.capacity).get(domain, {})}
+            if published:
+                return sorted(published)
+        return names
+
     def suggest(self, name: str, sdomain: str, wanted: schema.Kind) -> str | None:
-        names = [s.name for s in schema.ATTRIBUTES
-                 if s.domain == sdomain and s.kind == wanted and not s.is_pattern]
+        names = [n for n in self.known_names(sdomain, wanted) if "<N>" not in n]
         folded = name.lower().replace("_", "").replace("-", "")
         alias = _ALIASES.get(folded)
         if alias in names:
@@ -401,11 +417,13 @@ def lint_selector(
     devices: Sequence[Device] | None = None,
     driver: str | None = None,
     kubernetes_version: str | None = None,
+    known: DriverSchema | None = None,
 ) -> list[CelIssue]:
     """All issues with one selector expression; never raises for bad input.
 
     `devices`: the inventory to match against (enables `cel/no-match` and evaluation checks).
     `driver`: the bundled driver's configured name, whose attributes follow `driver/schema.py`.
+    `known`: the schema of the driver serving the cluster (`webhook.dra.drivers`); default the bundled one.
     `kubernetes_version`: the target release (`1.34`...); functions and fields its API server
     does not accept yet are `cel/version` errors. None: the newest release draguard follows.
     """
@@ -419,7 +437,7 @@ def lint_selector(
     compiled = compile_or_issue(expression)
     if isinstance(compiled, CelIssue):
         return [compiled]
-    linter = _Linter(compiled, devices, driver)
+    linter = _Linter(compiled, devices, driver, known)
     if kubernetes_version is not None:
         linter.issues.extend(versions.version_issues(compiled.ast, kubernetes_version))
     linter.check_names()

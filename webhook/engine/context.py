@@ -49,3 +49,6 @@ class Context:
     # CEL functions and device fields its API server does not accept yet are `cel/version`. None:
     # the newest release draguard follows (webhook.cel.versions.DEFAULT).
     kubernetes_version: str | None = None
+    # Which driver implementation serves `gpu.nvidia.com` (webhook.dra.drivers: "draguard" or
+    # "nvidia"); None: detected from the inventory and DeviceClasses.
+    driver_schema: str | None = None

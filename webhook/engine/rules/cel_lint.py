@@ -23,7 +23,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
 from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import dotted
+from webhook.engine.rules.opaque import dotted, driver_schema
 from webhook.policy.model import CelLintPolicy
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
@@ -72,9 +72,11 @@ def _issues(rc: RuleContext, expression: str, devices: Sequence[Device] | None) 
     # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
     # many claims) lints the same way, so its issues are computed once per inventory.
     version = rc.ctx.kubernetes_version
+    known = driver_schema(rc).schema
     return rc.inventory.cached(
-        ("cel-lint", expression, devices is not None, version),
-        partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME, kubernetes_version=version),
+        ("cel-lint", expression, devices is not None, version, known.name),
+        partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME, kubernetes_version=version,
+                known=known),
     )
 
 

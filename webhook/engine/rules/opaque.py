@@ -1,7 +1,12 @@
-"""`config/opaque`: opaque device configuration for the bundled driver, checked by the driver's own
-validator (`driver.config.validate_opaque_config`) so admission and prepare never disagree.
+"""`config/opaque`: opaque device configuration, checked as the driver serving the cluster checks it.
 
-Checks every `config[].opaque` whose `driver` is the bundled driver in ResourceClaims,
+The driver is the one `webhook.dra.drivers.detect` finds (a setting, the inventory, the
+DeviceClasses): the bundled driver's own validator (`driver.config.validate_opaque_config`, so
+admission and prepare never disagree) or the port of NVIDIA's driver's rules
+(`webhook.dra.drivers.nvidia`: GpuConfig, MigDeviceConfig, VfioDeviceConfig and the ComputeDomain
+configs of `compute-domain.nvidia.com`).
+
+Checks every `config[].opaque` whose `driver` is one that driver serves in ResourceClaims,
 ResourceClaimTemplates and DeviceClasses: strict fields, allowed values, the 10 KiB size limit,
 the retired `gpu.nvidia.com/v1alpha1` apiVersion, `requests` names that exist in the claim, and a
 kind that fits every device type the named requests can be given (a GpuConfig on a MIG-only
@@ -14,10 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from driver.config import API_VERSION, KINDS, ConfigError, validate_opaque_config
-from driver.schema import DEVICE_TYPES, DRIVER_NAME
+from driver.config import API_VERSION, ConfigError
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
+from webhook.dra.drivers import Detection, DriverSchema, detect
 from webhook.dra.objects import (
     ClaimSpec,
     OpaqueConfig,
@@ -31,10 +36,24 @@ from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
 
 RULE_ID = "config/opaque"
 
-_TYPE_TEST = re.compile(r"""\.type\s*==\s*['"](gpu|mig)['"]|\[['"]type['"]\]\s*==\s*['"](gpu|mig)['"]""")
+_TYPE_TEST = re.compile(
+    r"""\.type\s*==\s*['"](gpu|mig|vfio|channel|daemon)['"]"""
+    r"""|\[['"]type['"]\]\s*==\s*['"](gpu|mig|vfio|channel|daemon)['"]"""
+)
 _MIG_HINT = re.compile(r"\bprofile\b|\bparentUUID\b|\bmigProfile\b")
 
 _LAST: list[QuotaCalculator] = []
+_DETECTED: list[tuple[object, str | None, Detection]] = []
+
+
+def driver_schema(rc: RuleContext) -> Detection:
+    """The driver schema this evaluation judges by (one detection per evaluation)."""
+    setting = rc.ctx.driver_schema
+    if _DETECTED and _DETECTED[0][0] is rc.index and _DETECTED[0][1] == setting:
+        return _DETECTED[0][2]
+    found = detect(setting, rc.inventory.devices, rc.index.classes)
+    _DETECTED[:] = [(rc.index, setting, found)]
+    return found
 
 
 def _calculator(rc: RuleContext) -> QuotaCalculator:
@@ -67,19 +86,24 @@ def _types_from_text(class_name: str | None, selectors: Sequence[Selector]) -> s
         return types
     if any(_MIG_HINT.search(s.expression) for s in selectors):
         return {"mig"}
+    if class_name and "vfio" in class_name.lower():
+        return {"vfio"}
     if class_name and "mig" in class_name.lower():
         return {"mig"}
     return None
 
 
 def device_types(
-    rc: RuleContext, class_name: str | None, selectors: Sequence[Selector] = ()
+    rc: RuleContext, class_name: str | None, selectors: Sequence[Selector] = (),
+    driver: str | None = None,
 ) -> set[str] | None:
-    """Device types (`gpu`, `mig`) a class plus request selectors can get; None when unknown.
+    """Device types (`gpu`, `mig`, ...) a class plus request selectors can get; None when unknown.
 
-    From the inventory when it has matching devices of the bundled driver, else from the
-    selectors' text and the class name.
+    From the inventory when it has matching devices of `driver` (default: the schema's main
+    driver), else from the selectors' text and the class name.
     """
+    schema = driver_schema(rc).schema
+    driver = driver or schema.driver_name
     calc = _calculator(rc)
     cls = calc.class_spec(class_name) if class_name else None
     if class_name:
@@ -87,8 +111,8 @@ def device_types(
         found = {
             str(d.attributes.get(d.driver, {}).get("type"))
             for d in devs or ()
-            if d.driver == DRIVER_NAME
-        } & DEVICE_TYPES
+            if d.driver == driver
+        } & schema.device_types.get(driver, frozenset())
         if found:
             return found
     all_selectors = (*(cls.selectors if cls else ()), *selectors)
@@ -96,7 +120,7 @@ def device_types(
 
 
 def _request_types(
-    rc: RuleContext, spec: ClaimSpec, names: Sequence[str]
+    rc: RuleContext, spec: ClaimSpec, names: Sequence[str], driver: str | None = None
 ) -> tuple[set[str] | None, list[str]]:
     """(union of device types of the named requests or None if any is unknown, unknown names)."""
     union: set[str] = set()
@@ -117,7 +141,7 @@ def _request_types(
         else:
             alts = [(c, sel) for c, sel, *_ in req.alternatives()]
         for cls, sel in alts:
-            t = device_types(rc, cls, sel)
+            t = device_types(rc, cls, sel, driver)
             if t is None:
                 unknown_types = True
             else:
@@ -125,11 +149,11 @@ def _request_types(
     return (None if unknown_types or not union else union), missing
 
 
-def _fix_for(err: ConfigError) -> str:
+def _fix_for(err: ConfigError, schema: DriverSchema) -> str:
     if err.path == "apiVersion":
         return f"set parameters.apiVersion: {API_VERSION}"
     if "unknown field" in err.message:
-        return f"remove parameters.{err.path} (the driver decodes strictly)"
+        return f"remove parameters.{err.path} ({schema.title} decodes strictly)"
     if err.path == "kind" and "cannot be applied" in err.message:
         return "use the kind the message names, or name only requests whose devices fit this kind"
     if not err.path:
@@ -139,12 +163,13 @@ def _fix_for(err: ConfigError) -> str:
 
 def _config_findings(
     item: SourceObject, rc: RuleContext, cfg: OpaqueConfig, spec: ClaimSpec | None,
-    class_types: set[str] | None,
+    class_types: set[str] | None, schema: DriverSchema,
 ) -> Iterable[Finding]:
     where = dotted(cfg.pointer)
+    driver = cfg.driver or schema.driver_name
     types: set[str] | None = None
     if spec is not None and cfg.requests:
-        types, missing = _request_types(rc, spec, cfg.requests)
+        types, missing = _request_types(rc, spec, cfg.requests, cfg.driver)
         if missing:
             known = sorted({r.name for r in spec.requests} | {
                 f"{r.name}/{s.name}" for r in spec.requests for s in r.first_available})
@@ -157,12 +182,12 @@ def _config_findings(
                     "or drop `requests` to apply the config to all of them",
                 pointer=f"{entry}/requests",
             )
-    errors = validate_opaque_config(cfg.parameters, types)
+    errors = schema.validate(driver, cfg.parameters, types)
     for err in errors:
         field = f"{where}.parameters" + (f".{err.path}" if err.path else "")
         yield rc.finding(
             item, RULE_ID, Severity.ERROR, Mode.ENFORCE, f"{field}: {err.message}",
-            fix=_fix_for(err),
+            fix=_fix_for(err, schema),
             pointer=f"{cfg.pointer}/parameters" + ("/" + err.path.replace(".", "/") if err.path else ""),
         )
     if errors or (spec is not None and cfg.requests):
@@ -170,14 +195,17 @@ def _config_findings(
     # No `requests` (or a class config): the driver only applies it to devices its kind fits.
     candidates = class_types
     if candidates is None and spec is not None:
-        candidates, _ = _request_types(rc, spec, [r.name for r in spec.requests])
+        candidates, _ = _request_types(rc, spec, [r.name for r in spec.requests], cfg.driver)
     kind = cfg.parameters.get("kind")
-    if candidates and isinstance(kind, str) and kind in KINDS and not KINDS[kind] & candidates:
+    kinds = schema.config_kinds.get(driver, {})
+    if candidates and isinstance(kind, str) and kind in kinds and not kinds[kind] & candidates:
+        fitting = sorted({k for t in candidates if (k := schema.kind_for(driver, t))})
         yield rc.finding(
             item, RULE_ID, Severity.WARNING, Mode.WARN,
             f"{where}: {kind} applies to none of the devices this can be given (device types: "
             f"{', '.join(sorted(candidates))}), so the driver ignores it",
-            fix="use MigDeviceConfig for MIG devices and GpuConfig for full GPUs",
+            fix=f"use {' or '.join(fitting)} for these devices" if fitting
+            else f"drop the config: {schema.title} has no config kind for these devices",
             pointer=cfg.pointer,
         )
 
@@ -188,20 +216,20 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
         return
     if obj.get("kind") == "DeviceClass":
         dc = read_device_class(obj)
-        mine = [c for c in dc.config if c.driver == DRIVER_NAME]
-        if not mine:
-            return
-        class_types = device_types(rc, dc.name) if dc.name else None
-        for cfg in mine:
-            yield from _config_findings(item, rc, cfg, None, class_types)
+        schema = driver_schema(rc).schema
+        for cfg in dc.config:
+            if cfg.driver in schema.drivers:
+                class_types = device_types(rc, dc.name, (), cfg.driver) if dc.name else None
+                yield from _config_findings(item, rc, cfg, None, class_types, schema)
         return
     read = claim_spec_of(obj)
     if read is None:
         return
     spec = read[0]
+    schema = driver_schema(rc).schema
     for cfg in spec.config:
-        if cfg.driver == DRIVER_NAME:
-            yield from _config_findings(item, rc, cfg, spec, None)
+        if cfg.driver in schema.drivers:
+            yield from _config_findings(item, rc, cfg, spec, None, schema)
 
 
 RULES = (FunctionRule(RULE_ID, _check, frozenset({DRA})),)
