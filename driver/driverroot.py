@@ -47,6 +47,11 @@ CAPABILITY_BINS: dict[str, tuple[str, ...]] = {
     "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"),
     "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
 }
+# The libraries without which a capability does not work at all in the container: CUDA needs libcuda
+# (the driver API every CUDA runtime loads) and NVML-based tools need libnvidia-ml. Video, graphics and
+# NGX libraries are absent from data-center installs made without them (--no-opengl-files), and
+# only some applications load them, so they are mounted when present and never required.
+REQUIRED_LIBS: dict[str, tuple[str, ...]] = {"utility": ("libnvidia-ml",), "compute": ("libcuda",)}
 DEFAULT_CAPABILITIES = ("compute", "utility")
 IPC_SOCKETS = ("run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket",
                "run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket")  # fmt: skip
@@ -217,7 +222,47 @@ def discover(
     if (root.mount / MPS_DIR).is_dir():
         out.mps_dir = root.mount / MPS_DIR
     out.hook = _find_hook(root, hook)
+    _require_libraries(out, capabilities)
     return out
+
+
+def _versions_found(root: Root, stem: str) -> list[str]:
+    """Where `<stem>.so.<version>` files of any version are under the root, as `version (dir)`."""
+    found: list[str] = []
+    prefix = f"{stem}.so."
+    for d in _lib_dirs(root.mount):
+        try:
+            names = sorted(e.name for e in d.iterdir() if e.name.startswith(prefix) and not e.is_symlink())
+        except OSError:
+            continue
+        for name in names:
+            version = name[len(prefix):]
+            if version and version[0].isdigit() and "." in version:  # not libcuda.so.1 (a SONAME link)
+                found.append(f"{version} ({root.to_host(d)})")
+    return found
+
+
+def _require_libraries(files: DriverFiles, capabilities: tuple[str, ...]) -> None:
+    """A container without libcuda or libnvidia-ml starts and then fails inside CUDA with no hint why;
+    refuse here instead, naming NVML's version, what the root holds and the setting to fix."""
+    have = {_stem(lib.path.name, files.version) for lib in files.libraries}
+    missing = [
+        (cap, stem) for cap in capabilities for stem in REQUIRED_LIBS.get(cap, ()) if stem not in have
+    ]
+    if not missing:
+        return
+    parts = []
+    for cap, stem in missing:
+        others = _versions_found(files.root, stem)
+        seen = f"found only {', '.join(others)}" if others else "no version of it was found"
+        parts.append(f"{stem}.so.{files.version} ({cap}): {seen}")
+    raise DriverRootError(
+        f"driver root {files.root.describe()}: NVML reports driver {files.version}, but the root lacks the "
+        f"libraries of that version: {'; '.join(parts)}. A driver upgrade that is not finished (reboot or "
+        f"reload the kernel module) or --driver-root pointing at another installation does this; set "
+        f"--driver-root (DRIVER_ROOT) to the root of the driver NVML runs, or drop the capability from "
+        f"--driver-capabilities. Known roots: {KNOWN_ROOTS}"
+    )
 
 
 def _find_hook(root: Root, hook: str) -> str | None:

@@ -278,3 +278,52 @@ def test_real_nvml_is_loaded_from_the_driver_root(short_dir: Path) -> None:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     lib = short_dir / "root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
     assert p.returncode == 1 and f"cannot load {lib}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def _move_version(root: Path, stem: str, old: str, new: str) -> None:
+    """A half-finished driver upgrade: the library's files are of another version than NVML's."""
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    (lib / f"{stem}.so.{old}").rename(lib / f"{stem}.so.{new}")
+    for link in lib.iterdir():
+        if link.is_symlink() and link.name.startswith(f"{stem}.so") and not link.exists():
+            link.unlink()
+            link.symlink_to(f"{stem}.so.{new}")
+
+
+def test_libcuda_of_another_version_is_refused_naming_versions_and_setting(short_dir: Path) -> None:
+    root = short_dir / "root"
+    make_driver_root(root, load_topology("h100-8x-nvlink"))
+    _move_version(root, "libcuda", VERSION, "560.35.03")
+    p = cli("cdi-spec", "--sim", "h100-8x-nvlink", "--driver-root", str(root), "--devices", "gpu-0")
+    assert p.returncode == 1, p.stdout
+    assert f"NVML reports driver {VERSION}" in p.stderr
+    where = f"{root}/usr/lib/x86_64-linux-gnu"
+    assert f"libcuda.so.{VERSION} (compute): found only 560.35.03 ({where})" in p.stderr
+    assert "--driver-root" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout == ""  # no spec that would start a container without CUDA
+
+
+def test_nvml_library_of_another_version_fails_utility_and_spares_compute_only(short_dir: Path) -> None:
+    root = short_dir / "root"
+    make_driver_root(root, load_topology("h100-8x-nvlink"))
+    _move_version(root, "libnvidia-ml", VERSION, "535.183.01")
+    p = cli("cdi-spec", "--sim", "h100-8x-nvlink", "--driver-root", str(root), "--devices", "gpu-0")
+    assert p.returncode == 1
+    assert f"libnvidia-ml.so.{VERSION} (utility): found only 535.183.01" in p.stderr
+    # Without the utility capability, NVML's library is not required in the container.
+    p = cli("cdi-spec", "--sim", "h100-8x-nvlink", "--driver-root", str(root), "--devices", "gpu-0",
+            "--driver-capabilities", "compute")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    spec = json.loads(p.stdout)
+    paths = json.dumps(spec)
+    assert f"libcuda.so.{VERSION}" in paths and "libnvidia-ml" not in paths
+
+
+def test_a_root_with_no_libcuda_at_all_says_so(short_dir: Path) -> None:
+    root = short_dir / "root"
+    make_driver_root(root, load_topology("h100-8x-nvlink"))
+    for f in (root / "usr/lib/x86_64-linux-gnu").glob("libcuda.so*"):
+        f.unlink()
+    expected = rf"libcuda.so.{VERSION} \(compute\): no version of it was found"
+    with pytest.raises(DriverRootError, match=expected):
+        simulated_layout(root, load_topology("h100-8x-nvlink"), create=False)
