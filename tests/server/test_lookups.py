@@ -18,7 +18,7 @@ from kubernetes import client
 
 from webhook.dra.inventory import Inventory
 from webhook.policy.load import load_policies
-from webhook.server import lookups
+from webhook.server import admission, lookups
 from webhook.server.admission import Snapshot
 from webhook.server.caches import KubeHttp
 
@@ -118,7 +118,9 @@ def silent_api() -> Iterator[KubeHttp]:
     t.start()
     cfg = client.Configuration()
     cfg.host = f"http://127.0.0.1:{srv.getsockname()[1]}"
-    yield KubeHttp(client.ApiClient(cfg))
+    http = KubeHttp(client.ApiClient(cfg))
+    http.accepted = held  # type: ignore[attr-defined]  # the connections made to it
+    yield http
     stop.set()
     t.join(2)
     for c in held:
@@ -135,3 +137,63 @@ def test_a_silent_api_server_costs_no_more_than_the_budget(silent_api: KubeHttp)
     assert got.looked_up == {w: "unreadable" for w in wants}
     # One budget for all eight lookups, the pending-pod list among them (the bound is generous).
     assert took < 2.0, took
+
+
+def test_a_review_naming_another_namespace_reads_nothing() -> None:
+    """A forged review: the request says one namespace, its object another. The API server makes the
+    two equal, so nothing is read on behalf of such a request."""
+    snap = _snapshot()
+    for req in (_claim_request(), _pod_request("llm-a100")):
+        req["object"]["metadata"]["namespace"] = "victims"
+        assert lookups.wanted(req, snap) == []
+        del req["object"]["metadata"]["namespace"]
+        assert lookups.wanted(req, snap) == []
+    bad_ns = _claim_request()
+    bad_ns["namespace"] = bad_ns["object"]["metadata"]["namespace"] = "../../api"
+    assert lookups.wanted(bad_ns, snap) == []
+
+
+def test_a_namespace_the_watch_does_not_know_is_not_read(silent_api: KubeHttp) -> None:
+    """A namespace the watch has not seen (made up by the sender, or just created) is unreadable
+    without a request to the API server; the rule then fails closed."""
+    snap = Snapshot(policies=_snapshot().policies, inventory=Inventory.empty(),
+                    namespace_labels={"ml": {}})  # fmt: skip
+    wants = [("Pod", "elsewhere", "p"), ("PendingPods", "elsewhere", "c")]
+    got = lookups.fetch(silent_api, wants, snap, budget=5.0)
+    assert got.looked_up == {w: "unreadable" for w in wants}
+    assert silent_api.accepted == []  # type: ignore[attr-defined]
+
+
+def test_path_segments_are_quoted() -> None:
+    assert lookups._path("Pod", "ml", "a/../../healthz", frozenset()) == (
+        "/api/v1/namespaces/ml/pods/a%2F..%2F..%2Fhealthz"
+    )
+    assert lookups._path("ResourceClaimTemplate", "m?l", "t#x", frozenset({"v1"})) == (
+        "/apis/resource.k8s.io/v1/namespaces/m%3Fl/resourceclaimtemplates/t%23x"
+    )
+
+
+def test_the_answer_never_quotes_what_was_read_for_it() -> None:
+    """A claim naming another tenant's pod as its owner is judged by that pod's class, but the answer
+    does not carry the pod's image, command or labels (the review may be forged to learn them)."""
+    snap = _snapshot()
+    req = _claim_request()
+    image = "registry.victim.example/vllm/vllm-openai:secret-tag"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ml", "labels": {"app": "secret-app-name"},
+                     "annotations": {"note": "secret-annotation"}},
+        "spec": {"containers": [{"name": "c", "image": image,
+                                 "command": ["python", "-m", "vllm.entrypoints.openai.api_server"],
+                                 "args": ["--model /models/secret-model"]}]},
+    }  # fmt: skip
+    out = admission.review("validate", req, snap, None, lookups.Lookups((pod,), {}))
+    assert out.verdict == "denied"  # the pod's image makes it an llm workload: A100 is refused
+    message = out.response["status"]["message"]
+    assert "class 'llm'" in message and "tier/gpu-tiers" in message and "gpu.nvidia.com-a100" in message
+    for secret in ("secret-tag", "victim.example", "secret-app-name", "secret-annotation", "secret-model"):
+        assert secret not in message, secret
+    assert lookups.HIDDEN in message
+    # The findings themselves (logs, metrics) keep the facts; only the answer to the sender hides them.
+    assert any(image in f.message for f in out.findings)

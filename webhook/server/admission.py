@@ -312,7 +312,14 @@ def review(
     `cel_bytes` of never-seen CEL text are compiled (None: the per-request budget);
     `lookups` is what webhook.server.lookups read from the API server for it."""
     with using_crd_table(getattr(snap.policies, "crd_table", None)):
-        return _review(endpoint, req, snap, cel_bytes, lookups)
+        out = _review(endpoint, req, snap, cel_bytes, lookups)
+    if lookups and getattr(lookups, "related", ()):
+        # What was read on the request's behalf decides the verdict but is never quoted in the answer:
+        # the request may be forged, and the objects read are another tenant's.
+        from webhook.server.lookups import private_text, redact  # lookups imports this module
+
+        out.response = redact(out.response, private_text(lookups, req, snap))
+    return out
 
 
 def _review(

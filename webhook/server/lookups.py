@@ -6,15 +6,22 @@ pods that already name it, and a pod that names a template or claim this replica
 seen yet is judged by what the API server holds. Both are plain GETs in
 the request's own namespace, at most `MAX_LOOKUPS` per request, within `LOOKUP_BUDGET` seconds in
 all; a lookup that fails or runs out of time is reported as unreadable and the rule fails closed.
+
+A review may be forged (any pod that reaches the admission port can send one), so what it names is
+the sender's: nothing is read for a request whose object sits in another namespace than the request,
+nor in a namespace the watch does not know, and an answer never quotes what was read (another
+tenant's pod names, images, commands, labels): `redact` hides it. The verdict alone says what the
+rule decided.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
 from webhook.dra.workloads import using_crd_table
 from webhook.engine.rules.tier import lookups_needed
@@ -23,6 +30,8 @@ from webhook.server.admission import Snapshot, is_checked
 MAX_PENDING_PODS = 500
 LOOKUP_BUDGET = 1.0  # seconds per request, well inside the validating webhooks' 3 s timeout
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+HIDDEN = "<hidden>"
 _PLURAL = {
     "Pod": "pods",
     "ResourceClaim": "resourceclaims",
@@ -68,9 +77,14 @@ def _wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]
     if (
         req.get("subResource")
         or not isinstance(obj, Mapping)
-        or not namespace
+        or not _NAMESPACE.match(namespace)
         or not is_checked(group, version, k)
     ):
+        return []
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or meta.get("namespace") != namespace:
+        # The API server sets the object's namespace to the request's: a review where they differ
+        # was not sent by it, and reads on its behalf would reach into a namespace it chose.
         return []
     obj = {**obj, "kind": obj.get("kind") or k}
     if k == "ResourceClaim" and req.get("operation") != "CREATE":
@@ -86,10 +100,11 @@ def _wanted(req: Mapping[str, Any], snap: Snapshot) -> list[tuple[str, str, str]
 
 
 def _path(kind: str, namespace: str, name: str, served: frozenset[str]) -> str:
+    ns, name = quote(namespace, safe=""), quote(name, safe="")
     if kind == "Pod":
-        return f"/api/v1/namespaces/{namespace}/pods/{name}"
+        return f"/api/v1/namespaces/{ns}/pods/{name}"
     version = next((v for v in ("v1", "v1beta2", "v1beta1") if v in served), "v1")
-    return f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/{_PLURAL[kind]}/{name}"
+    return f"/apis/resource.k8s.io/{version}/namespaces/{ns}/{_PLURAL[kind]}/{name}"
 
 
 def fetch(
@@ -101,7 +116,9 @@ def fetch(
     deadline = time.monotonic() + budget
     for kind, ns, name in wants:
         left = deadline - time.monotonic()
-        if left <= 0.05:
+        if left <= 0.05 or (snap.namespace_labels and ns not in snap.namespace_labels):
+            # Out of time, or a namespace the watch does not know (not created, or not seen yet):
+            # unreadable, so the rule fails closed without a read.
             looked[(kind, ns, name)] = "unreadable"
             continue
         if kind == "PendingPods":
@@ -134,7 +151,7 @@ def _pending_pods(
     # in it, and "any version" from the watch cache could lag behind exactly that.
     query: list[tuple[str, Any]] = [("fieldSelector", "spec.nodeName="), ("limit", MAX_PENDING_PODS)]
     try:
-        doc = http.get_json(f"/api/v1/namespaces/{namespace}/pods", query, timeout=timeout)
+        doc = http.get_json(f"/api/v1/namespaces/{quote(namespace, safe='')}/pods", query, timeout=timeout)
     except Exception:
         return [], False
     if not isinstance(doc, Mapping):
@@ -148,3 +165,76 @@ def _pending_pods(
             out.append({**item, "apiVersion": "v1", "kind": "Pod"})
     # More pods than one page: what was found still counts; the rest is unknown.
     return out, not (doc.get("metadata") or {}).get("continue")
+
+
+def _strings(value: Any, depth: int = 0) -> Iterator[str]:
+    if depth > 32:
+        return
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v, depth + 1)
+
+
+def _read_text(obj: Mapping[str, Any]) -> Iterator[str]:
+    """What of a read object a finding can quote: its name, labels and annotations, and its
+    containers' images, commands and arguments (word by word, as the tier rule reads them)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        yield from _strings(meta.get("name"))
+        for key in ("labels", "annotations"):
+            yield from _strings(meta.get(key))
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return
+    for key in ("containers", "initContainers"):
+        for c in spec.get(key) or ():
+            if not isinstance(c, Mapping):
+                continue
+            yield from _strings(c.get("image"))
+            for text in _strings([c.get("command"), c.get("args")]):
+                yield text
+                yield from text.split()
+
+
+def private_text(looked: Lookups | None, req: Mapping[str, Any], snap: Snapshot) -> list[str]:
+    """Strings of the objects read for this request that the request itself does not carry, longest
+    first (what redact hides). Names every tenant sees anyway (the request's namespace, tier policies
+    and classes, DeviceClasses) stay, so the message still says which rule and class decided."""
+    if not looked or not looked.related:
+        return []
+    known = set(_strings(req.get("object")))
+    known.add(str(req.get("namespace") or ""))
+    for policy in getattr(snap.policies, "tier", None) or ():
+        known.add(policy.name)
+        for c in policy.classes:
+            known.add(c.name)
+            known.update(c.device_classes)
+    known.update(snap.inventory.classes)
+    # Shorter strings (a label value "a") would hide parts of words everywhere in the message.
+    found = {t for obj in looked.related for t in _read_text(obj) if len(t) >= 3 and t not in known}
+    return sorted(found, key=lambda t: (-len(t), t))
+
+
+def redact(response: dict[str, Any], private: list[str]) -> dict[str, Any]:
+    """The response with every private string in its message and warnings replaced by HIDDEN."""
+    if not private:
+        return response
+
+    def hide(text: str) -> str:
+        for p in private:
+            if p in text:
+                text = text.replace(p, HIDDEN)
+        return text
+
+    out = dict(response)
+    status = out.get("status")
+    if isinstance(status, Mapping) and isinstance(status.get("message"), str):
+        out["status"] = {**status, "message": hide(status["message"])}
+    if isinstance(out.get("warnings"), list):
+        out["warnings"] = [hide(w) if isinstance(w, str) else w for w in out["warnings"]]
+    return out
