@@ -175,9 +175,9 @@ def driver_edits(files: DriverFiles) -> dict[str, Any]:
     for sock in files.sockets:
         rel = str(sock.relative_to(root.mount)).removeprefix("var/")
         mounts.append(_mount(root.to_host(sock), "/" + rel))
-    if files.mps_dir is not None:
-        mounts.append({"hostPath": root.to_host(files.mps_dir), "containerPath": "/tmp/nvidia-mps",
-                       "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]})  # fmt: skip
+    # The host's MPS pipe directory (tmp/nvidia-mps) is never mounted: this driver runs no MPS daemon
+    # and refuses the MPS strategy, and a host-wide pipe directory shared read-write would let one
+    # claim's container reach a daemon that serves another tenant's processes.
     out: dict[str, Any] = {"mounts": mounts}
     if hooks:
         out["hooks"] = hooks

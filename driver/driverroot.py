@@ -55,7 +55,6 @@ REQUIRED_LIBS: dict[str, tuple[str, ...]] = {"utility": ("libnvidia-ml",), "comp
 DEFAULT_CAPABILITIES = ("compute", "utility")
 IPC_SOCKETS = ("run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket",
                "run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket")  # fmt: skip
-MPS_DIR = "tmp/nvidia-mps"
 HOOK_CANDIDATES = ("usr/bin/nvidia-cdi-hook", "usr/local/nvidia/toolkit/nvidia-cdi-hook")
 
 
@@ -100,7 +99,6 @@ class DriverFiles:
     binaries: list[Path] = field(default_factory=list)
     firmware: list[Path] = field(default_factory=list)
     sockets: list[Path] = field(default_factory=list)
-    mps_dir: Path | None = None
     hook: str | None = None  # host path of nvidia-cdi-hook
 
 
@@ -219,8 +217,6 @@ def discover(
         if p.is_socket() and os.path.realpath(p) not in seen:
             seen.add(os.path.realpath(p))
             out.sockets.append(p)
-    if (root.mount / MPS_DIR).is_dir():
-        out.mps_dir = root.mount / MPS_DIR
     out.hook = _find_hook(root, hook)
     _require_libraries(out, capabilities)
     return out

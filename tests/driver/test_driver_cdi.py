@@ -327,3 +327,18 @@ def test_a_root_with_no_libcuda_at_all_says_so(short_dir: Path) -> None:
     expected = rf"libcuda.so.{VERSION} \(compute\): no version of it was found"
     with pytest.raises(DriverRootError, match=expected):
         simulated_layout(root, load_topology("h100-8x-nvlink"), create=False)
+
+
+def test_the_hosts_mps_pipe_directory_is_never_mounted(short_dir: Path) -> None:
+    # The driver refuses MPS; a shared read-write pipe directory would reach another tenant's daemon.
+    root = short_dir / "root"
+    make_driver_root(root, load_topology("h100-8x-nvlink"))
+    (root / "tmp/nvidia-mps").mkdir(parents=True)
+    (root / "tmp/nvidia-mps/control").write_text("")
+    p = cli("cdi-spec", "--sim", "h100-8x-nvlink", "--driver-root", str(root), "--devices", "gpu-0")
+    assert p.returncode == 0, p.stderr
+    spec = json.loads(p.stdout)
+    mounts = [m for d in spec["devices"] for m in d["containerEdits"].get("mounts", [])]
+    mounts += spec["containerEdits"].get("mounts", [])
+    assert mounts, "the spec mounts the driver's libraries"
+    assert not any("nvidia-mps" in m["hostPath"] or "nvidia-mps" in m["containerPath"] for m in mounts)
