@@ -236,6 +236,8 @@ def test_service_accounts_hold_what_they_need_and_nothing_broader(api: Api) -> N
     assert not _can(api, "draguard-webhook", "create", f"resourceclaims.{dra}", "-n", "ml")
     # Quota ledgers: ConfigMaps in their own namespace only, never the policies next to the webhook.
     assert _can(api, "draguard-webhook", "update", "configmaps", "-n", "draguard-quota")
+    assert _can(api, "draguard-webhook", "delete", "configmaps", "-n", "draguard-quota")  # gone namespaces'
+    assert not _can(api, "draguard-webhook", "delete", "configmaps", "-n", "draguard-system")
     assert not _can(api, "draguard-webhook", "update", "configmap/draguard-policies", "-n", "draguard-system")
     assert not _can(api, "draguard-webhook", "create", "configmaps", "-n", "ml")
     for verb in ("create", "update", "delete", "list", "watch"):

@@ -183,7 +183,11 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     ledger = one(objs, "Role", "draguard-webhook-quota-ledger")
     assert ledger["metadata"]["namespace"] == "draguard-quota"
     assert ledger["rules"] == [
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "update"]}
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "create", "update", "delete"],
+        }
     ]
     assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},

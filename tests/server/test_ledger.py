@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from webhook.engine.quota import budget_group
 from webhook.policy.load import load_policies
-from webhook.server.ledger import LedgerEntry, decode, encode, ledger_name, usage_of
+from webhook.server.ledger import LedgerEntry, decode, encode, ledger_name, safe, usage_of, valid_key
 
 SHIPPED = load_policies(Path(__file__).resolve().parents[2] / "policies")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -59,3 +59,29 @@ def test_one_ledger_holds_every_scope_a_claim_charges() -> None:
     assert usage.devices[("vision-a", "gpu.nvidia.com-h100")] == 4
     without = usage_of(entries, labels, ["draguard.io/team"], skip="vision-a/c")
     assert without.gpu_equivalents["team:cv"] == 2.0
+
+
+def test_only_names_the_api_server_accepts_make_a_ledger_key() -> None:
+    assert valid_key("team-a/gpu.job-1")
+    for key in (
+        "team-a/../../../../../../healthz",
+        "team-a/Upper",
+        "team-a/" + "a" * 254,
+        "team-a/",
+        "/c",
+        "a" * 64 + "/c",  # a namespace is a DNS label: 63 characters at most
+        "team.a/c",
+        "team-a/c/d",
+        "no-slash",
+        "team-a/c\n",
+    ):
+        assert not valid_key(key), key
+
+
+@given(st.text(max_size=400))
+@example("\x1b[2J\r\nforged line" + "y" * 500)
+def test_what_a_log_line_gets_of_a_name_is_short_and_printable(text: str) -> None:
+    out = safe(text)
+    assert len(out) <= 83 and out.isprintable(), out
+    if text.isprintable() and len(text) <= 80:
+        assert out == text

@@ -21,6 +21,11 @@ decides against a ledger kept in the API server, as Kubernetes' ResourceQuota ad
   is persisted long before); a reservation whose create never happened expires after that.
   Claims a GET found gone while this replica's watch still lists them are remembered (at most
   MAX_GONE, and only while the watch lists them) so they are not asked about on every pass.
+- a review may be forged (anything that reaches the port can send one), so only a claim the API
+  server could persist is reserved: valid names, a namespace the watch knows and equal to the
+  object's. What can be reserved without a claim appearing is bounded per namespace (MAX_PENDING,
+  MAX_PENDING_BYTES), ledgers of namespaces that are gone are deleted, and each ledger and each
+  entry is reconciled in a step of its own, so one bad entry never stops the others.
 
 The request path waits on the API server here: a claim is decided within `timeout` seconds (default
 1.5 s) or denied with a message to retry; a ledger write already under way then finishes within
@@ -41,10 +46,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
+from urllib.parse import quote
 
 from webhook.dra.objects import as_map, as_str, claim_spec_of
 from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import ClaimCharge, budget_group, charge_of, inventory_calculator, team_labels_of
+from webhook.engine.quota import (
+    ClaimCharge,
+    budget_group,
+    charge_of,
+    inventory_calculator,
+    team_labels_of,
+    team_scope,
+)
 from webhook.engine.quota import usage_from_charges as _usage_from_charges
 from webhook.server import admission
 from webhook.server.admission import Outcome, Snapshot
@@ -66,6 +79,41 @@ WRITE_TIMEOUT = 1.0
 # so they are not fetched again each pass. Bounded: a tenant creating and deleting claims in a loop
 # makes the oldest forgotten (costing one more GET each), never more memory (~0.5 KiB an entry).
 MAX_GONE = 4096
+# Reservations whose claim has not appeared yet, per namespace: what a sender can plant without a
+# claim ever existing. A real burst beyond this (hundreds of creates within one reconcile pass) is
+# refused with "retry"; the resourceclaim controller retries. Confirmed entries are real claims and
+# are bounded only by the ledger's size.
+MAX_PENDING = 256
+MAX_PENDING_BYTES = 128 * 1024
+# Ledger ConfigMaps: one per budget group of a namespace the watch knows; this caps them whatever
+# the number of namespaces.
+MAX_LEDGERS = 4096
+LOG_NAME = 80  # characters of a tenant-chosen name that reach a log line
+
+# As the API server validates them: a namespace is a DNS label, a ResourceClaim's name a DNS subdomain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_namespace(text: str) -> bool:
+    return _DNS_LABEL.fullmatch(text) is not None
+
+
+def is_claim_name(text: str) -> bool:
+    return len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def valid_key(key: str) -> bool:
+    """Whether a ledger key is `namespace/name` of an object the API server could hold."""
+    ns, sep, name = key.partition("/")
+    return bool(sep) and is_namespace(ns) and is_claim_name(name)
+
+
+def safe(text: object, limit: int = LOG_NAME) -> str:
+    """A tenant-chosen string fit for a log line or a message: control characters escaped, truncated."""
+    raw = str(text)
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in raw[: limit + 1])
+    return out if len(raw) <= limit and len(out) <= limit else out[:limit] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +150,7 @@ def decode(text: str | None) -> dict[str, LedgerEntry]:
                 str(uid),
             )
         except (TypeError, ValueError, AttributeError, ZeroDivisionError):
-            log.warning("quota ledger entry unreadable; dropped", extra={"object": str(key)[:200]})
+            log.warning("quota ledger entry unreadable; dropped", extra={"object": safe(key)})
     return out
 
 
@@ -184,8 +232,10 @@ class QuotaLedger:
         self._groups: dict[str, _Group] = {}
         self._watched_memo: tuple[Any, dict[str, dict[str, tuple[str, ClaimCharge]]]] | None = None
         self._gone: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._ledgers = 0  # ledger ConfigMaps the last reconcile pass listed
+        self._may_delete = True
         self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0,
-                      "checks": 0}  # fmt: skip
+                      "checks": 0, "invalid": 0, "refused": 0, "removed": 0, "errors": 0}  # fmt: skip
 
     # --- which requests --------------------------------------------------------------------------
 
@@ -214,8 +264,16 @@ class QuotaLedger:
         if snap.namespace_labels and self.namespace not in snap.namespace_labels:
             # The watch sees every namespace: no need to ask the API server to learn it is missing.
             return _denied(first, request, self._missing())
+        refused = self._refusal(request, meta, name, snap)
+        if refused is not None:
+            # Nothing is reserved for an object the API server could not persist: a forged review
+            # changes its own answer and no shared state.
+            self.stats["refused"] += 1
+            where = safe(f"{request.get('namespace')}/{name}")
+            log.info("quota ledger refused a reservation", extra={"object": where, "reason": refused})
+            return _denied(first, request, refused)
         loop = asyncio.get_running_loop()
-        item = _Item(f"{request.get('namespace') or 'default'}/{name}", request, snap, loop.create_future(),
+        item = _Item(f"{request.get('namespace')}/{name}", request, snap, loop.create_future(),
                      deadline=time.monotonic() + self.timeout)  # fmt: skip
         g = self._groups.setdefault(group, _Group())
         g.pending.append(item)
@@ -232,6 +290,29 @@ class QuotaLedger:
             if item in g.pending:
                 g.pending.remove(item)
             return _denied(first, request, self._late())
+
+    def _refusal(
+        self, request: Mapping[str, Any], meta: Mapping[str, Any], name: str, snap: Snapshot
+    ) -> str | None:
+        """Why no reservation is made for this request (None: it is one the API server could persist)."""
+        ns = request.get("namespace")
+        if not isinstance(ns, str) or not is_namespace(ns):
+            return f"namespace {safe(ns)!r} is not a valid namespace name (a DNS label)"
+        if not is_claim_name(name):
+            return f"name {safe(name)!r} is not a valid ResourceClaim name (a DNS subdomain)"
+        if as_str(meta.get("namespace")) != ns:
+            return (f"the object's metadata.namespace {safe(meta.get('namespace'))!r} is not the request's "
+                    f"namespace {ns!r}")  # fmt: skip
+        if request.get("name") and request.get("name") != name:
+            return f"the request's name {safe(request.get('name'))!r} is not the object's name {name!r}"
+        if ns not in snap.namespace_labels:
+            return (f"namespace {ns} is not in draguard's namespace watch yet (just created, or it does not "
+                    "exist); retry the request")  # fmt: skip
+        return None
+
+    def _crowded(self, ns: str) -> str:
+        return (f"namespace {ns} has {MAX_PENDING} claims (or {MAX_PENDING_BYTES // 1024} KiB) reserved that "
+                "the API server has not shown yet; retry the request once they exist")  # fmt: skip
 
     def _missing(self) -> str:
         return (f"namespace {self.namespace} for the quota ledgers does not exist; create it (the bundle "
@@ -294,6 +375,7 @@ class QuotaLedger:
         allowed: list[tuple[_Item, Outcome]] = []
         now = self.clock()
         usage: QuotaUsage | None = None
+        pending = _pending_per_namespace(entries)
         for it in batch:
             snap = it.snap
             labels = snap.namespace_labels
@@ -309,6 +391,15 @@ class QuotaLedger:
                 _resolve(it, out)
                 continue
             old = entries.get(it.key)
+            ns = it.key.partition("/")[0]
+            count, size = pending.get(ns, (0, 0))
+            if old is None or old.uid:
+                new = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now)
+                size += _entry_bytes(it.key, new)
+                if count + 1 > MAX_PENDING or size > MAX_PENDING_BYTES:
+                    _resolve(it, _denied_item(it, self._crowded(ns)))
+                    continue
+                pending[ns] = (count + 1, size)
             if old is None:
                 entries[it.key] = LedgerEntry(dict(charge.devices), charge.gpu_equivalents, now)
                 usage = _add(usage, _usage_from_charges([charge], labels, teams))
@@ -323,8 +414,8 @@ class QuotaLedger:
     # --- API calls (in a thread) -------------------------------------------------------------------
 
     def _path(self, name: str = "") -> str:
-        base = f"/api/v1/namespaces/{self.namespace}/configmaps"
-        return f"{base}/{name}" if name else base
+        base = f"/api/v1/namespaces/{quote(self.namespace, safe='')}/configmaps"
+        return f"{base}/{quote(name, safe='')}" if name else base
 
     def _read(self, group: str) -> dict[str, Any] | None:
         self.stats["reads"] += 1
@@ -339,6 +430,8 @@ class QuotaLedger:
         text = encode(entries)
         if len(text) > MAX_LEDGER_BYTES:
             raise LedgerError(f"ledger of {group} would exceed {MAX_LEDGER_BYTES // 1024} KiB")
+        if cm is None and self._ledgers >= MAX_LEDGERS:
+            raise LedgerError(f"there are {self._ledgers} quota ledgers already, the most draguard keeps")
         self.stats["writes"] += 1
         if cm is None:
             body = {
@@ -374,12 +467,14 @@ class QuotaLedger:
     # --- reconciliation (background) ----------------------------------------------------------------
 
     def reconcile(self) -> int:
-        """One pass over every ledger and the watched claims; returns the ledgers rewritten.
+        """One pass over every ledger and the watched claims; returns the ledgers rewritten or removed.
 
         Blocking (API calls): run it in a thread, one pass at a time. Never changes a ledger on the
         word of a lagging watch alone: an entry leaves only when a GET says its claim is gone, a claim
         is added only when a GET finds it, and nothing is dropped or lowered within `ttl` of its
-        reservation (its create may still be on its way).
+        reservation (its create may still be on its way). Each ledger, and each entry within it, is
+        its own step: whatever one holds (a damaged entry, an answer that is not a claim) is logged and
+        counted, and the others are reconciled all the same.
         """
         if self.snapshot is None or not self.synced():
             return 0
@@ -389,25 +484,62 @@ class QuotaLedger:
         listed = self.http.get_json(
             self._path(), [("labelSelector", f"{COMPONENT_LABEL}={COMPONENT}")], timeout=10.0
         )
+        items: list[dict[str, Any]] = [cm for cm in listed.get("items") or [] if isinstance(cm, dict)]
+        self._ledgers = len(items)
         ledgers: dict[str, dict[str, Any]] = {}
-        for cm in listed.get("items") or []:
-            group = as_str(as_map(as_map(cm.get("metadata")).get("annotations")).get(GROUP_ANNOTATION))
+        for item in items:
+            group = as_str(as_map(as_map(item.get("metadata")).get("annotations")).get(GROUP_ANNOTATION))
             if group:
-                ledgers[group] = cm
+                ledgers[group] = item
         watched = self._watched(snap)
         self._prune_gone(watched)
+        live = _live_groups(snap)
         written = 0
         for group in sorted(set(ledgers) | set(watched)):
             cm = ledgers.get(group)
             try:
-                if self._reconcile_one(group, cm, watched.get(group, {}), snap):
+                if cm is not None and live and group not in live:
+                    written += self._remove(group, cm)
+                elif self._reconcile_one(group, cm, watched.get(group, {}), snap):
                     written += 1
             except ApiError as e:
                 if e.status != 409:  # 409: an admission wrote meanwhile; the next pass sees it
-                    log.warning(
-                        "quota ledger reconcile failed", extra={"group": group, "reason": str(e)[:200]}
-                    )
+                    self._failed("quota ledger reconcile failed", group, e)
+            except Exception as e:  # one ledger's trouble must not stop every other team's
+                self._failed("quota ledger reconcile failed", group, e)
         return written
+
+    def _failed(self, what: str, name: str, e: BaseException) -> None:
+        self.stats["errors"] += 1
+        log.warning(what, extra={"object": safe(name), "reason": safe(_why(e), 200)})
+
+    def _remove(self, group: str, cm: Mapping[str, Any]) -> int:
+        """Delete the ledger of a group no namespace the watch knows belongs to (its namespaces are
+        gone), once nothing in it was reserved within `ttl` (a create may still be on its way)."""
+        now = self.clock()
+        entries = decode(as_str(as_map(cm.get("data")).get(DATA_KEY)))
+        if any(now - e.reserved <= self.ttl for e in entries.values()) or not self._may_delete:
+            return 0
+        meta = as_map(cm.get("metadata"))
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"resourceVersion": meta.get("resourceVersion")}}  # fmt: skip
+        try:
+            self.http.request_json(
+                "DELETE", self._path(str(meta.get("name"))), body=body, timeout=WRITE_TIMEOUT
+            )
+        except ApiError as e:
+            if e.status == 404:
+                return 0
+            if e.status == 403:
+                # A bundle from before ledgers were removed: say so once, not on every pass.
+                self._may_delete = False
+                log.warning("quota ledgers of deleted namespaces stay: the webhook may not delete ConfigMaps "
+                            f"in {safe(self.namespace)} (apply the current bundle's Role)")  # fmt: skip
+                return 0
+            raise
+        self.stats["removed"] += 1
+        log.info("quota ledger of a deleted namespace removed", extra={"object": safe(group)})
+        return 1
 
     def _watched(self, snap: Snapshot) -> dict[str, dict[str, tuple[str, ClaimCharge]]]:
         """Watched claims per budget group: (uid, charge) by `namespace/name`. Worked out again only
@@ -442,47 +574,74 @@ class QuotaLedger:
         new = dict(entries)
         check: list[str] = []  # a GET decides: entries the watch does not confirm, claims it adds
         for key, e in entries.items():
+            if not valid_key(key):
+                # No object the API server holds has this name (a forged reservation from before
+                # names were checked): nothing to ask about, and its path must never be built.
+                self.stats["invalid"] += 1
+                log.info("quota ledger entry with an invalid name dropped", extra={"object": safe(key)})
+                new.pop(key)
+                continue
             w = self._listed(key, watched.get(key))
             if w is not None and w[0] == e.uid:
                 continue
             if w is not None and not e.uid and _same(e, w[1]):
                 new[key] = replace(e, uid=w[0])  # the reservation's claim, as charged
             elif now - e.reserved > self.ttl:
-                check.append(key)
+                if snap.namespace_labels and key.partition("/")[0] not in snap.namespace_labels:
+                    # Its namespace is gone (or never was): so is the claim, no GET needed.
+                    self.stats["expired" if not e.uid else "released"] += 1
+                    new.pop(key)
+                else:
+                    check.append(key)
             # else: reserved within ttl, its create may still be on its way; nothing lowers it yet.
         check += [key for key, w in watched.items() if key not in entries and self._listed(key, w)]
         calc = inventory_calculator(snap.inventory)
         for key in check[:CHECKS_PER_PASS]:
-            ns, _, name = key.partition("/")
-            self.stats["checks"] += 1
-            w = watched.get(key)
             try:
-                obj = self.http.get_json(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
-                                         timeout=5.0)  # fmt: skip
-            except ApiError as e:
-                if e.status != 404:
-                    raise
-                if w is not None:
-                    self._forget(key, w[0])
-                if key in entries:
-                    self.stats["expired" if not entries[key].uid else "released"] += 1
-                    new.pop(key, None)
-                continue
-            uid = as_str(as_map(obj.get("metadata")).get("uid")) or ""
-            if w is not None and w[0] != uid:
-                self._forget(key, w[0])
-            found = _charge_obj({**obj, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}, calc)
-            if found is None or budget_group(snap.policies, ns, snap.namespace_labels.get(ns)) != group:
-                new.pop(key, None)
-                continue
-            old = entries.get(key)
-            if old is None or old.uid != uid or not _same(old, found):
-                new[key] = LedgerEntry(dict(found.devices), found.gpu_equivalents,
-                                       old.reserved if old is not None else now, uid)  # fmt: skip
+                self._check(key, group, entries, new, watched.get(key), snap, calc, now)
+            except Exception as e:  # this entry stays as it is; the others go on
+                self._failed("quota ledger entry check failed", key, e)
         if new == entries or (cm is None and not new):
             return False
         self._write(group, cm, new)
         return True
+
+    def _check(self, key: str, group: str, entries: Mapping[str, LedgerEntry], new: dict[str, LedgerEntry],
+               w: tuple[str, ClaimCharge] | None, snap: Snapshot, calc: Any, now: float) -> None:
+        """GET one claim and set its entry in `new` by what the API server holds."""
+        ns, _, name = key.partition("/")
+        self.stats["checks"] += 1
+        try:
+            # Quoted although the key was checked: a path segment is never built from raw text.
+            path = f"/apis/{admission.DRA_GROUP}/v1/namespaces/{quote(ns, safe='')}/resourceclaims/" + quote(
+                name, safe=""
+            )
+            obj = self.http.get_json(path, timeout=5.0)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            if w is not None:
+                self._forget(key, w[0])
+            if key in entries:
+                self.stats["expired" if not entries[key].uid else "released"] += 1
+                new.pop(key, None)
+            return
+        meta = as_map(obj.get("metadata"))
+        if obj.get("kind") not in (None, "ResourceClaim") or (
+            as_str(meta.get("namespace")), as_str(meta.get("name"))
+        ) != (ns, name):
+            raise ValueError("the answer is not this ResourceClaim")
+        uid = as_str(meta.get("uid")) or ""
+        if w is not None and w[0] != uid:
+            self._forget(key, w[0])
+        found = _charge_obj({**obj, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}, calc)
+        if found is None or budget_group(snap.policies, ns, snap.namespace_labels.get(ns)) != group:
+            new.pop(key, None)
+            return
+        old = entries.get(key)
+        if old is None or old.uid != uid or not _same(old, found):
+            new[key] = LedgerEntry(dict(found.devices), found.gpu_equivalents,
+                                   old.reserved if old is not None else now, uid)  # fmt: skip
 
     def _listed(self, key: str, w: tuple[str, ClaimCharge] | None) -> tuple[str, ClaimCharge] | None:
         """The watch's claim for `key`, unless a GET already found that claim gone."""
@@ -514,7 +673,34 @@ class QuotaLedger:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("quota ledger reconcile failed", extra={"reason": _why(e)})
+                self._failed("quota ledger reconcile failed", "*", e)
+
+
+def _live_groups(snap: Snapshot) -> set[str]:
+    """Every group a namespace the watch knows can belong to (whatever the policies say now: a budget
+    switched off and on again keeps its ledger). Empty when the watch lists no namespace at all: then
+    nothing is taken for gone."""
+    teams = team_labels_of(snap.policies)
+    out: set[str] = set()
+    for ns, labels in snap.namespace_labels.items():
+        out.add(ns)
+        out.update(team_scope(labels[k]) for k in teams if labels.get(k))
+    return out
+
+
+def _entry_bytes(key: str, e: LedgerEntry) -> int:
+    return len(key) + len(json.dumps(e.to_json(), separators=(",", ":"))) + 4
+
+
+def _pending_per_namespace(entries: Mapping[str, LedgerEntry]) -> dict[str, tuple[int, int]]:
+    """Per namespace, the number and encoded bytes of reservations whose claim has not appeared yet."""
+    out: dict[str, tuple[int, int]] = {}
+    for key, e in entries.items():
+        if not e.uid:
+            ns = key.partition("/")[0]
+            count, size = out.get(ns, (0, 0))
+            out[ns] = (count + 1, size + _entry_bytes(key, e))
+    return out
 
 
 def _only_quota(o: Outcome) -> bool:
