@@ -314,6 +314,8 @@ def test_only_namespace_label_admins_change_draguard_labels(
         ["draguard.io/migration-mode=observe", "--overwrite"],  # out of enforcement
         ["draguard.io/migration-mode-"],  # removing it counts too
         ["draguard.io/new=1"],
+        # DRA admin access: claims in such a namespace reach devices allocated to other tenants.
+        ["resource.kubernetes.io/admin-access=true"],
     ):
         out = _as(kubectl, "tenant", "label", "ns", ns, *change)
         assert out.returncode != 0, (change, out.stdout)
@@ -322,6 +324,7 @@ def test_only_namespace_label_admins_change_draguard_labels(
     labels = kubectl.get("namespace", ns)["metadata"]["labels"]
     assert (labels["draguard.io/team"], labels["draguard.io/migration-mode"]) == ("ml", "enforce")
 
+    assert "resource.kubernetes.io/admin-access" not in labels
     # Other labels stay the editor's to change.
     assert _as(kubectl, "tenant", "label", "ns", ns, "owner=alice").returncode == 0
     # Creating a namespace with a draguard.io label is a change too.
@@ -337,6 +340,12 @@ def test_only_namespace_label_admins_change_draguard_labels(
     assert ok.returncode == 0, ok.stderr
     assert kubectl.run("label", "ns", ns, "--overwrite", "draguard.io/team=ml").returncode == 0
     assert kubectl.get("namespace", ns)["metadata"]["labels"]["draguard.io/team"] == "ml"
+    admin = _as(kubectl, "platform", "label", "ns", ns, "resource.kubernetes.io/admin-access=true",
+                groups=("e2e:platform",))  # fmt: skip
+    assert admin.returncode == 0, admin.stderr
+    # Taking it away again is the label admins' call too.
+    out = _as(kubectl, "tenant", "label", "ns", ns, "resource.kubernetes.io/admin-access-")
+    assert out.returncode != 0 and "resource.kubernetes.io/admin-access" in out.stderr, out.stderr
 
 
 def test_a_claim_swapped_under_a_waiting_pod_keeps_to_its_class(
