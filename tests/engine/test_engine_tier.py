@@ -247,7 +247,7 @@ spec:
         ("nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3", "[tritonserver]", "[]", "trtllm"),
         ("nvcr.io/nim/meta/llama-3.1-8b-instruct:1.3.3", "[]", "[]", "nvcr.io/nim"),
         ("ghcr.io/ggml-org/llama.cpp:server-cuda", "[]", "[]", "llama.cpp"),
-        ("example.com/llamacpp:1", "[/app/llama-server]", "[-m, /models/q.gguf]", "llama-server"),
+        ("example.com/gguf-runner:1", "[/app/llama-server]", "[-m, /models/q.gguf]", "llama-server"),
         ("ollama/ollama:0.5.4", "[]", "[]", "ollama"),
         ("example.com/ollama-base:1", "[ollama]", "[serve]", "ollama"),
     ],

@@ -83,6 +83,34 @@ CRDS: dict[str, tuple[dict[str, Any], list[tuple[str, int]]]] = {
              {"predictor": {"minReplicas": 2, **_pod(1)["spec"]}}),
         [("/spec/predictor", 2)],
     ),
+    # KServe's framework forms are one container each (PredictorExtensionSpec inlines a Container);
+    # `workerSpec` is the multi-node workers' PodSpec.
+    "InferenceService/model": (
+        _obj("serving.kserve.io/v1beta1", "InferenceService", {"predictor": {
+            "minReplicas": 2,
+            "model": {"modelFormat": {"name": "huggingface"}, "resources": {"limits": {"nvidia.com/gpu": 2}}},
+            "workerSpec": {"pipelineParallelSize": 2, **_pod(2)["spec"]}}}),
+        [("/spec/predictor", 2), ("/spec/predictor/model", 2), ("/spec/predictor/workerSpec", 2)],
+    ),
+    "LLMInferenceService": (
+        _obj("serving.kserve.io/v1alpha1", "LLMInferenceService", {
+            "replicas": 2, "template": _pod(1)["spec"], "worker": _pod(4)["spec"],
+            "prefill": {"replicas": 3, "template": _pod(2)["spec"]}}),
+        [("/spec/template", 2), ("/spec/worker", 2), ("/spec/prefill/template", 3)],
+    ),
+    "VolcanoJob": (
+        _obj("batch.volcano.sh/v1alpha1", "Job", {"minAvailable": 3, "tasks": [
+            {"name": "ps", "replicas": 1, "template": _pod()},
+            {"name": "worker", "replicas": 2, "template": _pod(4)}]}),
+        [("/spec/tasks/0/template/spec", 1), ("/spec/tasks/1/template/spec", 2)],
+    ),
+    "ClusterTrainingRuntime": (
+        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+         "metadata": {"name": "torch-distributed"},
+         "spec": {"template": {"spec": {"replicatedJobs": [
+             {"name": "node", "template": {"spec": {"template": _pod(1)}}}]}}}},
+        [("/spec/template/spec/replicatedJobs/0/template/spec/template/spec", 1)],
+    ),
 }  # fmt: skip
 
 
@@ -92,12 +120,12 @@ def test_pod_templates_and_replicas(kind: str) -> None:
     assert [(t.pointer, t.replicas) for t in pod_templates_of(obj)] == expected
 
 
-@pytest.mark.parametrize("kind", sorted(CRDS))
+@pytest.mark.parametrize("kind", sorted(k for k in CRDS if k != "ClusterTrainingRuntime"))
 def test_quota_charges_every_template(kind: str) -> None:
     obj, expected = CRDS[kind]
     report = evaluate([SourceObject(obj)], POLICIES, Inventory.empty(), Context(), rule_modules=("quota",))
     gpus = {t.pointer: sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-                           for c in t.spec["containers"]) for t in pod_templates_of(obj)}  # fmt: skip
+                           for c in t.spec.get("containers", [])) for t in pod_templates_of(obj)}  # fmt: skip
     total = sum(gpus[p] * n for p, n in expected)
     over = [f for f in report.findings if f.rule == "quota/team-budgets" and "GPU-equivalents" in f.message]
     # The shipped team-* budget is 16 GPU-equivalents.
@@ -127,3 +155,36 @@ def test_migration_rewrites_every_template_of_a_pytorchjob() -> None:
     for role in ("Master", "Worker"):
         spec = out["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]
         assert spec["resourceClaims"] and "limits" not in spec["containers"][0]["resources"]
+
+
+def test_a_batch_v1_job_is_not_read_as_a_volcano_job() -> None:
+    job = _obj("batch/v1", "Job", {"parallelism": 2, "template": _pod(1)})
+    assert [(t.pointer, t.replicas) for t in pod_templates_of(job)] == [("/spec/template/spec", 2)]
+
+
+def test_the_workload_class_comes_from_every_template() -> None:
+    # KubeRay's vLLM sample: the head runs plain Ray, the GPU worker group runs the server.
+    tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "a100", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}]}}}}  # fmt: skip
+    head = _pod(image="rayproject/ray:2.46.0-py311")
+    worker = _pod(image="vllm/vllm-openai:v0.9.0", claim="a100")
+    groups = {"headGroupSpec": {"template": head}, "workerGroupSpecs": [{"replicas": 1, "template": worker}]}
+    ray = _obj("ray.io/v1", "RayCluster", groups, ns="ml")
+    report = evaluate([SourceObject(tmpl), SourceObject(ray)], POLICIES, Inventory.empty(), Context())
+    (f,) = [f for f in report.findings if f.rule == "tier/gpu-tiers"]
+    assert "'llm'" in f.message and "vllm/vllm-openai" in f.message
+
+
+def test_a_kserve_model_form_is_judged_by_its_class() -> None:
+    dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+          "metadata": {"name": "gpu.nvidia.com-a100"},
+          "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [
+              {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
+    isvc = _obj("serving.kserve.io/v1beta1", "InferenceService", {"predictor": {"model": {
+        "modelFormat": {"name": "huggingface"}, "image": "vllm/vllm-openai:v0.9.0",
+        "resources": {"limits": {"nvidia.com/gpu": 1}}}}}, ns="ml")
+    report = evaluate([SourceObject(dc), SourceObject(isvc)], POLICIES, Inventory.empty(), Context())
+    (f,) = [f for f in report.findings if f.rule == "tier/gpu-tiers"]
+    assert "served by DeviceClass gpu.nvidia.com-a100" in f.message

@@ -30,13 +30,15 @@ class TemplatePath:
     `path` is keys from the object root; `*` stands for every item of a list (or value of a map).
     `replicas` multiplies paths (each defaulting to 1): a leading `./` is relative to the element
     the last `*` matched, else from the root; a trailing `-1` subtracts one (LeaderWorkerSet workers).
-    `container`: the path holds one container-like object (Kubeflow TrainJob's trainer), not a
-    PodSpec; such a template is read, never rewritten.
+    `container`: the path holds one container-like object (Kubeflow TrainJob's trainer, a KServe
+    framework or model spec), not a PodSpec; such a template is read, never rewritten.
     """
 
     path: str
     replicas: tuple[str, ...] = ()
     container: bool = False
+    # The name a container template's one container is shown by (the controller's own name for it).
+    name: str = "trainer"
 
 
 def _ray(prefix: str) -> tuple[TemplatePath, ...]:
@@ -46,12 +48,71 @@ def _ray(prefix: str) -> tuple[TemplatePath, ...]:
     )
 
 
+# KServe v1beta1 PredictorSpec (pkg/apis/serving/v1beta1/predictor.go): exactly one of these framework
+# fields, each a PredictorExtensionSpec that inlines a corev1.Container (image, args, resources), or
+# `model` (ModelSpec, the same container plus modelFormat/runtime). The controller names the
+# container it builds from them `kserve-container`.
+KSERVE_FRAMEWORKS: tuple[str, ...] = (
+    "sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "huggingface", "pmml", "lightgbm",
+    "paddle", "model",
+)
+
+
+def _kserve() -> tuple[TemplatePath, ...]:
+    # PredictorSpec, TransformerSpec and ExplainerSpec inline a PodSpec (`containers`, ...) and
+    # ComponentExtensionSpec (`minReplicas`, default 1). `predictor.workerSpec` (WorkerSpec: an inline
+    # PodSpec with pipelineParallelSize/tensorParallelSize) is the multi-node workers' template: at
+    # least one worker pod per predictor replica. ExplainerSpec's `art` is a container like the
+    # framework forms.
+    pred = ("spec/predictor/minReplicas",)
+    return (
+        TemplatePath("spec/predictor", pred),
+        *(TemplatePath(f"spec/predictor/{f}", pred, container=True, name="kserve-container")
+          for f in KSERVE_FRAMEWORKS),
+        TemplatePath("spec/predictor/workerSpec", pred),
+        TemplatePath("spec/transformer", ("spec/transformer/minReplicas",)),
+        TemplatePath("spec/explainer", ("spec/explainer/minReplicas",)),
+        TemplatePath("spec/explainer/art", ("spec/explainer/minReplicas",), container=True,
+                     name="kserve-container"),
+    )  # fmt: skip
+
+
+def _llm_isvc() -> tuple[TemplatePath, ...]:
+    # KServe LLMInferenceService (serving.kserve.io/v1alpha1, llm_inference_service_types.go):
+    # WorkloadSpec is inlined at `spec` (decode, or the only workload) and again at `spec.prefill`
+    # (disaggregated prefill); each has `replicas`, `template` (the head or only pod, a PodSpec) and
+    # `worker` (the multi-node workers' PodSpec).
+    return tuple(
+        TemplatePath(f"{w}/{part}", (f"{w}/replicas",))
+        for w in ("spec", "spec/prefill")
+        for part in ("template", "worker")
+    )
+
+
+def _training_runtime() -> tuple[TemplatePath, ...]:
+    # Kubeflow Trainer (ClusterTrainingRuntime / TrainingRuntime, trainer.kubeflow.org/v1alpha1):
+    # `spec.template` is a JobSetTemplateSpec, so its pods are the JobSet's
+    # `replicatedJobs[].template.spec.template.spec`.
+    return (
+        TemplatePath(
+            "spec/template/spec/replicatedJobs/*/template/spec/template/spec",
+            ("./replicas", "./template/spec/parallelism"),
+        ),
+    )
+
+
 # (API group, kind) -> pod templates: the workload CRDs GPU jobs commonly come as. Review, admission
 # and migration all read pod specs through this table (pod_templates_of).
 CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
     ("kubeflow.org", "PyTorchJob"): (
         TemplatePath("spec/pytorchReplicaSpecs/*/template/spec", ("./replicas",)),
     ),
+    # Volcano Job (batch.volcano.sh/v1alpha1, pkg/apis/batch/v1alpha1/job.go): `tasks[]` each have
+    # `replicas` and a PodTemplateSpec `template`.
+    ("batch.volcano.sh", "Job"): (TemplatePath("spec/tasks/*/template/spec", ("./replicas",)),),
+    ("trainer.kubeflow.org", "TrainingRuntime"): _training_runtime(),
+    ("trainer.kubeflow.org", "ClusterTrainingRuntime"): _training_runtime(),
+    ("serving.kserve.io", "LLMInferenceService"): _llm_isvc(),
     ("jobset.x-k8s.io", "JobSet"): (
         TemplatePath(
             "spec/replicatedJobs/*/template/spec/template/spec", ("./replicas", "./template/spec/parallelism")
@@ -70,11 +131,7 @@ CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
     ("trainer.kubeflow.org", "TrainJob"): (
         TemplatePath("spec/trainer", ("spec/trainer/numNodes",), container=True),
     ),
-    ("serving.kserve.io", "InferenceService"): (
-        TemplatePath("spec/predictor", ("spec/predictor/minReplicas",)),
-        TemplatePath("spec/transformer", ("spec/transformer/minReplicas",)),
-        TemplatePath("spec/explainer", ("spec/explainer/minReplicas",)),
-    ),
+    ("serving.kserve.io", "InferenceService"): _kserve(),
 }
 CrdTable = Mapping[tuple[str, str], tuple[TemplatePath, ...]]
 
@@ -89,6 +146,10 @@ CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("ray.io", "RayService"): ("rayservices", ("v1",)),
     ("trainer.kubeflow.org", "TrainJob"): ("trainjobs", ("v1alpha1",)),
     ("serving.kserve.io", "InferenceService"): ("inferenceservices", ("v1beta1",)),
+    ("serving.kserve.io", "LLMInferenceService"): ("llminferenceservices", ("v1alpha1",)),
+    ("batch.volcano.sh", "Job"): ("jobs", ("v1alpha1",)),
+    ("trainer.kubeflow.org", "TrainingRuntime"): ("trainingruntimes", ("v1alpha1",)),
+    ("trainer.kubeflow.org", "ClusterTrainingRuntime"): ("clustertrainingruntimes", ("v1alpha1",)),
 }
 CRD_KINDS: frozenset[str] = frozenset(kind for _group, kind in CRD_POD_TEMPLATES)
 WORKLOAD_KINDS: frozenset[str] = frozenset(POD_SPEC_PATHS) | CRD_KINDS
@@ -194,9 +255,9 @@ def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
         for ptr, node, star in _expand(obj, tp.path.split("/"), "", None):
             if not isinstance(node, Mapping):
                 continue
-            spec: Mapping[str, Any] = {"containers": [{"name": "trainer", **node}]} if tp.container else node
+            spec: Mapping[str, Any] = {"containers": [{"name": tp.name, **node}]} if tp.container else node
             if tp.container and "resourcesPerNode" in node:
-                spec = {"containers": [{"name": "trainer", **node, "resources": node["resourcesPerNode"]}]}
+                spec = {"containers": [{"name": tp.name, **node, "resources": node["resourcesPerNode"]}]}
             out.append(PodTemplate(ptr, spec, _replicas(obj, star, tp.replicas), tp.container))
     return out
 
@@ -232,8 +293,20 @@ def pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
     return found
 
 
+def _builtin_path(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The PodSpec path of a built-in kind; None for a CRD of the table that shares its kind name
+    (Volcano's batch.volcano.sh Job is not batch/v1 Job)."""
+    kind = as_str(obj.get("kind")) or ""
+    path = POD_SPEC_PATHS.get(kind)
+    if path is not None and kind in CRD_KINDS:
+        group = (as_str(obj.get("apiVersion")) or "").rpartition("/")[0]
+        if (group, kind) in _CRD_TABLE.get():
+            return None
+    return path
+
+
 def _pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
-    path = POD_SPEC_PATHS.get(as_str(obj.get("kind")) or "")
+    path = _builtin_path(obj)
     if path is None:
         crd = crd_templates(obj)
         first = next((t for t in crd or () if not t.container), None)
@@ -246,7 +319,7 @@ def _pod_spec_of(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None
 
 def pod_metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """The metadata pods of this workload get: the template's (merged over nothing) or the Pod's own."""
-    path = POD_SPEC_PATHS.get(as_str(obj.get("kind")) or "")
+    path = _builtin_path(obj)
     if path is None:
         return {}
     meta = _walk(obj, (*path[:-1], "metadata"))
@@ -273,7 +346,7 @@ def replicas_of(obj: Mapping[str, Any]) -> int:
     for Job and CronJob (default 1, capped by completions); DaemonSet and Pod count 1 (a DaemonSet
     runs one pod per node, which only the cluster knows: callers multiply by node count if needed).
     """
-    kind = obj.get("kind")
+    kind = obj.get("kind") if _builtin_path(obj) is not None else None
     spec = as_map(obj.get("spec"))
     if kind in ("Deployment", "ReplicaSet", "StatefulSet", "ReplicationController"):
         n = as_int(spec.get("replicas"))

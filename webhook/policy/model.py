@@ -141,11 +141,23 @@ class NamespaceScope:
 # -- GpuTierPolicy -----------------------------------------------------------------------------
 
 
-_WORD_SPLIT = re.compile(r"[^a-z0-9]+")
+_WORD = re.compile(r"[a-z0-9]+")
+# A name glued to its version (`vllm0.8.4`, `verl0.4` in image tags such as
+# `verlai/verl:app-verl0.4-vllm0.8.5-mcore0.12.1`) is also a word of its own: `vllm`, `verl`.
+_VERSIONED = re.compile(r"([a-z]+)[0-9]+\.[0-9]")
 
 
 def _split_words(text: str) -> tuple[str, ...]:
-    return tuple(w for w in _WORD_SPLIT.split(text.lower()) if w)
+    low = text.lower()
+    out: list[str] = []
+    for m in _WORD.finditer(low):
+        w = m.group()
+        if w[-1].isdigit() and not w[0].isdigit():
+            v = _VERSIONED.match(low, m.start())
+            if v is not None and v.end(1) < m.end():
+                out.append(v.group(1))
+        out.append(w)
+    return tuple(out)
 
 
 _cached_words = functools.lru_cache(maxsize=4096)(_split_words)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,12 @@ from webhook.core.frozen import one_call_init
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
-from webhook.dra.workloads import command_line, pod_labels_and_annotations, pod_spec_of
+from webhook.dra.workloads import (
+    command_line,
+    pod_labels_and_annotations,
+    pod_spec_of,
+    pod_templates_of,
+)
 from webhook.engine.resolve import (
     IMPLICIT_CLASS_PREFIX,
     POD_CLAIM_NAME_ANNOTATION,
@@ -39,28 +45,79 @@ def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     return facts
 
 
+def _specs(obj: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """Every pod spec of a workload: one for the built-in kinds, each pod template (and container
+    form, such as KServe's `predictor.model`) of a workload CRD. None for non-workloads."""
+    templates = pod_templates_of(obj)
+    return [t.spec for t in templates] if templates else None
+
+
 def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
-    found = pod_spec_of(obj)
-    if found is None:
+    specs = _specs(obj)
+    if specs is None:
         return None
-    _pp, spec = found
     images: list[str] = []
     tokens: list[str] = []
     modules: list[str] = []
-    # initContainers then containers, as containers_of() orders them (without building pointers).
-    for key in ("initContainers", "containers"):
-        for c in as_list(spec.get(key)):
-            if type(c) is not dict and not isinstance(c, Mapping):
-                continue
-            img = as_str(c.get("image"))
-            if img:
-                images.append(img)
-            # "bash -c 'torchrun ...'" carries the tool as a word of one argument.
-            words = [w for arg in command_line(c) for w in arg.split()]
-            tokens.extend(words)
-            modules.extend(python_modules(words))
+    # The workload is one class: a Ray head running plain Ray and workers running vLLM, or a
+    # LeaderWorkerSet whose workers alone name the server, are all that server's workload.
+    for spec in specs:
+        # initContainers then containers, as containers_of() orders them (without building pointers).
+        for key in ("initContainers", "containers"):
+            for c in as_list(spec.get(key)):
+                if type(c) is not dict and not isinstance(c, Mapping):
+                    continue
+                img = as_str(c.get("image"))
+                if img:
+                    images.append(img)
+                # "bash -c 'torchrun ...'" carries the tool as a word of one argument.
+                words = [w for arg in command_line(c) for w in arg.split()]
+                tokens.extend(words)
+                modules.extend(python_modules(words))
+    if (as_str(obj.get("apiVersion")) or "").startswith("ray.io/"):
+        _ray_app(as_map(obj.get("spec")), tokens, modules)
     labels, annotations = pod_labels_and_annotations(obj)
     return WorkloadFacts(labels, annotations, tuple(images), tuple(tokens), tuple(modules))
+
+
+# What a KubeRay object runs beyond its pods' containers (ray-operator/apis/ray/v1): RayService's
+# `serveConfigV2` (Serve's config: `import_path: module:attr`, `runtime_env.pip`), RayJob's
+# `entrypoint` (a shell command) and `runtimeEnvYAML`. Read as text with bounded patterns: a
+# tenant's string is never parsed as YAML here.
+_IMPORT_PATH = re.compile(r"import_path:\s*['\"]?([A-Za-z0-9_.\-]{1,200})")
+_PIP_LIST = re.compile(r"pip:\s*\[([^\]\n]{0,2000})\]")
+_PIP_ITEM = re.compile(r"^\s*-\s*['\"]?([A-Za-z0-9_.\-]{1,100})\s*(?:[=<>~!\[;'\"]|$)", re.M)
+_MAX_APP_TEXT = 64 * 1024
+
+
+def _ray_app(spec: Mapping[str, Any], tokens: list[str], modules: list[str]) -> None:
+    entry = as_str(spec.get("entrypoint"))
+    if entry:
+        words = entry[:_MAX_APP_TEXT].split()
+        tokens.extend(words)
+        modules.extend(python_modules(words))
+    for key in ("serveConfigV2", "runtimeEnvYAML"):
+        text = (as_str(spec.get(key)) or "")[:_MAX_APP_TEXT]
+        if not text:
+            continue
+        modules.extend(m.group(1).lower() for m in _IMPORT_PATH.finditer(text))
+        # A pip requirement (`vllm==0.5.4`) is a package the application imports.
+        for m in _PIP_LIST.finditer(text):
+            for item in m.group(1).split(","):
+                name = re.split(r"[=<>~!\[; ]", item.strip().strip("'\""), maxsplit=1)[0]
+                if name:
+                    modules.append(name.lower().replace("-", "_"))
+        modules.extend(m.group(1).lower().replace("-", "_") for m in _PIP_ITEM.finditer(text)
+                       if _in_pip_block(text, m.start()))  # fmt: skip
+
+
+def _in_pip_block(text: str, at: int) -> bool:
+    """Whether the `- item` line at `at` belongs to a `pip:` block list (the nearest key above it)."""
+    head = text.rfind(":", 0, at)
+    if head < 0:
+        return False
+    line_start = text.rfind("\n", 0, head) + 1
+    return text[line_start:head].strip() == "pip"
 
 
 def _is_python(word: str) -> bool:
@@ -132,20 +189,25 @@ def claim_uses(claims: list[PodClaim]) -> list[GpuUse]:
 
 
 def extended_uses(obj: Mapping[str, Any], rc: RuleContext) -> list[GpuUse]:
+    """Extended resources a DeviceClass serves (KEP-5004), in every pod template of the workload."""
     out: list[GpuUse] = []
-    for r in extended_requests(obj, rc.index.classes):
-        what = f"extended resource {r.resource} of container {r.container!r}"
-        if not r.resource.startswith(IMPLICIT_CLASS_PREFIX):
-            what += f" (served by DeviceClass {r.device_class})"
-        out.append(
-            GpuUse(
-                r.device_class,
-                what,
-                f"for container {r.container!r}",
-                r.pointer,
-                f"ext:{r.container}:{r.resource}",
-            )
-        )
+    templates = pod_templates_of(obj)
+    for t in templates:
+        # extended_requests reads one pod spec; each template is read as the pod it makes.
+        for r in extended_requests({"kind": "Pod", "spec": t.spec}, rc.index.classes):
+            tail = r.pointer.removeprefix("/spec")
+            if t.container:
+                # The template is one container: its resources sit at the template's own pointer
+                # (TrainJob's under `resourcesPerNode`).
+                tail = tail.removeprefix("/containers/0")
+                if "resourcesPerNode" in as_map(as_list(t.spec.get("containers"))[0]):
+                    tail = tail.replace("/resources/", "/resourcesPerNode/", 1)
+            what = f"extended resource {r.resource} of container {r.container!r}"
+            if not r.resource.startswith(IMPLICIT_CLASS_PREFIX):
+                what += f" (served by DeviceClass {r.device_class})"
+            key = f"ext:{r.container}:{r.resource}" if len(templates) == 1 else (
+                f"ext:{t.pointer}:{r.container}:{r.resource}")
+            out.append(GpuUse(r.device_class, what, f"for container {r.container!r}", t.pointer + tail, key))
     return out
 
 
@@ -352,8 +414,7 @@ def check(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     all_claims = rc.pod_claims(item)
     claims = [pc for pc in all_claims if pc.spec is not None]
     uses = claim_uses(claims)
-    if pod_spec_of(obj) is not None:
-        uses += extended_uses(obj, rc)
+    uses += extended_uses(obj, rc)
     missing = _missing_claims(item, rc, all_claims)
     if not uses and not missing:
         return
