@@ -351,16 +351,32 @@ class Webhook:
             length = req.content_length
             if length is not None and length > MAX_BODY:
                 return self._bad(413, "too-large", f"request body of {length} bytes exceeds 3 MiB")
+            # The body's time runs from here, before any wait for a big-body slot: a body that
+            # stalls leaves the queue, and its slot, when its time is up, so stalled bodies cannot
+            # line up to hold the slots one after another.
+            deadline = asyncio.get_running_loop().time() + self.opts.body_timeout
             if length is None or length > BIG_BODY:
                 # A large body costs several times its size while it is parsed and reviewed: only
                 # a few at once, so concurrency cannot multiply that.
-                async with self._big_bodies:
-                    return await self._review_body(endpoint, req, t0)
-            return await self._review_body(endpoint, req, t0)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._big_bodies.acquire()
+                except TimeoutError:
+                    return self._body_timeout()
+                try:
+                    return await self._review_body(endpoint, req, t0, deadline)
+                finally:
+                    self._big_bodies.release()
+            return await self._review_body(endpoint, req, t0, deadline)
         finally:
             self.inflight -= 1
 
-    async def _review_body(self, endpoint: str, req: web.Request, t0: float) -> web.Response:
+    def _body_timeout(self) -> web.Response:
+        return self._bad(
+            408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
+        )
+
+    async def _review_body(self, endpoint: str, req: web.Request, t0: float, deadline: float) -> web.Response:
         try:
             content = req.content
             if content.is_eof():
@@ -370,14 +386,12 @@ class Webhook:
                 if len(body) > MAX_BODY:
                     raise web.HTTPRequestEntityTooLarge(MAX_BODY, len(body))
             else:
-                async with asyncio.timeout(self.opts.body_timeout):
+                async with asyncio.timeout_at(deadline):
                     body = await req.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad(413, "too-large", "request body exceeds 3 MiB")
         except TimeoutError:
-            return self._bad(
-                408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
-            )
+            return self._body_timeout()
         try:
             request = admission.parse_review(body)
         except ReviewError as e:

@@ -251,8 +251,9 @@ class Metrics:
         )
         self.connections_dropped = Counter(
             "draguard_connections_dropped_total",
-            "Connections closed at the connection limit: evicted (the longest-open idle one made room) "
-            "or limit (every connection was busy; the new one was closed)",
+            "Connections closed by the listener: evicted (at the connection limit, the longest-waiting "
+            "handshake or idle one made room), limit (every connection was busy; the new one was closed) "
+            "or handshake-timeout (TLS not done within the handshake timeout of the accept)",
             ["reason"],
             registry=r,
         )
