@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from webhook.cel import _native, fold, phantom, typecheck, unsupported
+from webhook.cel import _native, fold, phantom, sizes, typecheck, unsupported
 from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse, cost_is_exact
 from webhook.cel.ast import CheckedAst, decode_checked
 from webhook.cel.issues import CelIssue
@@ -197,6 +197,10 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     issue = _too_long(expression)
     if issue is not None:
         return issue
+    aliased = fold.exists_one_alias(expression)
+    if aliased is not None:
+        result = _compile_uncached(aliased)
+        return replace(result, expression=expression) if isinstance(result, CompiledSelector) else result
     if phantom.RESERVED in expression:
         return _error("cel/type", f"ERROR: <input>:1:{expression.index(phantom.RESERVED) + 1}: undeclared "
                                   f"reference to '{phantom.RESERVED}...' (names starting {phantom.RESERVED} "
@@ -291,7 +295,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             "compare the value, e.g. `... == 'x'`, or use a function that returns bool",
             1, 1,
         )
-    unbounded = typecheck.unbounded_cost(ast)
+    unbounded = typecheck.unbounded_cost(ast) or sizes.unbounded(ast)
     if unbounded is not None:
         return _error(
             "cel/limits",

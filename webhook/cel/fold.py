@@ -685,3 +685,38 @@ def _duplicate_keys(text: str, node: Node) -> list[tuple[int, int, str]]:
         end = entries[index + 1][0].start
         edits.append((key.start, end, ""))
     return edits
+
+
+def exists_one_alias(text: str) -> str | None:
+    """`exists_one(i, v, p)` spelled `existsOne(i, v, p)`, or None when there is none.
+
+    cel-go's two-variable comprehensions take both spellings with three arguments; the runtime's
+    only the second (with `exists_one` it reads a one-variable macro and reports `v` undeclared).
+    """
+    try:
+        tokens = _tokens(text)
+    except _Unfoldable:
+        return None
+    spans: list[int] = []
+    for k in range(1, len(tokens) - 1):
+        tok = tokens[k]
+        if tok.text != "exists_one" or tokens[k - 1].text != "." or tokens[k + 1].text != "(":
+            continue
+        depth, commas = 0, 0
+        for t in tokens[k + 1:]:
+            if t.text in ("(", "[", "{", "[?"):
+                depth += 1
+            elif t.text in (")", "]", "}"):
+                depth -= 1
+                if depth == 0:
+                    break
+            elif t.text == "," and depth == 1:
+                commas += 1
+        if commas == 2:
+            spans.append(tok.start)
+    if not spans:
+        return None
+    out = text
+    for start in reversed(spans):
+        out = out[:start] + "existsOne" + out[start + len("exists_one"):]
+    return out

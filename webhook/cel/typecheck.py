@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from webhook.cel.ast import CALL, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
 from webhook.cel.library import regex_valid
 
 _DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
@@ -29,6 +29,33 @@ def _device_field(node: Expr) -> str | None:
     return None
 
 
+def _device_map(node: Expr) -> str | None:
+    """"attributes" or "capacity" for `device.attributes` / `device.capacity`."""
+    if node.kind == SELECT and not node.test_only and node.field in ("attributes", "capacity") \
+            and node.operand is not None and node.operand.kind == IDENT and node.operand.name == "device":
+        return node.field
+    return None
+
+
+def _domain_map(node: Expr) -> str | None:
+    """"attributes" or "capacity" for one domain's map: `device.attributes['d']`, `device.capacity.d`."""
+    if node.kind == SELECT and not node.test_only and node.operand is not None:
+        return _device_map(node.operand)
+    if node.kind == CALL and node.function == "_[_]" and len(node.args) == 2:
+        return _device_map(node.args[0])
+    return None
+
+
+def attribute_value(node: Expr) -> bool:
+    """An attribute's value: typed `any` by the API server's checker (not `dyn`: `[attr, 'x']` and
+    `[attr, dyn('x')]` are mixed literals there)."""
+    if node.kind == SELECT and not node.test_only and node.operand is not None:
+        return _domain_map(node.operand) == "attributes"
+    if node.kind == CALL and node.function == "_[_]" and len(node.args) == 2:
+        return _domain_map(node.args[0]) == "attributes"
+    return False
+
+
 class _Typer:
     def __init__(self, ast: CheckedAst) -> None:
         self.ast = ast
@@ -38,6 +65,8 @@ class _Typer:
         field_type = _device_field(node)
         if field_type is not None:
             return field_type
+        if attribute_value(node):
+            return "any"
         if node.kind == LIST:
             if not node.elements:
                 return None
@@ -54,6 +83,19 @@ class _Typer:
         if primitive in (None, "dyn", "list", "map", "type"):
             return None
         return primitive
+
+    def _shape(self, node: Expr) -> str:
+        if _device_map(node) == "attributes":
+            return "map(string, map(string, any))"
+        if _device_map(node) == "capacity":
+            return "map(string, map(string, Quantity))"
+        if _domain_map(node) == "attributes":
+            return "map(string, any)"
+        if _domain_map(node) == "capacity":
+            return "map(string, Quantity)"
+        if node.kind == CONST:
+            return "null_type" if node.value is None else self.full(node) or "dyn"
+        return self.full(node) or "dyn"
 
     def message(self, node: Expr, text: str) -> str:
         line, column = self.ast.location(node.id)
@@ -89,6 +131,16 @@ class _Typer:
                     field_type = _device_field(arg)
                     if field_type is not None and field_type != "bool":
                         return self.message(arg, f"expected type 'bool' but found '{field_type}'")
+            elif node.function in _EQUALITY and len(node.args) == 2 and any(
+                    (_device_map(a) or _domain_map(a)) and b.kind == CONST for a, b in (node.args, node.args[::-1])):
+                left, right = node.args
+                pair = ", ".join(self._shape(a) for a in (left, right))
+                return self.message(node, f"found no matching overload for '{node.function}' applied to '({pair})'")
+            elif node.function == "@in" and len(node.args) == 2 and (
+                    _device_map(node.args[1]) or _domain_map(node.args[1])) \
+                    and self.ast.types.get(node.args[0].id) in ("bool", "int", "uint", "double"):
+                pair = f"{self.ast.types[node.args[0].id]}, {self._shape(node.args[1])}"
+                return self.message(node, f"found no matching overload for '@in' applied to '({pair})'")
             elif node.function in _EQUALITY and len(node.args) == 2:
                 left, right = node.args
                 for a, b in ((left, right), (right, left)):
@@ -101,12 +153,44 @@ class _Typer:
         return None
 
 
+def _root_type(ast: CheckedAst) -> str | None:
+    """The result type where the native checker says dyn but Kubernetes' checker knows better."""
+    root = ast.expr
+    while root.kind == COMPREHENSION and root.iter_range is not None and root.iter_range.kind == LIST \
+            and not root.iter_range.elements and root.result is not None:  # cel.bind(x, v, body)
+        if root.result.kind == IDENT and root.result.name == root.accu_var and root.accu_init is not None:
+            root = root.accu_init
+        else:
+            root = root.result
+    if root.kind == CALL and root.function == "dyn" and root.target is None:
+        return "dyn"
+    if root.kind == CALL and root.function in ("sum", "min", "max") and root.target is not None \
+            and not any(attribute_value(n) for n in root.target.walk()):
+        known = ast.types.get(root.id)
+        return known if known not in (None, "dyn", "bool") else "int" if _int_list(root.target) else None
+    return None
+
+
+def _int_list(node: Expr) -> bool:
+    if node.kind == LIST:
+        return bool(node.elements) and all(e.kind == CONST and type(e.value) is int for e in node.elements)
+    return node.kind == CALL and node.function == "lists.range"
+
+
 def type_error(ast: CheckedAst) -> str | None:
     """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
     typer = _Typer(ast)
-    root_type = _device_field(ast.expr)
+    root_type = _device_field(ast.expr) or _root_type(ast)
     if root_type is not None and root_type != "bool":
         return f"must evaluate to bool or the unknown type, not {root_type}"
+    for node in ast.nodes():
+        if node.kind == CALL and node.function == "format" and node.target is not None \
+                and node.target.kind == CONST and node.args and node.args[0].kind == LIST \
+                and any(attribute_value(e) for e in node.args[0].elements):
+            # An attribute's value is google.protobuf.Any to the format validator: no clause takes it.
+            arg = next(e for e in node.args[0].elements if attribute_value(e))
+            return typer.message(arg, "error during formatting: no formatting clause accepts "
+                                      "google.protobuf.Any (an attribute's value); convert it first, e.g. string(...)")
     # cel-go exempts the argument list of the strings extension's format() from the rule.
     exempt = {arg.id for node in ast.nodes() if node.kind == CALL and node.function == "format"
               for arg in node.args if arg.kind == LIST}
@@ -214,8 +298,6 @@ def unbounded_cost(ast: CheckedAst) -> str | None:
     for node in ast.nodes():
         if node.kind != CALL:
             continue
-        if node.function == "join" and node.target is not None and _string_list(node.target):
-            return "join() over a list whose element sizes are unknown"
         if node.function in _LIST_SCANS and node.target is not None and node.target.kind != CONST \
                 and _string_list(node.target):
             return f"{node.function}() over a list of strings whose sizes are unknown"
