@@ -80,6 +80,9 @@ NVIDIA_CLASS_NAMES = frozenset({
     "compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com",
 })
 _NVIDIA_SELECTOR = re.compile(r"compute-domain\.nvidia\.com|['\"]vfio['\"]")
+# Class names only NVIDIA's chart installs, whoever defines them (`gpu.nvidia.com` is left out: it is
+# also the driver name, and people name classes after it). `imex.nvidia.com` is the v25.x IMEX class.
+_NVIDIA_REQUESTED = (NVIDIA_CLASS_NAMES - {"gpu.nvidia.com"}) | {"imex.nvidia.com"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +97,11 @@ def detect(
     setting: str | None,
     devices: Iterable[Any] = (),
     classes: Mapping[str, Any] | None = None,
+    requested: Iterable[str] = (),
 ) -> Detection:
     """Choose the driver schema: an explicit setting wins, then the inventory's devices, then the
-    DeviceClasses (inventory and reviewed files). Without evidence the bundled driver's schema."""
+    DeviceClasses (inventory and reviewed files), then the class names claims request (`requested`).
+    Without evidence the bundled driver's schema."""
     from webhook.dra.drivers import draguard, nvidia
 
     by_name: dict[str, DriverSchema] = {"draguard": draguard.SCHEMA, "nvidia": nvidia.SCHEMA}
@@ -131,6 +136,8 @@ def detect(
             return Detection(by_name["nvidia"], f"DeviceClass {cname} is NVIDIA's chart's")
         if any(_NVIDIA_SELECTOR.search(s.expression) for s in selectors):
             return Detection(by_name["nvidia"], f"DeviceClass {cname} selects NVIDIA's devices")
+    for cname in sorted(set(requested) & _NVIDIA_REQUESTED):
+        return Detection(by_name["nvidia"], f"claims request DeviceClass {cname} of NVIDIA's chart")
     return Detection(by_name["draguard"], "no evidence of another driver: the bundled driver")
 
 

@@ -95,6 +95,9 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _a("deviceID", "string", _V, "PCI device id of the VFIO device."),
     _a("vendorID", "string", _V, "PCI vendor id of the VFIO device."),
     _a("iommuFDEnabled", "bool", _V, "Whether the IOMMU FD backend is available."),
+    # Up to v0.4 (and in site/content/docs/reference/resourceslice-attributes.md); later releases
+    # publish resource.kubernetes.io/numaNode instead.
+    _a("numa", "int", _V, "NUMA node of the VFIO device (older releases).", optional=True),
     # Fabric Manager partitions (gate FabricManagerPartitioning): on NVSwitch systems only.
     _a("gpuModuleID", "int", _GV, "Fabric Manager module id of the GPU.", optional=True),
     _a("partition<N>", "int", _GV, "Id of the Fabric Manager partition of N GPUs holding this GPU.",
@@ -180,39 +183,49 @@ def _limit_mib(q: Quantity) -> int:
     return math.ceil(q.as_approximate_float()) // _MIB
 
 
-def _check_mps(mps: Mapping[str, Any], path: str, errs: _Errors) -> None:
+def _decode_mps(mps: Mapping[str, Any], path: str, errs: _Errors) -> None:
+    """What strict decoding refuses in an mpsConfig, whatever the strategy."""
     _fields(mps, path, _MPS_FIELDS, errs)
     pct = mps.get("defaultActiveThreadPercentage")
-    if pct is not None:
-        if isinstance(pct, bool) or not isinstance(pct, int):
-            errs.add(f"{path}.defaultActiveThreadPercentage", f"must be an integer, got {pct!r}")
-        elif pct < 0:
+    if pct is not None and (isinstance(pct, bool) or not isinstance(pct, int)):
+        errs.add(f"{path}.defaultActiveThreadPercentage", f"must be an integer, got {pct!r}")
+    multi = mps.get("multiUser")
+    if multi is not None and not isinstance(multi, bool):
+        errs.add(f"{path}.multiUser", f"must be true or false, got {multi!r}")
+    _quantity(mps.get("defaultPinnedDeviceMemoryLimit"), f"{path}.defaultPinnedDeviceMemoryLimit", errs)
+    per = mps.get("defaultPerDevicePinnedMemoryLimit")
+    if per is not None and not isinstance(per, Mapping):
+        errs.add(f"{path}.defaultPerDevicePinnedMemoryLimit",
+                 "must be a map from a device index or UUID to a quantity")
+    elif per is not None:
+        for key, val in per.items():
+            _quantity(val, f"{path}.defaultPerDevicePinnedMemoryLimit.{key}", errs)
+
+
+def _check_mps(mps: Mapping[str, Any], path: str, errs: _Errors) -> None:
+    """What `MpsConfig.Validate()` and the MPS daemon's start refuse (decoding already passed)."""
+    pct = mps.get("defaultActiveThreadPercentage")
+    if isinstance(pct, int) and not isinstance(pct, bool):
+        if pct < 0:
             errs.add(f"{path}.defaultActiveThreadPercentage", "active thread percentage must not be negative")
         elif pct > 100:
             errs.add(f"{path}.defaultActiveThreadPercentage",
                      "active thread percentage must not be greater than 100")
-    multi = mps.get("multiUser")
-    if multi is not None and not isinstance(multi, bool):
-        errs.add(f"{path}.multiUser", f"must be true or false, got {multi!r}")
-    default = _quantity(mps.get("defaultPinnedDeviceMemoryLimit"), f"{path}.defaultPinnedDeviceMemoryLimit",
-                        errs)
+    default = _quantity(mps.get("defaultPinnedDeviceMemoryLimit"), "", _Errors())
     if default is not None and _limit_mib(default) <= 0:
         errs.add(f"{path}.defaultPinnedDeviceMemoryLimit",
                  f"invalid limit: default value set too low: {mps['defaultPinnedDeviceMemoryLimit']} "
                  "(the driver needs at least 1Mi)")
     per = mps.get("defaultPerDevicePinnedMemoryLimit")
-    if per is None:
+    if not isinstance(per, Mapping):
         return
     ppath = f"{path}.defaultPerDevicePinnedMemoryLimit"
-    if not isinstance(per, Mapping):
-        errs.add(ppath, "must be a map from a device index or UUID to a quantity")
-        return
     for key, val in per.items():
         kpath = f"{ppath}.{key}"
         if not isinstance(key, str) or not _GPU_KEY.match(key):
             errs.add(kpath, "invalid device: the key must be an index of the claim's devices (0, 1, ...) "
                             "or a GPU-/MIG- UUID")
-        q = _quantity(val, kpath, errs)
+        q = _quantity(val, "", _Errors())
         if q is not None and _limit_mib(q) <= 0:
             errs.add(kpath, f"invalid limit: value set too low: {val} (the driver needs at least 1Mi)")
 
@@ -224,6 +237,12 @@ def _check_sharing(sharing: Mapping[str, Any], kind: str, gates: Collection[str]
     strategy = _string(sharing.get("strategy"), "sharing.strategy", errs)
     ts = _object(sharing.get("timeSlicingConfig"), "sharing.timeSlicingConfig", errs) if gpu else None
     mps = _object(sharing.get("mpsConfig"), "sharing.mpsConfig", errs)
+    # Strict decoding covers every object present, whichever strategy reads it.
+    if ts is not None:
+        _fields(ts, "sharing.timeSlicingConfig", ("interval",), errs)
+        _string(ts.get("interval"), "sharing.timeSlicingConfig.interval", errs)
+    if mps is not None:
+        _decode_mps(mps, "sharing.mpsConfig", errs)
     if strategy is None:
         return
     if strategy not in STRATEGIES:
@@ -239,20 +258,19 @@ def _check_sharing(sharing: Mapping[str, Any], kind: str, gates: Collection[str]
         if gpu and mps is not None:
             errs.add("sharing.mpsConfig", "cannot use MpsConfig with the 'TimeSlicing' strategy "
                                           "(the driver fails at prepare time)")
-        if gpu and ts is not None:
-            _fields(ts, "sharing.timeSlicingConfig", ("interval",), errs)
+        if ts is not None:
             interval = ts.get("interval")
             if interval is None:
                 # Normalize() fills only a missing timeSlicingConfig; an empty one reaches
                 # Validate() with a nil interval, which the driver dereferences.
                 errs.add("sharing.timeSlicingConfig.interval",
                          f"required when timeSlicingConfig is given (one of: {', '.join(INTERVALS)})")
-            elif interval not in INTERVALS:
+            elif isinstance(interval, str) and interval not in INTERVALS:
                 errs.add("sharing.timeSlicingConfig.interval",
                          f"unknown time-slice interval: {interval!r}, supported time-slice intervals: "
                          f"{', '.join(INTERVALS)}")
         return
-    if gpu and sharing.get("timeSlicingConfig") is not None:
+    if ts is not None:
         errs.add("sharing.timeSlicingConfig", "cannot use TimeSlicingConfig with the 'MPS' strategy "
                                               "(the driver fails at prepare time)")
     if mps is not None:

@@ -23,7 +23,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
 from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import dotted, driver_schema
+from webhook.engine.rules.opaque import calculator, dotted, driver_schema
 from webhook.policy.model import CelLintPolicy
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
@@ -68,13 +68,16 @@ def _line(item: SourceObject, sel: Selector, issue_line: int | None) -> int | No
     return base
 
 
-def _issues(rc: RuleContext, expression: str, devices: Sequence[Device] | None) -> Any:
-    # `devices` is the whole inventory or None: the same selector text (one DeviceClass named by
-    # many claims) lints the same way, so its issues are computed once per inventory.
+def _issues(
+    rc: RuleContext, expression: str, devices: Sequence[Device] | None, scope: tuple[str, ...] = ()
+) -> Any:
+    # `devices` is the whole inventory, the devices a class with selectors `scope` selects, or None:
+    # the same selector text (one DeviceClass named by many claims) lints the same way, so its
+    # issues are computed once per inventory.
     version = rc.ctx.kubernetes_version
     known = driver_schema(rc).schema
     return rc.inventory.cached(
-        ("cel-lint", expression, devices is not None, version, known.name),
+        ("cel-lint", expression, devices is not None, version, known.name, scope),
         partial(lint_selector, expression, devices=devices, driver=DRIVER_NAME, kubernetes_version=version,
                 known=known),
     )
@@ -98,12 +101,33 @@ def _class_guards_driver(rc: RuleContext, class_name: str | None, devices: Seque
     return False
 
 
+def _class_devices(rc: RuleContext, class_name: str | None) -> tuple[tuple[str, ...], list[Device]] | None:
+    """(the class's selectors, the devices it selects), or None when the class is unknown, has no
+    selectors or selects nothing. The scheduler runs a request's selectors only on its class's
+    devices, so a lookup that fails on other devices (another type, NVIDIA's IMEX channels beside
+    its GPUs) is no error."""
+    calc = calculator(rc)
+    cls = calc.class_spec(class_name) if class_name else None
+    if cls is None or class_name is None or not cls.selectors:
+        return None
+    devices = calc.matching(class_name)
+    return (tuple(s.expression for s in cls.selectors), devices) if devices else None
+
+
 def _lint(
     item: SourceObject, rc: RuleContext, policy: CelLintPolicy, selectors: Sequence[Selector],
     devices: Sequence[Device] | None, skip: frozenset[str] = frozenset(),
+    scoped: tuple[tuple[str, ...], list[Device]] | None = None,
 ) -> Iterable[Finding]:
     for sel in selectors:
         issues = _issues(rc, sel.expression, devices)
+        if scoped is not None:
+            # Evaluation failures on the class's devices only; whether anything matches stays a
+            # question about the whole inventory (structure/unsatisfiable judges class + request).
+            issues = [
+                *(i for i in _issues(rc, sel.expression, scoped[1], scoped[0]) if i.check != "cel/no-match"),
+                *(i for i in issues if i.check == "cel/no-match"),
+            ]
         for issue in issues:
             if issue.check in skip:
                 continue
@@ -154,7 +178,8 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                 skip = _UNKNOWN_CLASS_SKIPS  # structure/unsatisfiable says the class does not exist
             elif selectors and _class_guards_driver(rc, cls, all_devices):
                 skip = frozenset({"cel/driver-guard"})
-            yield from _lint(item, rc, policy, selectors, all_devices, skip)
+            scoped = _class_devices(rc, cls) if selectors and all_devices else None
+            yield from _lint(item, rc, policy, selectors, all_devices, skip, scoped)
 
 
 RULES = (FunctionRule("cel/", _check, frozenset({DRA})),)

@@ -51,12 +51,18 @@ def driver_schema(rc: RuleContext) -> Detection:
     setting = rc.ctx.driver_schema
     if _DETECTED and _DETECTED[0][0] is rc.index and _DETECTED[0][1] == setting:
         return _DETECTED[0][2]
-    found = detect(setting, rc.inventory.devices, rc.index.classes)
+    requested: set[str] = set()
+    if not setting:
+        for item in rc.objects:
+            read = claim_spec_of(item.obj) if dra_version(item.obj.get("apiVersion")) else None
+            if read is not None:
+                requested.update(c for r in read[0].requests for c in r.device_classes() if c)
+    found = detect(setting, rc.inventory.devices, rc.index.classes, requested)
     _DETECTED[:] = [(rc.index, setting, found)]
     return found
 
 
-def _calculator(rc: RuleContext) -> QuotaCalculator:
+def calculator(rc: RuleContext) -> QuotaCalculator:
     if _LAST and _LAST[0].inventory is rc.inventory and _LAST[0].classes is rc.index.classes:
         return _LAST[0]
     calc = QuotaCalculator(rc.inventory, rc.index.classes)
@@ -104,7 +110,7 @@ def device_types(
     """
     schema = driver_schema(rc).schema
     driver = driver or schema.driver_name
-    calc = _calculator(rc)
+    calc = calculator(rc)
     cls = calc.class_spec(class_name) if class_name else None
     if class_name:
         devs = calc.matching(class_name, selectors)
