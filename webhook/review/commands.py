@@ -105,6 +105,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             progress=progress,
             cluster_state=args.cluster_state,
             kubernetes_version=version,
+            driver_schema=args.driver,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
@@ -268,6 +269,12 @@ def register(subparsers: Any) -> None:
         help=f"the cluster's Kubernetes release ({', '.join(versions.SUPPORTED)}; default "
         f"{versions.DEFAULT}): CEL functions and device fields its API server does not accept yet "
         "are cel/version errors",
+    )
+    p.add_argument(
+        "--driver",
+        choices=("draguard", "nvidia"),
+        help="the DRA driver serving gpu.nvidia.com in the cluster: its attributes and opaque config "
+        "kinds are the ones judged (default: from the inventory and DeviceClasses, else draguard's)",
     )
     p.add_argument(
         "--root",

@@ -166,6 +166,7 @@ def evaluate_inputs(
     progress: Progress | None = None,
     namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
     kubernetes_version: str | None = None,
+    driver_schema: str | None = None,
 ) -> ReviewResult:
     """Evaluate like admission: namespace labels come from the cluster state given, with the
     Namespace objects among the inputs over them (the pull request's own labels win)."""
@@ -176,7 +177,8 @@ def evaluate_inputs(
         progress.say(f"evaluating {n} documents from {len(set(inputs.files))} files")
     t0 = time.monotonic()
     labels = {**(namespace_labels or {}), **namespace_labels_of([o.obj for o in inputs.objects])}
-    ctx = Context(default_namespace=namespace, namespace_labels=labels, kubernetes_version=kubernetes_version)
+    ctx = Context(default_namespace=namespace, namespace_labels=labels, kubernetes_version=kubernetes_version,
+                  driver_schema=driver_schema)
     report = evaluate(inputs.objects, policies, inventory, ctx)
     if progress is not None and n > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
@@ -201,6 +203,7 @@ def review(
     stdin: Any = None,
     cluster_state: str | None = None,
     kubernetes_version: str | None = None,
+    driver_schema: str | None = None,
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
     policy_set = load_policy_set(policies, required=policies_required)
@@ -220,7 +223,7 @@ def review(
     labels = load_cluster_state(cluster_state)
     result = evaluate_inputs(
         inputs, policy_set, inv, namespace=namespace, progress=progress, namespace_labels=labels,
-        kubernetes_version=kubernetes_version,
+        kubernetes_version=kubernetes_version, driver_schema=driver_schema,
     )
     return Reviewed(result, inputs)
 
