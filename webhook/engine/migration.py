@@ -145,6 +145,9 @@ class MigrationPlan:
     templates: list[dict[str, Any]]
     source: Mapping[str, Any] = field(default_factory=dict, repr=False)
     template_names: list[str] = field(default_factory=list)
+    # Uses the rewrite leaves alone, each with why: a claim would not give the pod what it runs with
+    # today (see refusal()).
+    refused: list[tuple[LegacyUse, str]] = field(default_factory=list)
     _rewritten: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -302,6 +305,193 @@ def claim_template_for(
     return claim_template(name, namespace, ClaimSpec(requests=(request,)), api_version)
 
 
+# -- what a rewrite cannot do right -------------------------------------------------------------
+
+# HAMi's vGPU resources (Project-HAMi charts/hami values.yaml: resourceMem, resourceMemPercentage,
+# resourceCores): beside nvidia.com/gpu they ask for a share of one GPU, which a claim for whole
+# devices does not express.
+HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+# Kueue's queue label: Kueue admits the workload against its ClusterQueue's quota.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Node labels that name a GPU model: GPU Feature Discovery's product (NVML's name with spaces as
+# `-`, `-SHARED` appended when time-sliced, `-MIG-<profile>` under the mixed strategy), GKE's
+# accelerator, Karpenter's on EKS.
+GPU_MODEL_LABELS = (
+    "nvidia.com/gpu.product",
+    "cloud.google.com/gke-accelerator",
+    "karpenter.k8s.aws/instance-gpu-name",
+)
+# GPU Feature Discovery's labels on nodes whose GPUs the device plugin shares (time-slicing, MPS).
+SHARING_LABELS = ("nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.replicas")
+_PRODUCT_LITERAL = re.compile(r"productName\s*(?:==\s*|\.startsWith\(\s*)[\"']([^\"']{1,100})[\"']")
+_MODEL_TOKEN = re.compile(r"[a-z]{1,3}[0-9]{1,4}[a-z]?")
+
+
+def _model_words(text: str) -> tuple[str, ...]:
+    """A GPU model as words, vendor dropped: `NVIDIA-A100-SXM4-40GB-SHARED` -> (a100, sxm4, 40gb)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w]
+    while words and words[0] in ("nvidia", "tesla"):
+        words.pop(0)
+    for stop in ("shared", "mig"):
+        if stop in words:
+            words = words[: words.index(stop)]
+    return tuple(words)
+
+
+def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One model names the other: (a100,) and (a100, sxm4, 80gb) agree, (l4,) and (a100,) do not."""
+    n = min(len(a), len(b))
+    return n > 0 and a[:n] == b[:n]
+
+
+def pinned_model(node_labels: Mapping[str, str]) -> tuple[str, str, tuple[str, ...]] | None:
+    """(label, value, model words) of the first GPU-model node label the pod pins, if any."""
+    for key in GPU_MODEL_LABELS:
+        value = node_labels.get(key)
+        if value:
+            words = _model_words(value)
+            if words:
+                return key, value, words
+    return None
+
+
+def _selector_text(cls: Any) -> str:
+    return " ".join(str(getattr(sel, "expression", "")) for sel in getattr(cls, "selectors", ()))
+
+
+def class_models(device_class: str, classes: Mapping[str, Any] | None) -> list[tuple[str, ...]] | None:
+    """The GPU models a DeviceClass selects, as model words: the productName its CEL compares when
+    the class is known, else a model in its name (`gpu.nvidia.com-a100` -> a100); None when
+    neither says (then nothing contradicts it)."""
+    known = classes.get(device_class) if classes else None
+    if known is not None:
+        lits = [m.group(1) for m in _PRODUCT_LITERAL.finditer(_selector_text(known))]
+        if lits:
+            return [_model_words(x) for x in lits]
+    tokens = [w for w in re.split(r"[^a-z0-9]+", device_class.lower()) if _MODEL_TOKEN.fullmatch(w)]
+    return [(t,) for t in tokens] or None
+
+
+def contradiction(
+    node_labels: Mapping[str, str], mapping: ResourceMapping, classes: Mapping[str, Any] | None
+) -> str | None:
+    """Why the mapping's class cannot serve a pod pinned to another GPU model; None when it can."""
+    pinned = pinned_model(node_labels)
+    if pinned is None:
+        return None
+    key, value, words = pinned
+    if key in mapping.node_selector:
+        return None  # the mapping was chosen for this very label
+    models = class_models(mapping.device_class, classes)
+    if models is None or any(_compatible(words, m) for m in models):
+        return None
+    return (
+        f"the pod is pinned to nodes with {key}={value}, but the mapped DeviceClass {mapping.device_class} "
+        f"selects {' or '.join(' '.join(m) for m in models)} GPUs, so the claim could never be allocated "
+        f"there; add a mapping {{resource: {mapping.resource}, nodeSelector: {{{key}: {value}}}, "
+        "deviceClass: <a class of that GPU>}} to the MigrationPolicy"
+    )
+
+
+def matching_class(
+    resource: str, node_labels: Mapping[str, str], classes: Mapping[str, Any] | None,
+    allowed: Callable[[str], bool] | None,
+) -> str | None:
+    """A whole-GPU DeviceClass among `classes` that selects the GPU model the pod is pinned to (the
+    one naming it most precisely)."""
+    pinned = pinned_model(node_labels)
+    if pinned is None or not classes or resource != LEGACY_GPU_RESOURCE:
+        return None
+    best: tuple[int, str] | None = None
+    for name in sorted(classes):
+        text = _selector_text(classes[name])
+        if "'gpu'" not in text and '"gpu"' not in text:
+            continue  # not a whole-GPU class (MIG slices, NICs)
+        if allowed is not None and not allowed(name):
+            continue
+        for m in _PRODUCT_LITERAL.finditer(text):
+            words = _model_words(m.group(1))
+            if _compatible(pinned[2], words) and (best is None or len(words) > best[0]):
+                best = (len(words), name)
+    return best[1] if best else None
+
+
+def _names(part: Any) -> set[str]:
+    return {str(k) for k in part} if isinstance(part, Mapping) else set()
+
+
+def refusal(obj: Mapping[str, Any], podspec: Mapping[str, Any], node_labels: Mapping[str, str]) -> str | None:
+    """Why this pod spec must keep its device-plugin GPUs; None when a claim rewrite is faithful."""
+    api = obj.get("apiVersion")
+    if isinstance(api, str) and api.startswith("ray.io/"):
+        # KubeRay passes `ray start --num-gpus` from the container's nvidia.com/gpu limit
+        # (ray-operator/controllers/ray/common/pod.go): without it Ray schedules no GPU work.
+        return (
+            "KubeRay starts Ray with --num-gpus read from the container's nvidia.com/gpu limit, so without "
+            "it Ray sees no GPUs: set rayStartParams num-gpus on the group and move the GPUs to a "
+            "ResourceClaimTemplate by hand, or keep the limit and serve it through DRA (a DeviceClass with "
+            "extendedResourceName: nvidia.com/gpu)"
+        )
+    for key in ("initContainers", "containers"):
+        for c in podspec.get(key) or ():
+            if not isinstance(c, Mapping):
+                continue
+            res = c.get("resources")
+            res = res if isinstance(res, Mapping) else {}
+            asked = _names(res.get("limits")) | _names(res.get("requests"))
+            hami = sorted(n for n in asked if n in HAMI_RESOURCES)
+            if hami:
+                return (
+                    f"container {c.get('name')!r} asks for a HAMi vGPU share ({', '.join(hami)}) and a claim "
+                    "gives whole GPUs: keep it on HAMi, or request a DeviceClass that shares GPUs (GpuConfig "
+                    "sharing) in a ResourceClaimTemplate by hand"
+                )
+    sharing = [f"{k}={node_labels[k]}" for k in SHARING_LABELS if k in node_labels]
+    product = node_labels.get("nvidia.com/gpu.product", "")
+    if product.upper().endswith("-SHARED"):
+        sharing.append(f"nvidia.com/gpu.product={product}")
+    if sharing:
+        return (
+            f"the pod runs on GPUs the device plugin shares ({', '.join(sharing)}): each nvidia.com/gpu is a "
+            "time-sliced replica and a claim would hold whole GPUs; request a DeviceClass with GpuConfig "
+            "sharing (TimeSlicing or MPS) in a ResourceClaimTemplate by hand"
+        )
+    return None
+
+
+def kueue_refusal(obj: Mapping[str, Any], resource: str, device_class: str) -> str | None:
+    """Why a Kueue-managed workload is left alone: Kueue stops counting GPUs it cannot map."""
+    from webhook.dra.workloads import pod_labels_and_annotations
+
+    labels, _notes = pod_labels_and_annotations(obj)
+    queue = labels.get(KUEUE_QUEUE_LABEL)
+    if not queue:
+        return None
+    return (
+        f"Kueue admits this workload (queue {queue}) against its {resource} quota, and after the rewrite "
+        "counts the claim only through its Configuration's resources.deviceClassMappings: add "
+        f"{{name: {resource}, deviceClassNames: [{device_class}]}} there (Kueue's DynamicResourceAllocation "
+        "feature), then migrate"
+    )
+
+
+def _mapping_or_refusal(
+    obj: Mapping[str, Any], policy: MigrationPolicy, resource: str, node_labels: Mapping[str, str],
+    allowed: Callable[[str], bool] | None, classes: Mapping[str, Any] | None,
+) -> tuple[ResourceMapping | None, str | None]:
+    """The mapping a resource is rewritten with, or why it is not rewritten."""
+    mapping = choose_mapping(policy, resource, node_labels, allowed)
+    if mapping is None:
+        return None, None
+    problem = contradiction(node_labels, mapping, classes)
+    if problem is not None:
+        better = matching_class(resource, node_labels, classes, allowed)
+        if better is None:
+            return mapping, problem.replace("the MigrationPolicy", f"MigrationPolicy {policy.name}")
+        mapping = ResourceMapping(resource, better)
+    return mapping, kueue_refusal(obj, resource, mapping.device_class)
+
+
 def _claim_short(resource: str) -> str:
     profile = mig_profile_of(resource)
     return f"mig-{profile}" if profile else "gpu"
@@ -319,17 +509,30 @@ def plan_pod_spec(
     uses: list[LegacyUse] | None = None,
     allowed: Callable[[str], bool] | None = None,
     build: bool = True,
+    classes: Mapping[str, Any] | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
     `rewrite=False` leaves the rewritten object to be built on first use of `plan.rewritten`
     (admission only sends the patch); by default it is built, and checked, here. `build=False`
     plans only what describes the rewrite (edits, template names): no patch, no template objects.
+    `classes` (name -> DeviceClass, as the engine's index holds them): a resource one of them serves
+    as its `extendedResourceName` is DRA already and left alone (KEP-5004), and a pod pinned to a
+    GPU model gets the class that selects it. Uses whose meaning a rewrite would change land in
+    `plan.refused` with the reason.
     """
     if not build:
         rewrite = False
     uses = find_legacy(podspec, pod_spec_pointer) if uses is None else uses
+    if classes:
+        served = {getattr(c, "extended_resource_name", None) for c in classes.values()}
+        uses = [u for u in uses if u.resource not in served]
     node_labels = node_labels_of(podspec)
+    refused: list[tuple[LegacyUse, str]] = []
+    why = refusal(obj, podspec, node_labels) if uses else None
+    if why is not None:
+        refused = [(u, why) for u in uses]
+        uses = []
     existing_claims = podspec.get("resourceClaims")
     taken: set[str] = set()
     if isinstance(existing_claims, list):
@@ -373,10 +576,17 @@ def plan_pod_spec(
         return not (isinstance(c, Mapping) and c.get("restartPolicy") == "Always")
 
     mapped: list[tuple[LegacyUse, ResourceMapping]] = []
+    blocked: dict[str, str | None] = {}
     for use in uses:
         if use.resource not in mappings:
-            mappings[use.resource] = choose_mapping(policy, use.resource, node_labels, allowed)
+            mappings[use.resource], blocked[use.resource] = _mapping_or_refusal(
+                obj, policy, use.resource, node_labels, allowed, classes
+            )
         mapping = mappings[use.resource]
+        reason = blocked.get(use.resource)
+        if reason is not None:
+            refused.append((use, reason))
+            continue
         if mapping is None or use.count <= 0:
             unmapped.append(use)
             continue
@@ -427,6 +637,7 @@ def plan_pod_spec(
         templates=list(templates.values()) if build else [],
         source=obj,
         template_names=list(templates),
+        refused=refused,
     )
     if rewrite:
         plan.rewritten  # noqa: B018  (built now so a patch that does not apply fails here)

@@ -284,6 +284,7 @@ def _merge(plans: Sequence[Any]) -> Any:
         uses=[u for p in plans for u in p.uses],
         edits=[e for p in plans for e in p.edits],
         unmapped=[u for p in plans for u in p.unmapped],
+        refused=[r for p in plans for r in p.refused],
         patch=[op for p in plans for op in p.patch],
         templates=list(templates.values()),
     )
@@ -335,6 +336,9 @@ def rewrite_text(
                 + (f"count {use.bad_count!r} is not a whole number" if use.bad_count else "no mapping")
                 + " (left unchanged; add a MigrationPolicy mapping)"
             )
+        for use, why in plan.refused:
+            where = f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}"
+            notes.append(f"{where}: left unchanged: {why}")
         if not plan.patch:
             continue
         try:

@@ -106,12 +106,18 @@ def _check_template(
     if policy.strategy is MigrationStrategy.EXTENDED_RESOURCE:
         yield from _extended_resource(item, rc, uses, policy, mmode)
         return
+    # KEP-5004: a resource some DeviceClass names as its extendedResourceName is a DRA request
+    # already (the scheduler makes the claim); it is neither legacy nor rewritten.
+    served = {c.extended_resource_name for c in rc.index.classes.values() if c.extended_resource_name}
+    uses = [u for u in uses if u.resource not in served]
+    if not uses:
+        return
     plan = plan_pod_spec(
         item.obj, pointer, podspec, policy, namespace=namespace,
         api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
         allowed=tier_allowed(rc.policies, item.obj, namespace, labels),
         # Only a migrating namespace gets the patch and the templates; the others get the text.
-        build=mmode is MigrationMode.MIGRATE,
+        build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes,
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
@@ -122,6 +128,13 @@ def _claim_template(
 ) -> Iterable[Finding]:
     mode, severity = mmode.finding_mode, _severity(mmode)
     where = f"namespace {namespace} (migration mode {mmode.value}, MigrationPolicy {policy.name})"
+    for use, why in plan.refused:
+        yield rc.finding(
+            item, RULE_ID, severity, mode,
+            f"{_what(use)} in {where}; no automatic rewrite: {why}",
+            fix=f"leave {use.resource} as it is until the above is done, or migrate this workload by hand",
+            pointer=_use_pointer(use),
+        )
     for use in plan.unmapped:
         if use.bad_count is not None:
             why = f"the count {use.bad_count!r} is not a positive whole number"

@@ -1,0 +1,164 @@
+"""Real public manifests (tests/engine/fixtures/real, each naming its source) through classification
+and `migrate/legacy-gpu`: a rewrite that would change what the workload gets is refused, per object,
+with the reason and what to do instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook.core.findings import Finding, Mode
+from webhook.core.source import SourceObject
+from webhook.dra.inventory import Inventory
+from webhook.engine.context import Context
+from webhook.engine.evaluate import evaluate
+from webhook.engine.migration import plan_pod_spec
+from webhook.engine.rules.tier import workload_facts
+from webhook.policy.load import load_policies
+from webhook.review.inputs import parse_yaml_documents
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = Path(__file__).parent / "fixtures" / "real"
+POLICIES = load_policies(ROOT / "policies")
+MIGRATE = {"team-ml": {"draguard.io/migration-mode": "migrate"}}
+RULE = "migrate/legacy-gpu"
+
+
+def _sources(name: str) -> list[SourceObject]:
+    path = REAL / name
+    docs = parse_yaml_documents(path.read_text(), str(path))
+    return [SourceObject(d.data, file=str(path), line=d.line, doc_index=d.index, lines=d.lines) for d in docs]
+
+
+def _migrate(objs: list[SourceObject], labels: dict[str, dict[str, str]] | None = None) -> list[Finding]:
+    ctx = Context(namespace_labels=labels or MIGRATE, admission=True)
+    report = evaluate(objs, POLICIES, Inventory.empty(), ctx, rule_modules=("migrate",))
+    return [f for f in report.findings if f.rule == RULE]
+
+
+def _class_of(obj: dict[str, Any]) -> tuple[str, str] | None:
+    facts = workload_facts(obj)
+    assert facts is not None
+    found = POLICIES.tier[0].classify(facts)
+    return (found.tier.name, found.reason) if found else None
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        # Ray Serve with vLLM from its runtime_env pip list; the pods run plain Ray images.
+        ("kuberay-ray-service-vllm.yaml", '"python -m vllm"'),
+        # verl's image names vLLM only inside its tag (vllm0.8.4).
+        ("kuberay-ray-cluster-verl.yaml", "hiyouga/verl"),
+        # TensorRT-LLM on LeaderWorkerSet: a custom image, the Triton TensorRT-LLM backend's repository.
+        ("lws-tensorrt-llm.yaml", "tensorrtllm_backend"),
+        ("tgi-gke-l4.yaml", "text-generation-inference"),
+        ("lws-vllm-kueue.yaml", "vllm"),
+    ],
+)
+def test_llm_servers_of_real_manifests_are_detected(name: str, reason: str) -> None:
+    (src,) = _sources(name)
+    found = _class_of(dict(src.obj))
+    assert found is not None and found[0] == "llm" and reason in found[1], found
+
+
+@pytest.mark.parametrize(
+    ("image", "args"),
+    [
+        ("ghcr.io/huggingface/text-embeddings-inference:1.5", ["--model-id", "BAAI/bge-large-en-v1.5"]),
+        ("nvcr.io/nvidia/tritonserver:24.01-py3", ["tritonserver", "--model-repository=/models/resnet50"]),
+    ],
+)
+def test_embedding_and_vision_servers_are_not_llms(image: str, args: list[str]) -> None:
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+           "spec": {"template": {"spec": {"containers": [{"name": "s", "image": image, "args": args}]}}}}
+    found = _class_of(obj)
+    assert found is None or found[0] != "llm", found
+
+
+def test_kuberay_keeps_its_gpu_limit() -> None:
+    for name in ("kuberay-ray-service-vllm.yaml", "kuberay-ray-cluster-verl.yaml"):
+        findings = _migrate(_sources(name))
+        assert findings, name
+        for f in findings:
+            assert f.patch is None and not f.generated
+            assert "--num-gpus" in f.message and "rayStartParams" in f.message, f.message
+
+
+def test_hami_vgpu_shares_are_not_turned_into_whole_gpus() -> None:
+    (f,) = _migrate(_sources("hami-default-use.yaml"))
+    assert f.patch is None
+    assert "HAMi vGPU share (nvidia.com/gpucores, nvidia.com/gpumem)" in f.message
+
+
+def test_time_sliced_replicas_are_not_turned_into_whole_gpus() -> None:
+    (f,) = _migrate(_sources("gpu-operator-time-slicing.yaml"))
+    assert f.patch is None
+    assert "nvidia.com/gpu.product=Tesla-T4-SHARED" in f.message and "time-sliced" in f.message
+
+
+def test_a_pod_pinned_to_l4_gets_no_claim_for_another_gpu() -> None:
+    (f,) = _migrate(_sources("tgi-gke-l4.yaml"))
+    assert f.patch is None and f.mode is Mode.WARN
+    assert "cloud.google.com/gke-accelerator=nvidia-l4" in f.message
+    assert "nodeSelector: {cloud.google.com/gke-accelerator: nvidia-l4}" in f.message
+    assert "MigrationPolicy legacy-gpu" in f.message
+
+
+L4_CLASS = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com-l4"},
+    "spec": {"selectors": [{"cel": {"expression": (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu' && "
+        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA L4'")}}]},
+}  # fmt: skip
+
+
+def test_a_pod_pinned_to_l4_gets_the_l4_class_when_one_exists() -> None:
+    # The gpu-operator test Deployment, pinned to whole L4s instead of time-sliced T4s.
+    (src,) = _sources("gpu-operator-time-slicing.yaml")
+    obj: dict[str, Any] = dict(src.obj)
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    (f,) = _migrate([SourceObject(L4_CLASS), SourceObject(obj)])
+    assert f.patch and "DeviceClass gpu.nvidia.com-l4" in f.message, f.message
+    (tmpl,) = f.generated
+    assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com-l4"
+
+
+def test_kueue_managed_workloads_say_which_mapping_kueue_needs() -> None:
+    findings = _migrate(_sources("lws-vllm-kueue.yaml"))
+    assert len(findings) == 2  # leader and worker templates
+    for f in findings:
+        assert f.patch is None
+        assert "queue default" in f.message
+        assert "{name: nvidia.com/gpu, deviceClassNames: [gpu.nvidia.com-h100]}" in f.message
+
+
+def test_refusals_reach_draguard_migrate_as_notes() -> None:
+    from webhook.dra.workloads import pod_templates_of
+
+    (src,) = _sources("hami-default-use.yaml")
+    (t,) = pod_templates_of(src.obj)
+    plan = plan_pod_spec(src.obj, t.pointer, t.spec, POLICIES.migration[0], namespace="team-ml")
+    assert not plan.patch and not plan.edits
+    assert [u.resource for u, _why in plan.refused] == ["nvidia.com/gpu"]
+
+
+# NVIDIA's DRA driver chart ships its gpu.nvidia.com class with extendedResourceName (KEP-5004).
+SERVED_CLASS = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [{"cel": {"expression": (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'")}}]},
+}  # fmt: skip
+
+
+def test_a_resource_served_by_a_device_class_is_dra_already() -> None:
+    objs = [SourceObject(SERVED_CLASS), *_sources("tgi-gke-l4.yaml")]
+    enforce = {"team-ml": {"draguard.io/migration-mode": "enforce"}}
+    assert _migrate(objs, enforce) == []
+    # ... and the tier rule judges it through that class: an LLM on an unrestricted GPU class.
+    report = evaluate(objs, POLICIES, Inventory.empty(), Context(namespace_labels=enforce))
+    tier = [f for f in report.findings if f.rule.startswith("tier/")]
+    assert tier and "served by DeviceClass gpu.nvidia.com" in tier[0].message
+    assert not [f for f in report.findings if f.rule == RULE]
