@@ -14,6 +14,7 @@ from webhook import __version__
 COMMAND_MODULES = (
     "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
     "webhook.review.preflight",  # preflight
+    "webhook.review.vap",  # vap
     "webhook.server.commands",  # serve, certs, quota
     "webhook.audit.commands",  # audit run|once
     "webhook.assess.commands",  # assess

@@ -29,6 +29,7 @@ COMPONENTS = (
     "gke-webhook-port-443",
     "network-policy",
     "apiserver-client-auth",
+    "enforce-without-webhook",
 )
 
 Obj = dict[str, Any]

@@ -30,6 +30,7 @@ VARIANTS = (
         for o in ("aks", "gke", "eks")
         for c in (
             "cert-manager", "monitoring", "fail-open-validation", "network-policy", "apiserver-client-auth",
+            "enforce-without-webhook",
         )
     ]
     + [
