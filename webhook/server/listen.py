@@ -9,9 +9,9 @@ keep-alive timeout; asyncio's TLS server only sees a connection once its handsha
   nothing at all or stops half-way; a TLS shutdown gets 2 s;
 - a connection that has not sent a complete request line and headers within `idle_timeout`
   (from its handshake or from its last answer) is closed (aiohttp's keep-alive timer);
-- at the limit, the longest-waiting connection that has not finished its handshake is closed to
-  make room, else the longest-open one that is not being answered (idle, or still sending its
-  body); only when every connection is being answered is the new one closed, at once;
+- at the limit, the longest-open connection that is not being answered (idle, or still sending
+  its body) is closed to make room, else the longest-waiting one that has not finished its
+  handshake; only when every connection is being answered is the new one closed, at once;
 - reading a body is bounded by the caller (see `app.Webhook._handle`).
 
 Why the TLS layer is built here rather than by `loop.create_server(ssl=...)`: asyncio makes its
@@ -97,7 +97,7 @@ class _Tls(sslproto.SSLProtocol):
 class _Gate(asyncio.Protocol):
     """One accepted connection until its handshake is done: counted, timed, and cheap while it waits."""
 
-    __slots__ = ("open", "site", "timer", "tls", "transport")
+    __slots__ = ("closed", "open", "site", "timer", "tls", "transport")
 
     def __init__(self, site: GuardedSite) -> None:
         self.site = site
@@ -105,6 +105,7 @@ class _Gate(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.tls: _Tls | None = None
         self.open = False
+        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.transport is not None:
@@ -112,6 +113,11 @@ class _Gate(asyncio.Protocol):
             self._hand_over(cast(asyncio.Transport, transport))
             return
         self.transport = cast(asyncio.Transport, transport)
+        if self.closed:
+            # Closed to make room between the accept and this call (asyncio makes the transport in
+            # a later task than the protocol): nothing else will close it.
+            self.transport.abort()
+            return
         if self.site.ssl_context is None:
             self._hand_over(self.transport)
             return
@@ -163,6 +169,7 @@ class _Gate(asyncio.Protocol):
         self.tls = None
 
     def close(self, why: str) -> None:
+        self.closed = True
         self.lost()
         self.site.dropped(why)
         if self.transport is not None:
@@ -246,9 +253,9 @@ class GuardedSite(web.TCPSite):
         return gate
 
     def _make_room(self) -> bool:
-        if self.pending:
-            next(iter(self.pending)).close("evicted")
-            return True
+        # Established connections that are not being answered go first, then the longest-waiting
+        # handshake. Not the other way round: new connections arriving together are all still in
+        # their handshakes and would close one another instead of an idle or stalled connection.
         for handler in self._open():
             if handler in self._evicted or _answering(handler):
                 continue
@@ -260,6 +267,9 @@ class GuardedSite(web.TCPSite):
                 # connection's buffers for the whole shutdown timeout.
                 transport.abort()
             self.dropped("evicted")
+            return True
+        if self.pending:
+            next(iter(self.pending)).close("evicted")
             return True
         return False
 
@@ -281,6 +291,7 @@ class GuardedSite(web.TCPSite):
         await super().stop()
         # Connections still in their handshake are not aiohttp's: close them here.
         for gate in list(self.pending):
+            gate.closed = True
             gate.lost()
             if gate.transport is not None:
                 gate.transport.abort()
