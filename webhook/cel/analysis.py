@@ -302,6 +302,15 @@ def _list_size(node: Expr, sizes: Mapping[str, int]) -> int:
             return _list_size(node.args[0], sizes) + _list_size(node.args[1], sizes)
         if node.function == "split":
             return MAX_STRING + 1
+        if node.function in ("sort", "distinct", "reverse") and node.target is not None:
+            return _list_size(node.target, sizes)
+        if node.function == "slice" and node.target is not None:
+            bounds = [a.value for a in node.args if a.kind == CONST and type(a.value) is int]
+            whole = _list_size(node.target, sizes)
+            return min(whole, max(0, bounds[1] - bounds[0])) if len(bounds) == 2 else whole
+        if node.function == "lists.range" and node.args and node.args[0].kind == CONST \
+                and type(node.args[0].value) is int:
+            return max(0, node.args[0].value)
         if node.function == "_[_]" or node.function == "_?_:_":
             if node.function == "_?_:_" and len(node.args) == 3:
                 return max(_list_size(node.args[1], sizes), _list_size(node.args[2], sizes))

@@ -227,6 +227,11 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
                 if isinstance(result, CompiledSelector):
                     return replace(result, expression=expression)
                 return result
+            bad_has = fold.invalid_has(expression)
+            if bad_has is not None:
+                return _error("cel/syntax", f"ERROR: <input>:1:{bad_has + 1}: invalid argument to has() macro",
+                              "has() takes a field selection: `has(device.attributes['d'].name)` or "
+                              "`'name' in device.attributes['d']`", 1, bad_has + 1)
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])
@@ -334,7 +339,16 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
             if isinstance(result, CompiledSelector):
                 return replace(result, expression=expression, ast=ast, analysis=analysis)
     evaluated = native
-    rewritten = phantom.rewrite(expression, ast)
+    source, source_ast = expression, ast
+    pinned_source = fold.pin_literals(expression)
+    if pinned_source is not None:
+        # Literals pinned first: the optional lookups of the rewrite below are past its parser.
+        try:
+            evaluated = _native.compile_expression(pinned_source)
+            source, source_ast = pinned_source, decode_checked(evaluated.serialized)
+        except (_native.CompileFailure, RecursionError):
+            evaluated = native
+    rewritten = phantom.rewrite(source, source_ast)
     if rewritten is not None:
         rewritten = fold.pin_literals(rewritten) or rewritten
     if rewritten is not None and rewritten != expression:

@@ -720,3 +720,30 @@ def exists_one_alias(text: str) -> str | None:
     for start in reversed(spans):
         out = out[:start] + "existsOne" + out[start + len("exists_one"):]
     return out
+
+
+def invalid_has(text: str) -> int | None:
+    """Offset of a `has()` whose argument is not a field selection (`has(m['k'])`), or None.
+
+    The parser refuses it however deep it stands; the runtime's parser says so too, but only
+    where it does not stop at its nesting limit first.
+    """
+    try:
+        tokens = _tokens(text)
+    except _Unfoldable:
+        return None
+    for k in range(len(tokens) - 2):
+        if tokens[k].text != "has" or tokens[k + 1].text != "(" or (k and tokens[k - 1].text == "."):
+            continue
+        depth = 0
+        for j in range(k + 1, len(tokens)):
+            t = tokens[j].text
+            if t in ("(", "[", "{", "[?"):
+                depth += 1
+            elif t in (")", "]", "}"):
+                depth -= 1
+                if depth == 0:
+                    if tokens[j - 1].text == "]":
+                        return tokens[j - 1].start
+                    break
+    return None

@@ -42,6 +42,7 @@ _SCAN_ARGUMENT = frozenset({"startsWith", "endsWith", "contains", "quantity", "i
                             "strings.quote"})
 _LIST_SCANS = frozenset({"isSorted", "sum", "max", "min", "indexOf", "lastIndexOf", "includes"})
 _REORDERING = frozenset({"sort", "distinct", "reverse", "slice"})
+_CONST_KINDS = {str: "string", bool: "bool", int: "int", float: "double", bytes: "bytes", type(None): "null"}
 _ORDERING = frozenset({"_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_"})
 
 
@@ -52,7 +53,7 @@ class _Sizes:
 
     def kind(self, node: Expr) -> str | None:
         if node.kind == CONST:
-            return "string" if isinstance(node.value, str) else None
+            return _CONST_KINDS.get(type(node.value))
         if node.kind == LIST:
             return "list"
         return self.types.get(node.id)
@@ -208,11 +209,15 @@ class _Sizes:
         if f == "matches":
             subject, pattern = (target, args[0]) if target is not None and args else \
                 (args[0], args[1]) if len(args) == 2 else (None, None)
-            if subject is not None and pattern is not None and (self.text(subject, env) or self.text(pattern, env)):
+            # The cost is string size x pattern size: an empty literal on either side makes it 0.
+            if subject is not None and pattern is not None and not _empty(subject) and not _empty(pattern) \
+                    and (self.text(subject, env) or self.text(pattern, env)):
                 return "matches() on a string whose size is unknown"
-        if f in ("find", "findAll") and target is not None and args \
+        if f in ("find", "findAll") and target is not None and args and not _empty(args[0]) \
                 and (self.text(target, env) or self.text(args[0], env)):
             return f"{f}() on a string whose size is unknown"
+        if f == "contains" and target is not None and args and (_empty(target) or _empty(args[0])):
+            return None
         if f in _SCAN_TARGET and target is not None and self.kind(target) == "string" and self.text(target, env):
             return f"{f}() on a string whose size is unknown"
         if f in ("contains", "replace") and target is not None and self.kind(target) == "string" \
@@ -235,6 +240,10 @@ class _Sizes:
         if f.startswith("sets.") and any(self.length(a, env) for a in args):
             return f"{f}() over a list whose length is unknown"
         return None
+
+
+def _empty(node: Expr) -> bool:
+    return node.kind == CONST and node.value == ""
 
 
 def _empty_list(node: Expr) -> bool:

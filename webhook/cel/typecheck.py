@@ -13,6 +13,7 @@ only what the API server's checker must refuse is reported.
 from __future__ import annotations
 
 import json
+import re
 
 from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
 from webhook.cel.library import regex_valid
@@ -141,6 +142,11 @@ class _Typer:
                     and self.ast.types.get(node.args[0].id) in ("bool", "int", "uint", "double"):
                 pair = f"{self.ast.types[node.args[0].id]}, {self._shape(node.args[1])}"
                 return self.message(node, f"found no matching overload for '@in' applied to '({pair})'")
+            elif node.function in _EQUALITY and len(node.args) == 2 and any(
+                    _list_aggregate(a) and _static_type(self, b) in ("uint", "double", "string", "bool")
+                    for a, b in (node.args, node.args[::-1])):
+                pair = ", ".join("int" if _list_aggregate(a) else _static_type(self, a) or "dyn" for a in node.args)
+                return self.message(node, f"found no matching overload for '{node.function}' applied to '({pair})'")
             elif node.function in _EQUALITY and len(node.args) == 2:
                 left, right = node.args
                 for a, b in ((left, right), (right, left)):
@@ -151,6 +157,66 @@ class _Typer:
                         return self.message(node, f"found no matching overload for '{node.function}' "
                                                   f"applied to '{pair}'")
         return None
+
+
+_CLAUSE = re.compile(r"%(%|[-+# 0]*[0-9]*(?:\.[0-9]+)?([a-zA-Z]))")
+# Clause letter -> (argument types cel-go's format validator refuses, its message).
+_CLAUSE_RULES: dict[str, tuple[frozenset[str], str]] = {
+    "d": (frozenset({"double", "string", "bool", "bytes", "list", "map"}),
+          "decimal clause can only be used on integers"),
+    "o": (frozenset({"double", "string", "bool", "bytes", "list", "map"}),
+          "octal clause can only be used on integers"),
+    "f": (frozenset({"int", "uint", "bool", "bytes", "list", "map"}),
+          "fixed-point clause can only be used on doubles"),
+    "e": (frozenset({"int", "uint", "bool", "bytes", "list", "map"}),
+          "scientific clause can only be used on doubles"),
+    "b": (frozenset({"double", "string", "bytes", "list", "map"}),
+          "only integers and bools can be formatted as binary"),
+    "x": (frozenset({"double", "bool", "list", "map"}),
+          "only integers, byte buffers, and strings can be formatted as hex"),
+    "X": (frozenset({"double", "bool", "list", "map"}),
+          "only integers, byte buffers, and strings can be formatted as hex"),
+}
+_VERBS = frozenset("sdfeExXob")
+_CONST_TYPES = {str: "string", bool: "bool", int: "int", float: "double", bytes: "bytes"}
+
+
+def _static_type(typer: _Typer, node: Expr) -> str | None:
+    if node.kind == CONST:
+        return _CONST_TYPES.get(type(node.value))
+    if node.kind == LIST:
+        return "list"
+    if node.kind == STRUCT:
+        return "map"
+    found = typer.ast.types.get(node.id)
+    return found if found in ("int", "uint", "double", "string", "bool", "bytes", "list", "map") else None
+
+
+def _format_error(typer: _Typer, node: Expr) -> str | None:
+    """What cel-go's format validator refuses at compile time: a literal format string whose clauses
+    do not fit a literal argument list (count, or an argument type a clause cannot print)."""
+    if not (node.kind == CALL and node.function == "format" and node.target is not None
+            and node.target.kind == CONST and isinstance(node.target.value, str)
+            and len(node.args) == 1 and node.args[0].kind == LIST):
+        return None
+    args = node.args[0].elements
+    clauses = [m.group(2) for m in _CLAUSE.finditer(node.target.value) if m.group(1) != "%"]
+    if len(args) > len(clauses):
+        return typer.message(node, f"too many arguments supplied to string.format "
+                                   f"(expected {len(clauses)}, got {len(args)})")
+    if len(args) < len(clauses):
+        return typer.message(node, f"index {len(args)} out of range")
+    for found in _CLAUSE.finditer(node.target.value):
+        if found.group(1) != "%" and found.group(2) not in _VERBS:
+            return typer.message(node, f"error during string format: unrecognized formatting clause "
+                                       f"\"{found.group(2)}\"")
+    # What the validator lets through and fails only when run ('%.2f' of 'a') is an evaluation error.
+    for letter, arg in zip(clauses, args, strict=True):
+        rule = _CLAUSE_RULES.get(letter or "")
+        kind = _static_type(typer, arg)
+        if rule is not None and kind in rule[0]:
+            return typer.message(arg, f"error during formatting: {rule[1]}, was given {kind}")
+    return None
 
 
 def _root_type(ast: CheckedAst) -> str | None:
@@ -172,9 +238,28 @@ def _root_type(ast: CheckedAst) -> str | None:
 
 
 def _int_list(node: Expr) -> bool:
+    """A list of ints as far as the tree shows (`[]` counts: cel-go picks the int overload for it)."""
     if node.kind == LIST:
-        return bool(node.elements) and all(e.kind == CONST and type(e.value) is int for e in node.elements)
-    return node.kind == CALL and node.function == "lists.range"
+        return all(e.kind == CONST and type(e.value) is int for e in node.elements)
+    if node.kind == COMPREHENSION:  # filter() keeps its range's elements
+        step = node.loop_step
+        filtering = step is not None and any(
+            n.kind == LIST and len(n.elements) == 1 and n.elements[0].kind == IDENT
+            and n.elements[0].name == node.iter_var for n in step.walk())
+        return filtering and node.iter_range is not None and _int_list(node.iter_range)
+    if node.kind != CALL:
+        return False
+    if node.function == "lists.range":
+        return True
+    if node.function in ("sort", "distinct", "reverse", "slice") and node.target is not None:
+        return _int_list(node.target)
+    return node.function == "_+_" and len(node.args) == 2 and all(_int_list(a) for a in node.args)
+
+
+def _list_aggregate(node: Expr) -> bool:
+    """`sum()`, `min()` or `max()` of a list of ints: an int to the API server's checker."""
+    return node.kind == CALL and node.function in ("sum", "min", "max") and node.target is not None \
+        and _int_list(node.target)
 
 
 def type_error(ast: CheckedAst) -> str | None:
@@ -191,6 +276,14 @@ def type_error(ast: CheckedAst) -> str | None:
             arg = next(e for e in node.args[0].elements if attribute_value(e))
             return typer.message(arg, "error during formatting: no formatting clause accepts "
                                       "google.protobuf.Any (an attribute's value); convert it first, e.g. string(...)")
+    for node in ast.nodes():
+        found = _format_error(typer, node)
+        if found:
+            return found
+        if node.kind == CALL and node.function == "reverse" and node.target is not None and not node.args \
+                and _static_type(typer, node.target) == "string":
+            # Kubernetes' strings library is version 2; reverse() came with version 3.
+            return typer.message(node, "found no matching overload for 'reverse' applied to 'string.()'")
     # cel-go exempts the argument list of the strings extension's format() from the rule.
     exempt = {arg.id for node in ast.nodes() if node.kind == CALL and node.function == "format"
               for arg in node.args if arg.kind == LIST}
@@ -204,9 +297,10 @@ def type_error(ast: CheckedAst) -> str | None:
 
 
 # ---- calls the API server evaluates while compiling -------------------------------------------
-# cel-go folds type conversions of literals and the strings extension's format() with a literal
-# format string and arguments while building the program, and precompiles literal regexes: a
-# failure there (`int('x')`, `uint(-1)`, `'%d'.format(['x'])`, `matches('[')`) rejects the selector.
+# cel-go folds type conversions of literals while building the program, and precompiles literal
+# regexes: a failure there (`int('x')`, `uint(-1)`, `matches('[')`) rejects the selector. format()
+# is judged by its validator's static rules (`_format_error`): what passes them and fails when run
+# (`'%.2f'.format(['a'])`) is an evaluation error, as in the scheduler.
 
 _CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "duration", "timestamp"})
 
@@ -247,10 +341,6 @@ def constant_calls(ast: CheckedAst) -> list[tuple[Expr, str]]:
             arg = literal(node.args[0], ast.types)
             if arg is not None:
                 out.append((node, f"{node.function}({arg})"))
-        elif node.function == "format" and node.target is not None and len(node.args) == 1:
-            target, arg = literal(node.target, ast.types), literal(node.args[0], ast.types)
-            if target is not None and arg is not None:
-                out.append((node, f"{target}.format({arg})"))
     # In source order, so that a bounded caller looks at the first ones.
     return sorted(out, key=lambda item: ast.positions.get(item[0].id, 0))
 
