@@ -146,7 +146,7 @@ CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("ray.io", "RayService"): ("rayservices", ("v1",)),
     ("trainer.kubeflow.org", "TrainJob"): ("trainjobs", ("v1alpha1",)),
     ("serving.kserve.io", "InferenceService"): ("inferenceservices", ("v1beta1",)),
-    ("serving.kserve.io", "LLMInferenceService"): ("llminferenceservices", ("v1alpha1",)),
+    ("serving.kserve.io", "LLMInferenceService"): ("llminferenceservices", ("v1alpha1", "v1alpha2")),
     ("batch.volcano.sh", "Job"): ("jobs", ("v1alpha1",)),
     ("trainer.kubeflow.org", "TrainingRuntime"): ("trainingruntimes", ("v1alpha1",)),
     ("trainer.kubeflow.org", "ClusterTrainingRuntime"): ("clustertrainingruntimes", ("v1alpha1",)),

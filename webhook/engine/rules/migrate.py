@@ -13,7 +13,7 @@ from typing import Any
 
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
-from webhook.dra.objects import esc
+from webhook.dra.objects import as_list, as_map, esc
 from webhook.dra.workloads import pod_templates_of
 from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
 from webhook.engine.rules.base import WORKLOAD, FunctionRule, RuleContext
@@ -74,9 +74,12 @@ def claim_api_version(policy: MigrationPolicy, served: frozenset[str]) -> str:
     return policy.claim_api_version
 
 
+def _part(use: LegacyUse) -> str:
+    return "limits" if use.in_limits else "requests"
+
+
 def _use_pointer(use: LegacyUse) -> str:
-    part = "limits" if use.in_limits else "requests"
-    return f"{use.pointer}/resources/{part}/{esc(use.resource)}"
+    return f"{use.pointer}/resources/{_part(use)}/{esc(use.resource)}"
 
 
 def _what(use: LegacyUse) -> str:
@@ -89,6 +92,43 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
     for tmpl in pod_templates_of(item.obj):
         if not tmpl.container:
             yield from _check_template(item, rc, tmpl.pointer, tmpl.spec)
+        else:
+            yield from _check_container_form(item, rc, tmpl.pointer, tmpl.spec)
+
+
+def _check_container_form(
+    item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any]
+) -> Iterable[Finding]:
+    """A template that is one container (KServe's `predictor.model` and framework forms, TrainJob's
+    trainer): its pod's claims live elsewhere (the predictor's PodSpec, the training runtime), so
+    draguard reports its device-plugin GPUs and leaves the rewrite to the user."""
+    served = {c.extended_resource_name for c in rc.index.classes.values() if c.extended_resource_name}
+    uses = [u for u in find_legacy(podspec, "") if u.resource not in served]
+    if not uses:
+        return
+    namespace = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(namespace)
+    policy = _policy_for(rc, namespace, labels)
+    if policy is None:
+        return
+    mmode = policy.mode_for(namespace, labels)
+    field = pointer.rsplit("/", 1)[-1]
+    where = "resourcesPerNode" if "resourcesPerNode" in as_map(as_list(podspec.get("containers"))[0]) else (
+        "resources")
+    if item.obj.get("kind") == "TrainJob":
+        how = ("request the GPUs through resourceClaims in the pod template of its (Cluster)TrainingRuntime "
+               "and drop them from spec.trainer.resourcesPerNode")
+    else:
+        how = (f"move the GPUs to spec.{'.'.join(pointer.split('/')[2:-1]) or 'predictor'}.resourceClaims "
+               f"(a ResourceClaimTemplate) and reference them from {field}.resources.claims")
+    for use in uses:
+        yield rc.finding(
+            item, RULE_ID, _severity(mmode), mmode.finding_mode,
+            f"{field} asks for {use.resource}: {use.bad_count or use.count} (device-plugin resource) in "
+            f"namespace {namespace} (migration mode {mmode.value}, MigrationPolicy {policy.name}); no "
+            f"automatic rewrite: {field} is one container whose pod's claims are declared elsewhere",
+            fix=how, pointer=f"{pointer}/{where}/{_part(use)}/{esc(use.resource)}",
+        )
 
 
 def _check_template(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,8 +75,14 @@ def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
                 words = [w for arg in command_line(c) for w in arg.split()]
                 tokens.extend(words)
                 modules.extend(python_modules(words))
-    if (as_str(obj.get("apiVersion")) or "").startswith("ray.io/"):
+    api = as_str(obj.get("apiVersion")) or ""
+    if api.startswith("ray.io/"):
         _ray_app(as_map(obj.get("spec")), tokens, modules)
+    elif api.startswith("serving.kserve.io/") and obj.get("kind") == "LLMInferenceService" and not images:
+        # No image of its own: the pods run KServe's preset (kserve-config-llm-template), vLLM.
+        tokens.append("vllm")
+    elif api.startswith("serving.kserve.io/") and _kserve_hf_generates(as_map(obj.get("spec"))):
+        tokens.append("vllm")
     labels, annotations = pod_labels_and_annotations(obj)
     return WorkloadFacts(labels, annotations, tuple(images), tuple(tokens), tuple(modules))
 
@@ -109,6 +116,28 @@ def _ray_app(spec: Mapping[str, Any], tokens: list[str], modules: list[str]) -> 
                     modules.append(name.lower().replace("-", "_"))
         modules.extend(m.group(1).lower().replace("-", "_") for m in _PIP_ITEM.finditer(text)
                        if _in_pip_block(text, m.start()))  # fmt: skip
+
+
+# KServe's Hugging Face runtime (python/huggingfaceserver) serves generative tasks with vLLM unless
+# told `--backend=huggingface`; these tasks are not text generation.
+_HF_NOT_GENERATIVE = ("text_embedding", "fill_mask", "sequence_classification", "token_classification")
+
+
+def _kserve_hf_generates(spec: Mapping[str, Any]) -> bool:
+    """An InferenceService predictor on KServe's Hugging Face runtime, with no image of its own,
+    serving a generative model: the runtime runs vLLM."""
+    pred = as_map(spec.get("predictor"))
+    form = as_map(pred.get("huggingface"))
+    model = as_map(pred.get("model"))
+    if not form and as_str(as_map(model.get("modelFormat")).get("name")) == "huggingface":
+        form = model
+    if not form or as_str(form.get("image")):
+        return False
+    args = " ".join(a for a in as_list(form.get("args")) if isinstance(a, str)).replace("=", " ").split()
+    opts = dict(itertools.pairwise(args))
+    if opts.get("--backend") == "huggingface" or "--disable_vllm" in args:
+        return False
+    return opts.get("--task") not in _HF_NOT_GENERATIVE
 
 
 def _in_pip_block(text: str, at: int) -> bool:
