@@ -21,6 +21,7 @@ def main() -> int:
     false_denials: list[str] = []
     missed_denials: list[str] = []
     causes: Counter[str] = Counter()
+    per_project: dict[str, list[int]] = {}
     lines: list[str] = []
     with loaded_once(), tempfile.TemporaryDirectory() as tmp:
         for i, rel in enumerate(CORPUS):
@@ -34,6 +35,9 @@ def main() -> int:
             if want == "deny" and seen.verdict != "deny":
                 missed_denials.append(rel)
             gap = GAPS.get(rel)
+            tally = per_project.setdefault(rel.split("/", 1)[0], [0, 0])
+            tally[1] += 1
+            tally[0] += not diff
             if not diff:
                 agree += 1
                 if gap:
@@ -46,6 +50,7 @@ def main() -> int:
     print(f"agreement: {agree}/{total} files ({100 * agree / total:.1f} %)")
     for title, files in (("false denials", false_denials), ("missed denials", missed_denials)):
         print(f"enforce-level {title}: {len(files)}" + "".join(f"\n  {r}" for r in files))
+    print("by project: " + ", ".join(f"{p} {a}/{n}" for p, (a, n) in sorted(per_project.items())))
     print("disagreements by cause: " + ", ".join(f"{c} {n}" for c, n in causes.most_common()))
     print("\n".join(lines))
     return 0
