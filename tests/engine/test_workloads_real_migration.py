@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from webhook.core.findings import Finding, Mode
 from webhook.core.source import SourceObject
@@ -162,3 +163,33 @@ def test_a_resource_served_by_a_device_class_is_dra_already() -> None:
     tier = [f for f in report.findings if f.rule.startswith("tier/")]
     assert tier and "served by DeviceClass gpu.nvidia.com" in tier[0].message
     assert not [f for f in report.findings if f.rule == RULE]
+
+
+def test_draguard_migrate_leaves_refused_and_served_workloads_alone(tmp_path: Path) -> None:
+    from webhook.review.rewrite import migrate_paths
+
+    for name in ("hami-default-use.yaml", "tgi-gke-l4.yaml", "kuberay-ray-cluster-verl.yaml"):
+        (tmp_path / name).write_text((REAL / name).read_text())
+    out = migrate_paths([str(tmp_path)], policies=str(ROOT / "policies"), policies_required=True,
+                        strategy=None, write=False)
+    assert out.output == "" and out.changed == []
+    notes = "\n".join(out.notes)
+    assert "HAMi vGPU share" in notes and "--num-gpus" in notes and "gke-accelerator=nvidia-l4" in notes
+    # With NVIDIA's class serving nvidia.com/gpu among the files, the L4 pod is DRA already.
+    (tmp_path / "class.yaml").write_text(yaml.safe_dump(SERVED_CLASS))
+    out = migrate_paths([str(tmp_path)], policies=str(ROOT / "policies"), policies_required=True,
+                        strategy=None, write=False)
+    assert out.changed == [] and "gke-accelerator" not in "\n".join(out.notes)
+
+
+def test_draguard_migrate_picks_the_class_of_the_pinned_gpu(tmp_path: Path) -> None:
+    from webhook.review.rewrite import migrate_paths
+
+    (src,) = _sources("gpu-operator-time-slicing.yaml")
+    obj: dict[str, Any] = dict(src.obj)
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump(obj))
+    (tmp_path / "classes.yaml").write_text(yaml.safe_dump(L4_CLASS))
+    out = migrate_paths([str(tmp_path)], policies=str(ROOT / "policies"), policies_required=True,
+                        strategy=None, write=False)
+    assert "deviceClassName: gpu.nvidia.com-l4" in out.output, (out.output, out.notes)

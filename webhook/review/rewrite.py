@@ -13,6 +13,7 @@ import bisect
 import difflib
 import io
 import itertools
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -290,9 +291,29 @@ def _merge(plans: Sequence[Any]) -> Any:
     )
 
 
+def _device_classes(texts: Mapping[Path, str]) -> dict[str, Any]:
+    """name -> DeviceClass (the engine's form) of every DeviceClass in the files."""
+    from webhook.dra.objects import read_device_class
+
+    out: dict[str, Any] = {}
+    for text in texts.values():
+        if "DeviceClass" not in text:
+            continue
+        try:
+            chunks = split_documents(text)
+        except Exception:  # unreadable: the per-file parse reports it with its line
+            continue
+        for chunk in chunks:
+            data = _plain(chunk.body)
+            if isinstance(data, Mapping) and data.get("kind") == "DeviceClass":
+                cls = read_device_class(data)
+                out.setdefault(cls.name, cls)
+    return out
+
+
 def rewrite_text(
     text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None,
-    tiers: Any = None,
+    tiers: Any = None, classes: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[str]]:
     """The migrated text of one file and notes about what could not be migrated.
 
@@ -324,7 +345,7 @@ def rewrite_text(
             allowed = tier_allowed(tiers, data, ns, None)
         plans = [p for p in (
             plan_pod_spec(data, t.pointer, t.spec, policy, namespace=_namespace_of(data), allowed=allowed,
-                          rewrite=False)
+                          rewrite=False, classes=classes)
             for t in pod_templates_of(data) if not t.container
         )]  # fmt: skip
         if not plans:
@@ -600,6 +621,9 @@ def _migrate_paths(
         raise
     # The tier policies next to it: the rewrite picks a class they allow for each workload.
     tiers = load_policy_set(policies, required=False) if policies else None
+    # DeviceClasses among the files: one serving a resource as its extendedResourceName makes that
+    # resource DRA already (left alone), and a pod pinned to a GPU model gets the class of that model.
+    classes = _device_classes(texts)
     outcome = MigrateOutcome()
     diffs: list[str] = []
     extended = policy.strategy.value == "extended-resource"
@@ -636,12 +660,18 @@ def _migrate_paths(
                 parse_text(text, shown)
             except InputError as exc:
                 raise RewriteError(str(exc)) from None
-            new, notes = rewrite_text(text, shown, policy, placed, tiers)
+            new, notes = rewrite_text(text, shown, policy, placed, tiers, classes)
             outcome.notes.extend(notes)
         if new == text:
             continue
         outcome.changed.append(shown)
         if write:
+            if f.is_symlink():
+                # The tree may come from an untrusted branch: a link could aim the write anywhere.
+                raise RewriteError(
+                    f"{shown}: is a symbolic link (to {os.readlink(f)}); migrate --write never writes "
+                    "through links: run it on the file the link points to"
+                )
             try:
                 f.write_text(new, encoding="utf-8")
             except OSError as exc:
