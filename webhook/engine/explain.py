@@ -14,6 +14,7 @@ from webhook.core.source import SourceObject
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_problems, claim_spec_of
+from webhook.engine.allocate import Verdict, allocate, describe_picks
 from webhook.engine.resolve import Index, namespace_of, per_node_capacity, pod_claims
 
 
@@ -73,6 +74,10 @@ class Explanation:
     constraints: tuple[str, ...] = ()
     satisfiable: bool | None = None
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    # The claim judged as a whole (webhook/engine/allocate.py): where it fits and what it gets there.
+    nodes: tuple[str | None, ...] = ()
+    picks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +91,9 @@ class Explanation:
             "satisfiable": self.satisfiable,
             "reasons": list(self.reasons),
             "alternatives": [a.to_json() for a in self.alternatives],
+            "nodes": list(self.nodes),
+            "devices": list(self.picks),
+            "notes": list(self.notes),
         }
 
     def render(self) -> str:
@@ -94,7 +102,7 @@ class Explanation:
         verdict = {
             True: "can be allocated",
             False: "CANNOT be allocated",
-            None: "not checked (no inventory)",
+            None: "cannot be decided offline" if self.reasons else "not checked (no inventory)",
         }[self.satisfiable]
         head = f"{where}{self.object} claim {self.claim!r} ({self.source})"
         if self.request is None:
@@ -116,7 +124,11 @@ class Explanation:
                 lines.append(f"    why not: {r}")
             for e in a.errors:
                 lines.append(f"    selector error: {e}")
+        if self.satisfiable and self.nodes:
+            lines.append("  fits on: " + ", ".join(n or "(any node)" for n in self.nodes))
+            lines.extend(f"  device: {p}" for p in self.picks)
         lines.extend(f"  why not: {r}" for r in self.reasons)
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -257,6 +269,25 @@ def _rejected(obj: Mapping[str, Any]) -> tuple[str, ...]:
                  for p in claim_problems(obj))  # fmt: skip
 
 
+def _whole(
+    ok: bool | None, reasons: tuple[str, ...], verdict: Verdict | None
+) -> tuple[bool | None, tuple[str, ...], dict[str, Any]]:
+    """A request's verdict with the whole claim's: a request that fits alone still fails with it."""
+    if verdict is None:
+        return ok, reasons, {}
+    extra: dict[str, Any] = {"notes": verdict.notes}
+    if verdict.allocatable is True:
+        extra["nodes"] = verdict.nodes
+        extra["picks"] = tuple(describe_picks(verdict.picks))
+    if ok is False:
+        return ok, reasons, extra
+    if verdict.allocatable is False:
+        return False, (*reasons, *verdict.reasons), extra
+    if verdict.allocatable is None and ok:
+        return None, (*reasons, *verdict.reasons), extra
+    return ok, reasons, extra
+
+
 def explain(
     objects: Sequence[SourceObject], inventory: Inventory, default_namespace: str = "default"
 ) -> list[Explanation]:
@@ -272,8 +303,15 @@ def explain(
         if read is not None:
             spec = read[0]
             rejected = _rejected(obj)
+            key = (ref.namespace or default_namespace, ref.name) if ref.kind == "ResourceClaim" else None
+            verdict = (
+                None
+                if inventory.is_empty
+                else allocate(spec, inventory, index.classes, claim_key=key, classes_complete=True)
+            )
             for req in spec.requests:
                 alts, cons, ok, reasons = explain_request(req, spec, index, inventory)
+                ok, reasons, whole = _whole(ok, reasons, verdict)
                 if rejected:
                     # Never "can be allocated": the object would not even be created.
                     ok, reasons = False, (*rejected, *reasons)
@@ -289,6 +327,7 @@ def explain(
                         cons,
                         ok,
                         reasons,
+                        **whole,
                     )
                 )
             continue
@@ -314,11 +353,20 @@ def explain(
                 else (f"{'ResourceClaimTemplate' if pc.kind == 'template' else 'ResourceClaim'} {pc.target}")
             )
             rejected = _rejected(pc.source.obj) if pc.source is not None else ()
+            key = (ns, pc.target) if pc.kind == "claim" and pc.target else None
+            verdict = (
+                None
+                if inventory.is_empty
+                else allocate(pc.spec, inventory, index.classes, claim_key=key, classes_complete=True)
+            )
             for req in pc.spec.requests:
                 alts, cons, ok, reasons = explain_request(req, pc.spec, index, inventory)
+                ok, reasons, whole = _whole(ok, reasons, verdict)
                 if rejected:
                     ok, reasons = False, (*rejected, *reasons)
                 out.append(
-                    Explanation(ref, item.file, line, pc.name, source, req.name, alts, cons, ok, reasons)
+                    Explanation(
+                        ref, item.file, line, pc.name, source, req.name, alts, cons, ok, reasons, **whole
+                    )
                 )
     return out

@@ -265,8 +265,9 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
     read = _claim_objects(item)
     if read is None:
         return
-    spec, _ = read
+    spec, spec_pointer = read
     published = inv.published_attributes()
+    alone_fits = True
     for req in spec.requests:
         reasons: list[str] = []
         for dc, selectors, mode, count, _ptr in _request_alternatives(req):
@@ -310,6 +311,7 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
             )
         if not reasons or "" in reasons:
             continue
+        alone_fits = False
         yield rc.finding(
             item,
             "structure/unsatisfiable",
@@ -320,6 +322,40 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
             "or add nodes with enough matching devices",
             pointer=req.pointer,
         )
+    # What the API server rejects is structure/invalid's to report, not a verdict on allocation.
+    if alone_fits and spec.requests and not claim_problems(item.obj):
+        yield from _unsatisfiable_together(item, rc, spec, spec_pointer)
+
+
+def _unsatisfiable_together(
+    item: SourceObject, rc: RuleContext, spec: ClaimSpec, pointer: str
+) -> Iterator[Finding]:
+    """Every request fits on some node alone: judge the claim as a whole (counters, taints,
+    capacity, constraints across requests, devices other claims hold, node selection)."""
+    from webhook.engine.allocate import allocate
+
+    published = rc.inventory.published_attributes()
+    for c in spec.constraints:
+        attr = c.match_attribute or c.distinct_attribute
+        if attr and tuple(attr.rpartition("/")[::2]) not in published:
+            return  # a constraint on a name no device publishes is structure/interconnect's to report
+    name = as_str(as_map(item.obj.get("metadata")).get("name"))
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    key = (ns, name) if item.obj.get("kind") == "ResourceClaim" and name else None
+    verdict = allocate(spec, rc.inventory, rc.index.classes, claim_key=key, every_node=False)
+    if verdict.allocatable is not False:
+        return
+    yield rc.finding(
+        item,
+        "structure/unsatisfiable",
+        Severity.WARNING,
+        Mode.WARN,
+        "the claim cannot be allocated as a whole with the current inventory, though each request "
+        "fits alone: " + "; ".join(verdict.reasons),
+        fix="add tolerations for the taints named, lower capacity requests or counts, relax the "
+        "constraints, or free the devices other claims hold; `draguard explain` shows each request",
+        pointer=f"{pointer}/devices",
+    )
 
 
 # -- structure/interconnect --------------------------------------------------------------------
@@ -482,9 +518,13 @@ def check_invalid(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
     """A claim or template the API server rejects (validation or kubectl's strict field check)."""
     for p in claim_problems(item.obj):
         yield rc.finding(
-            item, "structure/invalid", Severity.ERROR, Mode.ENFORCE,
+            item,
+            "structure/invalid",
+            Severity.ERROR,
+            Mode.ENFORCE,
             f"the API server rejects this {item.obj.get('kind')}: {p.field}: {p.message}",
-            fix=f"correct {p.field} ({item.obj.get('apiVersion')})", pointer=p.pointer,
+            fix=f"correct {p.field} ({item.obj.get('apiVersion')})",
+            pointer=p.pointer,
         )
 
 

@@ -1,0 +1,684 @@
+"""Whether a claim can be allocated, judged as the scheduler judges it: the whole claim on one node.
+
+Pure: a claim spec, the inventory and the known DeviceClasses in; a `Verdict` out. Every request
+(and, for `firstAvailable`, the subrequests in their order) is satisfied together with the others:
+`matchAttribute`/`distinctAttribute` constraints, shared counters (partitionable devices),
+consumable capacity rounded by each device's request policy, taints (NoSchedule/NoExecute block
+unless tolerated; None never does; DeviceTaintRules included), admin access, and the devices
+other claims already hold (their `status.allocation`). The search backtracks and is bounded in
+steps: past the bound the answer is "too large to decide offline", never a guess.
+
+`explain` and `structure/unsatisfiable` call `allocate`; nothing else decides allocatability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import partial
+
+from webhook.dra.capacity import consumed as consumed_by
+from webhook.dra.capacity import parse_quantity, violates
+from webhook.dra.device import AttrValue, Device
+from webhook.dra.inventory import Inventory
+from webhook.dra.nodes import named_nodes, selector_matches
+from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
+from webhook.dra.quantity import Quantity
+from webhook.dra.taints import DeviceToleration, untolerated
+
+# Devices tried, over all nodes, before a claim is "too large to decide offline".
+MAX_STEPS = 200_000
+# Reasons listed per failed request before the rest are counted.
+_MAX_LISTED = 4
+
+DeviceKey = tuple[str, str, str]
+CounterKey = tuple[str, str, str, str]  # driver, pool, counter set, counter
+CapKey = tuple[DeviceKey, str, str]  # device, domain, capacity
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One way to satisfy a request: the request itself or one of its subrequests."""
+
+    request: str  # the top-level request's name
+    sub: str | None
+    device_class: str | None
+    selectors: tuple[str, ...]
+    mode: str
+    count: int
+    admin_access: bool
+    tolerations: tuple[DeviceToleration, ...]
+    capacity_requests: Mapping[str, str]
+
+    @property
+    def name(self) -> str:
+        """The name allocation results and constraints use: "req" or "req/sub"."""
+        return f"{self.request}/{self.sub}" if self.sub else self.request
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    request: str  # "req" or "req/sub"
+    device: Device
+    consumed: Mapping[str, str] = field(default_factory=dict)  # qualified capacity -> amount
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """`allocatable`: True (some node can), False (none can), None (cannot be decided offline)."""
+
+    allocatable: bool | None
+    nodes: tuple[str | None, ...] = ()  # nodes that can host the claim (None: not bound to a node)
+    picks: tuple[Pick, ...] = ()  # the devices it would get on the first of them
+    reasons: tuple[str, ...] = ()  # why not, or why it cannot be decided
+    notes: tuple[str, ...] = ()  # what the verdict does not model for this claim
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def choices_of(spec: ClaimSpec) -> list[list[Choice]]:
+    """Per request, its ways to be satisfied in the order the scheduler tries them."""
+    out: list[list[Choice]] = []
+    for req in spec.requests:
+        if req.first_available:
+            out.append(
+                [
+                    Choice(
+                        req.name,
+                        s.name,
+                        s.device_class,
+                        tuple(x.expression for x in s.selectors),
+                        s.allocation_mode,
+                        s.count,
+                        False,
+                        s.tolerations,
+                        s.capacity_requests,
+                    )
+                    for s in req.first_available
+                ]
+            )
+        else:
+            out.append(
+                [
+                    Choice(
+                        req.name,
+                        None,
+                        req.device_class,
+                        tuple(x.expression for x in req.selectors),
+                        req.allocation_mode,
+                        req.count,
+                        req.admin_access,
+                        req.tolerations,
+                        req.capacity_requests,
+                    )
+                ]
+            )
+    return out
+
+
+def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device] | None:
+    from webhook.cel.match import match_devices  # the CEL runtime loads on first use
+
+    result = match_devices(expressions, devices)
+    return None if result.undecided else list(result.matched)
+
+
+def _attribute(device: Device, qualified: str) -> AttrValue | tuple[AttrValue, ...] | None:
+    dom, _, name = qualified.rpartition("/")
+    value = device.attributes.get(dom, {}).get(name)
+    if value is not None:
+        return value
+    return device.list_attributes.get(dom, {}).get(name)
+
+
+def _q(text: str) -> Fraction | None:
+    q = parse_quantity(text)
+    return None if q is None else q.value
+
+
+def _fmt(value: Fraction) -> str:
+    binary = value.denominator == 1 and value >= 1024 and value % 1024 == 0
+    return str(Quantity(value, binary))
+
+
+class _Baseline:
+    """What other claims already hold: devices in use, counters and capacity consumed."""
+
+    def __init__(
+        self, inventory: Inventory, by_key: Mapping[DeviceKey, Device], skip: tuple[str, str] | None
+    ) -> None:
+        self.taken: dict[DeviceKey, str] = {}  # device -> "ns/claim" holding it exclusively
+        self.shared: set[DeviceKey] = set()  # multi-allocatable devices with some share allocated
+        self.capacity: dict[CapKey, Fraction] = {}
+        self.counters: dict[CounterKey, Fraction] = {}
+        charged: set[DeviceKey] = set()
+        for (ns, name), rec in inventory.claims.items():
+            if (ns, name) == skip:
+                continue
+            for a in read_allocation(rec.obj):
+                dev = by_key.get(a.key)
+                if a.admin_access or dev is None:
+                    continue  # admin access leaves a device free for others
+                if dev.allow_multiple_allocations:
+                    self.shared.add(a.key)
+                    for k, text in a.consumed_capacity.items():
+                        dom, cap = qualify(k, dev.driver)
+                        amount = _q(text)
+                        if amount is not None:
+                            ck = (a.key, dom, cap)
+                            self.capacity[ck] = self.capacity.get(ck, Fraction(0)) + amount
+                else:
+                    self.taken[a.key] = f"{ns}/{name}"
+                if a.key not in charged:  # a shared device's counters are charged once
+                    charged.add(a.key)
+                    for use in dev.consumes_counters:
+                        for counter, text in use.counters.items():
+                            amount = _q(text)
+                            if amount is not None:
+                                key = (dev.driver, dev.pool, use.counter_set, counter)
+                                self.counters[key] = self.counters.get(key, Fraction(0)) + amount
+
+
+class _Search:
+    """The backtracking search of one claim on one node."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        spec: ClaimSpec,
+        choices: list[list[Choice]],
+        candidates: Mapping[tuple[int, int], list[Device]],
+        baseline: _Baseline,
+        budget: list[int],
+    ) -> None:
+        self.inv = inventory
+        self.choices = choices
+        self.candidates = candidates
+        self.base = baseline
+        self.budget = budget
+        self.used: set[DeviceKey] = set()  # exclusive devices this claim took
+        self.shares: set[DeviceKey] = set()  # multi-allocatable devices this claim took a share of
+        self.counters: dict[CounterKey, Fraction] = {}
+        self.capacity: dict[CapKey, Fraction] = {}
+        # (requests covered, attribute, distinct?) -> values picked so far
+        self.constraints = [
+            (
+                frozenset(c.requests),
+                c.match_attribute or c.distinct_attribute or "",
+                c.distinct_attribute is not None,
+            )
+            for c in spec.constraints
+            if c.match_attribute or c.distinct_attribute
+        ]
+        self.values: list[list[AttrValue | tuple[AttrValue, ...]]] = [[] for _ in self.constraints]
+        self.picks: list[Pick] = []
+        # (request, why without the device's name) -> devices refused for it
+        self.rejections: dict[tuple[str, str], list[str]] = {}
+
+    # -- one device ----------------------------------------------------------------------------
+
+    def why_not(self, dev: Device, choice: Choice) -> str | None:
+        """Why `dev` cannot serve `choice` now, or None when it can."""
+        key = dev.key
+        multi = dev.allow_multiple_allocations
+        if not multi:
+            if key in self.used:
+                return f"{dev.name} is already taken by another request of this claim"
+            holder = self.base.taken.get(key)
+            if holder is not None and not choice.admin_access:
+                return f"{dev.name} is allocated to claim {holder}"
+        in_use = multi and (key in self.base.shared or key in self.shares)
+        if dev.consumes_counters and not in_use:
+            for use in dev.consumes_counters:
+                for counter, text in use.counters.items():
+                    ck = (dev.driver, dev.pool, use.counter_set, counter)
+                    total_text = self.inv.counter_sets.get(ck[:3], {}).get(counter)
+                    if total_text is None:
+                        return (
+                            f"{dev.name} consumes counter {use.counter_set}/{counter}, "
+                            f"which pool {dev.pool} does not publish"
+                        )
+                    need, total = _q(text), _q(total_text)
+                    if need is None or total is None:
+                        return f"{dev.name}: counter {use.counter_set}/{counter} is not a quantity"
+                    spent = self.base.counters.get(ck, Fraction(0)) + self.counters.get(ck, Fraction(0))
+                    if spent + need > total:
+                        return (f"{dev.name} needs {_fmt(need)} of counter {use.counter_set}/{counter}; "
+                                f"{_fmt(total - spent)} of {_fmt(total)} left")  # fmt: skip
+        blocked = untolerated(self.inv.taints_of(dev), choice.tolerations)
+        if blocked:
+            return f"{dev.name} has taint {blocked[0].describe()}, which the request does not tolerate"
+        for i, (covered, attr, distinct) in enumerate(self.constraints):
+            if covered and choice.request not in covered and choice.name not in covered:
+                continue
+            value = _attribute(dev, attr)
+            if value is None:
+                return f"{dev.name} does not publish {attr}, which a constraint needs"
+            seen = self.values[i]
+            if distinct and value in seen:
+                return f"{dev.name} repeats {attr}={value} (distinctAttribute)"
+            if not distinct and seen and not _same(seen[0], value):
+                return f"{dev.name} has {attr}={value}, not {seen[0]} (matchAttribute)"
+        return self._capacity(dev, choice)[0]
+
+    def _capacity(self, dev: Device, choice: Choice) -> tuple[str | None, dict[CapKey, Fraction]]:
+        wanted: dict[tuple[str, str], str] = {}
+        for k, text in choice.capacity_requests.items():
+            wanted[qualify(k, dev.driver)] = text
+        for dom, name in wanted:
+            if name not in dev.capacity.get(dom, {}):
+                return f"{dev.name} has no capacity {dom}/{name}", {}
+        out: dict[CapKey, Fraction] = {}
+        for dom, caps in dev.capacity.items():
+            for name, text in caps.items():
+                value = parse_quantity(text)
+                if value is None:
+                    continue
+                req_text = wanted.get((dom, name))
+                requested = parse_quantity(req_text) if req_text is not None else None
+                if req_text is not None and requested is None:
+                    return f"capacity request {name}: {req_text!r} is not a quantity", {}
+                policy = dev.capacity_policy.get(dom, {}).get(name)
+                amount = consumed_by(requested, value, policy)
+                bad = violates(amount, policy)
+                if bad is not None:
+                    return f"{dev.name} capacity {name}: {bad}", {}
+                ck = (dev.key, dom, name)
+                used = self.base.capacity.get(ck, Fraction(0)) + self.capacity.get(ck, Fraction(0))
+                if used + amount.value > value.value:
+                    left = value.value - used
+                    return (f"{dev.name} capacity {name}: needs {amount}, {_fmt(left)} of {value} left"), {}
+                out[ck] = amount.value
+        return None, out
+
+    def take(self, dev: Device, choice: Choice) -> Pick:
+        _, caps = self._capacity(dev, choice)
+        key = dev.key
+        if dev.allow_multiple_allocations:
+            first_share = key not in self.base.shared and key not in self.shares
+            if first_share:
+                self.shares.add(key)
+        else:
+            first_share = True
+            self.used.add(key)
+        if first_share:
+            for use in dev.consumes_counters:
+                for counter, text in use.counters.items():
+                    ck = (dev.driver, dev.pool, use.counter_set, counter)
+                    self.counters[ck] = self.counters.get(ck, Fraction(0)) + (_q(text) or Fraction(0))
+        for cap_key, amount in caps.items():
+            self.capacity[cap_key] = self.capacity.get(cap_key, Fraction(0)) + amount
+        for i, (covered, attr, _distinct) in enumerate(self.constraints):
+            if not covered or choice.request in covered or choice.name in covered:
+                value = _attribute(dev, attr)
+                if value is not None:
+                    self.values[i].append(value)
+        shown = {
+            f"{dom}/{name}" if dom != dev.driver else name: _fmt(a) for (_, dom, name), a in caps.items()
+        }
+        pick = Pick(choice.name, dev, shown if dev.allow_multiple_allocations else {})
+        self.picks.append(pick)
+        # What `undo` needs: whether this pick charged the counters.
+        self._undo_stack.append((dev, choice, caps, first_share))
+        return pick
+
+    _undo_stack: list[tuple[Device, Choice, dict[CapKey, Fraction], bool]]
+
+    def undo(self) -> None:
+        dev, choice, caps, first_share = self._undo_stack.pop()
+        self.picks.pop()
+        key = dev.key
+        if dev.allow_multiple_allocations:
+            if first_share:
+                self.shares.discard(key)
+        else:
+            self.used.discard(key)
+        if first_share:
+            for use in dev.consumes_counters:
+                for counter, text in use.counters.items():
+                    ck = (dev.driver, dev.pool, use.counter_set, counter)
+                    self.counters[ck] -= _q(text) or Fraction(0)
+        for cap_key, amount in caps.items():
+            self.capacity[cap_key] -= amount
+        for i, (covered, _attr, _distinct) in enumerate(self.constraints):
+            covers = not covered or choice.request in covered or choice.name in covered
+            if covers and _attribute(dev, _attr) is not None:
+                self.values[i].pop()
+
+    # -- the search ----------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        self._undo_stack = []
+        return self._request(0)
+
+    def _request(self, i: int) -> bool:
+        if i == len(self.choices):
+            return True
+        for j, choice in enumerate(self.choices[i]):
+            devices = self.candidates.get((i, j), [])
+            if choice.mode == ALL:
+                if devices and self._all(i, choice, devices):
+                    return True
+                continue
+            if self._devices(i, choice, devices, 0, choice.count):
+                return True
+        return False
+
+    def _all(self, i: int, choice: Choice, devices: Sequence[Device]) -> bool:
+        taken = 0
+        ok = True
+        for dev in devices:
+            if not self._step(dev, choice):
+                ok = False
+                break
+            self.take(dev, choice)
+            taken += 1
+        if ok and self._request(i + 1):
+            return True
+        for _ in range(taken):
+            self.undo()
+        return False
+
+    def _step(self, dev: Device, choice: Choice) -> bool:
+        self.budget[0] -= 1
+        if self.budget[0] < 0:
+            raise _TooLarge
+        why = self.why_not(dev, choice)
+        if why is not None:
+            _, rest = _split(dev, why)
+            names = self.rejections.setdefault((choice.name, rest), [])
+            if dev.name not in names:
+                names.append(dev.name)
+            return False
+        return True
+
+    def _devices(self, i: int, choice: Choice, devices: Sequence[Device], start: int, left: int) -> bool:
+        if left == 0:
+            return self._request(i + 1)
+        for k in range(start, len(devices) - left + 1):
+            dev = devices[k]
+            if not self._step(dev, choice):
+                continue
+            self.take(dev, choice)
+            if self._devices(i, choice, devices, k + 1, left - 1):
+                return True
+            self.undo()
+        return False
+
+
+def _same(a: AttrValue | tuple[AttrValue, ...], b: AttrValue | tuple[AttrValue, ...]) -> bool:
+    """matchAttribute: equal scalars, or (list-typed attributes) lists that share a value."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        sa = set(a) if isinstance(a, tuple) else {a}
+        sb = set(b) if isinstance(b, tuple) else {b}
+        return bool(sa & sb)
+    return type(a) is type(b) and a == b
+
+
+def _placements(inventory: Inventory) -> list[str | None]:
+    names: set[str] = set(inventory.node_labels)
+    for d in inventory.devices:
+        if d.node is not None:
+            names.add(d.node)
+        elif d.node_selector is not None:
+            names |= named_nodes(d.node_selector)
+    out: list[str | None] = [*sorted(names)] if names else [None]
+    return out
+
+
+def _reachable(dev: Device, node: str | None, inventory: Inventory) -> bool | None:
+    if node is None or dev.node is not None:
+        return node is None or dev.node == node
+    if dev.all_nodes or dev.node_selector is None:
+        return True
+    return selector_matches(dev.node_selector, node, inventory.node_labels.get(node))
+
+
+def _split(dev: Device, why: str) -> tuple[str, str]:
+    """(device name, the reason without it), so that many devices refused alike read as one line."""
+    prefix = dev.name + " "
+    return (dev.name, why[len(prefix) :]) if why.startswith(prefix) else (dev.name, why)
+
+
+def _devices(names: Sequence[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+def _refusal(why: str, names: Sequence[str]) -> str:
+    """'gpu-1 has taint x' for one device; 'gpu-0, gpu-1, gpu-2 and 5 more: has taint x' for many."""
+    return f"{names[0]} {why}" if len(names) == 1 else f"{_devices(names)}: {why}"
+
+
+def _grouped(refused: Mapping[str, list[str]]) -> list[str]:
+    ordered = sorted(refused.items(), key=lambda kv: -len(kv[1]))
+    return [_refusal(why, names) for why, names in ordered]
+
+
+def _summary(what: str, reasons: Sequence[str]) -> str:
+    shown = list(dict.fromkeys(reasons))
+    more = len(shown) - _MAX_LISTED
+    text = "; ".join(shown[:_MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
+    return f"{what}: {text}" if text else what
+
+
+def allocate(
+    spec: ClaimSpec,
+    inventory: Inventory,
+    classes: Mapping[str, DeviceClassSpec] | None = None,
+    *,
+    claim_key: tuple[str, str] | None = None,
+    max_steps: int = MAX_STEPS,
+    every_node: bool = True,
+    classes_complete: bool | None = None,
+) -> Verdict:
+    """Judge `spec` as a whole against `inventory` (see the module text).
+
+    `classes` are the DeviceClasses known (the inventory's when None); `claim_key` is the claim's
+    (namespace, name) when it is an existing ResourceClaim: its own allocation does not count
+    against it. With `every_node` False the search stops at the first node that fits (a yes/no
+    question, as a rule asks it). A class missing from `classes` is judged not to exist when
+    `classes_complete` (default: the inventory lists DeviceClasses), else the verdict is None.
+    """
+    classes = inventory.classes if classes is None else classes
+    if inventory.is_empty:
+        return Verdict(None, reasons=("no inventory: nothing to allocate from",))
+    choices = choices_of(spec)
+    if not choices:
+        return Verdict(True, notes=("the claim requests no devices",))
+    notes: list[str] = []
+    matched: dict[tuple[int, int], list[Device]] = {}
+    static: list[str] = []
+    for i, alts in enumerate(choices):
+        for j, ch in enumerate(alts):
+            if ch.device_class is None:
+                static.append(f"request {ch.name!r} names no DeviceClass")
+                continue
+            cls = classes.get(ch.device_class)
+            if cls is None:
+                complete = bool(inventory.classes) if classes_complete is None else classes_complete
+                if not complete:
+                    return Verdict(None, reasons=(f"DeviceClass {ch.device_class} is not in the inventory",))
+                static.append(f"request {ch.name!r}: DeviceClass {ch.device_class} does not exist")
+                continue
+            if ch.mode not in (EXACT_COUNT, ALL):
+                static.append(f"request {ch.name!r}: allocationMode {ch.mode!r} is not supported")
+                continue
+            exprs = (*(s.expression for s in cls.selectors), *ch.selectors)
+            try:
+                found = inventory.cached(
+                    ("match", tuple(exprs)), partial(_match, list(exprs), inventory.devices)
+                )
+            except ValueError as e:
+                # cel/syntax reports the selector; the scheduler would refuse the claim outright.
+                return Verdict(None, reasons=(f"request {ch.name!r}: a selector does not compile ({e})",))
+            unknown_sets = sorted(
+                {
+                    f"{d.name} consumes counter set {u.counter_set} of pool {d.pool}"
+                    for d in found or ()
+                    for u in d.consumes_counters
+                    if (d.driver, d.pool, u.counter_set) not in inventory.counter_sets
+                }
+            )
+            if unknown_sets:
+                # The counters live in slices the inventory lacks (1.35+ publishes them apart):
+                # what is left of them cannot be known, so neither can the answer.
+                return Verdict(
+                    None,
+                    reasons=(
+                        _summary("counters not in the inventory", unknown_sets)
+                        + "; add the pool's counter slices",
+                    ),
+                )
+            if found is None:
+                return Verdict(
+                    None,
+                    reasons=(f"request {ch.name!r}: a selector is beyond what can be evaluated offline",),
+                )
+            matched[(i, j)] = found
+            if any(d.binding_conditions for d in found):
+                notes.append(f"request {ch.name!r}: some devices have binding conditions; "
+                             "the pod waits for them after allocation")  # fmt: skip
+    hopeless = [i for i, alts in enumerate(choices) if not any((i, j) in matched for j in range(len(alts)))]
+    if hopeless:
+        names = {choices[i][0].request for i in hopeless}
+        mine = [r for r in static if r.split("'")[1].split("/")[0] in names]
+        return Verdict(False, reasons=tuple(dict.fromkeys(mine)), notes=tuple(dict.fromkeys(notes)))
+    by_key = {d.key: d for d in inventory.devices}
+    baseline = _Baseline(inventory, by_key, claim_key)
+    budget = [max_steps]
+    ok_nodes: list[str | None] = []
+    first_picks: tuple[Pick, ...] = ()
+    failures: list[str] = []  # a request alone on a node, with devices there
+    together: list[str] = []  # every request fits alone, not all at once
+    nowhere: dict[tuple[str, str | None], list[str]] = {}  # (request, class) -> nodes with no match
+    undecided_nodes: list[str] = []
+    unknown_nodes: list[str] = []  # nodes that failed while some device's reach there was unknown
+    # Per choice: its devices on each named node, and those reachable from several nodes; so that a
+    # node's candidates cost what it has, not the whole inventory (thousands of nodes).
+    indexed: dict[tuple[int, int], tuple[dict[str, list[Device]], list[Device]]] = {}
+    for ij, found in matched.items():
+        on_node: dict[str, list[Device]] = {}
+        roaming: list[Device] = []
+        for d in found:
+            if d.node is not None:
+                on_node.setdefault(d.node, []).append(d)
+            else:
+                roaming.append(d)
+        indexed[ij] = (on_node, roaming)
+    for node in _placements(inventory):
+        where = node or "the cluster"
+        candidates: dict[tuple[int, int], list[Device]] = {}
+        node_reasons: list[str] = []
+        unknown_reach = 0
+        for ij, (on_node, roaming) in indexed.items():
+            here = (
+                list(on_node.get(node, ()))
+                if node is not None
+                else [d for ds in on_node.values() for d in ds]
+            )
+            for d in roaming:
+                reach = _reachable(d, node, inventory)
+                if reach is None:
+                    unknown_reach += 1
+                elif reach:
+                    here.append(d)
+            candidates[ij] = here
+        if unknown_reach:
+            notes.append(f"{unknown_reach} device(s) have a nodeSelector on labels the inventory has no "
+                         f"Node objects for (e.g. {where}); add `kubectl get nodes -o yaml`")  # fmt: skip
+        # Requests that cannot be met even alone on this node: name the devices and why.
+        search = _Search(inventory, spec, choices, candidates, baseline, budget)
+        search._undo_stack = []
+        alone_ok = True
+        for i, alts in enumerate(choices):
+            per_choice: list[str] = []
+            empty: list[tuple[str, str | None]] = []
+            for j, ch in enumerate(alts):
+                if (i, j) not in matched:
+                    continue
+                here = candidates[(i, j)]
+                if not here:
+                    empty.append((ch.name, ch.device_class))
+                    continue
+                usable = []
+                refused: dict[str, list[str]] = {}
+                for d in here:
+                    w = search.why_not(d, ch)
+                    if w is None:
+                        usable.append(d)
+                    else:
+                        refused.setdefault(_split(d, w)[1], []).append(d.name)
+                need = 1 if ch.mode == ALL else ch.count
+                bad = ch.mode == ALL and refused
+                if len(usable) < need or bad:
+                    amount = "every matching device" if ch.mode == ALL else f"{need} device(s)"
+                    head = (f"request {ch.name!r} needs {amount} of class {ch.device_class} on {where}; "
+                            f"{len(here)} match there, {len(usable)} usable")  # fmt: skip
+                    per_choice.append(_summary(head, _grouped(refused)))
+                else:
+                    per_choice, empty = [], []
+                    break
+            else:
+                if per_choice or empty:
+                    alone_ok = False
+                    node_reasons.extend(per_choice)
+                    for missing in empty:
+                        nowhere.setdefault(missing, []).append(where)
+        if not alone_ok:
+            if unknown_reach:
+                unknown_nodes.append(where)  # a device of unknown reach might have made it fit
+            failures.extend(node_reasons)
+            continue
+        try:
+            fits = search.run()
+        except _TooLarge:
+            undecided_nodes.append(where)
+            break
+        if fits:
+            ok_nodes.append(node)
+            if not first_picks:
+                first_picks = tuple(search.picks)
+            if not every_node:
+                break
+            continue
+        by_request = sorted(search.rejections.items(), key=lambda kv: -len(kv[1]))
+        common = [f"request {req!r}: {_refusal(why, names)}" for (req, why), names in by_request]
+        together.append(_summary(f"on {where} the requests cannot be satisfied together", common))
+        if unknown_reach:
+            unknown_nodes.append(where)
+    notes = list(dict.fromkeys(notes))
+    if ok_nodes:
+        return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes))
+    if undecided_nodes:
+        return Verdict(
+            None,
+            reasons=(
+                f"too large to decide offline: more than {max_steps} device choices tried "
+                f"(stopped on {undecided_nodes[0]})",
+            ),
+            notes=tuple(notes),
+        )
+    if unknown_nodes:
+        return Verdict(
+            None,
+            reasons=(
+                f"cannot be decided without the labels of {_devices(unknown_nodes)}: devices with a "
+                "nodeSelector on other labels than the hostname might be reachable there",
+            ),
+            notes=tuple(notes),
+        )
+    for (name, class_name), nodes in nowhere.items():
+        more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+        failures.append(f"request {name!r}: no device of class {class_name} on {', '.join(nodes[:3])}{more}")
+    reasons = list(dict.fromkeys([*together, *failures]))
+    return Verdict(False, (), (), tuple(reasons) or ("no node offers the devices",), tuple(notes))
+
+
+def describe_picks(picks: Sequence[Pick]) -> Iterator[str]:
+    for p in picks:
+        share = ", ".join(f"{k} {v}" for k, v in sorted(p.consumed.items()))
+        yield f"{p.request}: {p.device.name}" + (f" ({share})" if share else "")
