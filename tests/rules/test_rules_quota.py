@@ -466,3 +466,97 @@ def test_only_gpu_driver_devices_count_as_gpu_equivalents() -> None:
     mig = dev("gpu.nvidia.com", type="mig", profile="3g.20gb", productName="NVIDIA A100-SXM4-40GB")
     assert device_fraction(mig) == Fraction(3, 7)
     assert device_fraction(dev("nic.example.com", model="cx7")) == 0
+
+
+# -- sharing (KEP-5075) and partitions (KEP-4815) ------------------------------------------------
+
+SHARING_INVENTORY = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com}
+spec:
+  selectors:
+  - cel:
+      expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: mig.nvidia.com}
+spec:
+  selectors:
+  - cel:
+      expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: shared}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: node-a, generation: 1, resourceSliceCount: 1}
+  nodeName: node-a
+  devices:
+  - name: gpu-0
+    allowMultipleAllocations: true
+    attributes: {type: {string: gpu}, productName: {string: NVIDIA H100 80GB HBM3}}
+    capacity:
+      memory:
+        value: 80Gi
+        requestPolicy: {default: 80Gi, validRange: {min: 10Gi, step: 10Gi}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: counters}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: node-b, generation: 1, resourceSliceCount: 2}
+  nodeName: node-b
+  sharedCounters:
+  - name: gpu-0-counters
+    counters: {memory: {value: 80Gi}, multiprocessors: {value: "132"}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: partitions}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: node-b, generation: 1, resourceSliceCount: 2}
+  nodeName: node-b
+  devices:
+  - name: gpu-0-mig-3g40gb-0
+    attributes:
+      type: {string: mig}
+      profile: {string: 3g.40gb}
+      productName: {string: NVIDIA H100 80GB HBM3}
+    capacity: {memory: {value: 40Gi}}
+    consumesCounters:
+    - counterSet: gpu-0-counters
+      counters: {memory: {value: 40Gi}, multiprocessors: {value: "60"}}
+"""
+
+
+def _share(name: str, memory: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    if memory is not None:
+        body["capacity"] = {"requests": {"memory": memory}}
+    return _claim([{"name": "g", "exactly": body}], name=name)
+
+
+def test_shares_of_one_gpu_are_charged_their_consumed_capacity() -> None:
+    inv = Inventory.from_objects(list(yaml.safe_load_all(SHARING_INVENTORY)))
+    u = compute_usage([_share("a", "10Gi"), _share("b", "10Gi")], {}, PolicySet.empty(), inv)
+    assert u.gpu_equivalents["ml"] == pytest.approx(0.25)  # 2 x 10Gi of 80Gi, not 2 GPUs
+    # Devices are still counted as ResourceQuota counts them: one per request.
+    assert u.devices[("ml", "gpu.nvidia.com")] == 2
+    # 15Gi is rounded up to the next 10Gi step; no request takes the policy's default (the whole GPU).
+    calc = QuotaCalculator(inv)
+    spec = read_claim_spec(_share("c", "15Gi")["spec"], "resource.k8s.io/v1")
+    assert calc.claim_gpu_equivalents(spec) == Fraction(1, 4)
+    whole = read_claim_spec(_share("d", None)["spec"], "resource.k8s.io/v1")
+    assert calc.claim_gpu_equivalents(whole) == 1
+
+
+def test_a_partition_is_charged_by_the_counters_it_consumes() -> None:
+    inv = Inventory.from_objects(list(yaml.safe_load_all(SHARING_INVENTORY)))
+    spec = read_claim_spec(_claim([_exact("p", "mig.nvidia.com")])["spec"], "resource.k8s.io/v1")
+    # 40Gi of an 80Gi set and 60 of 132 multiprocessors: the larger share, 1/2.
+    assert QuotaCalculator(inv).claim_gpu_equivalents(spec) == Fraction(1, 2)

@@ -13,7 +13,11 @@ GPU-equivalents (a draguard budget with no ResourceQuota key) count what the cla
 a request is charged its largest alternative (1 x H100 or 2 x A100: 2), an `All` request the most
 devices its class matches on one node of the inventory (32 without an inventory). A full GPU is 1,
 a MIG device its compute-slice fraction of the parent (3g.20gb = 3/7 on A100/H100; A30 profiles
-are out of 4).
+are out of 4). A partition that consumes shared counters (KEP-4815) is charged the largest share of
+its counter set it takes (a 40Gi partition of an 80Gi set: 1/2). A share of a multi-allocatable
+device (KEP-5075) is charged what it consumes over the device's capacity after the request
+policy's rounding, the largest over the device's capacities (10Gi of an 80Gi H100: 1/8); devices
+of a class sharing nothing are charged whole.
 
 Pure: the server feeds cached claims to `compute_usage`; nothing here does I/O.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 from driver.schema import DRIVER_NAME
 from webhook.core.findings import Mode
+from webhook.dra.capacity import consumed, parse_quantity
 from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import (
@@ -40,6 +45,7 @@ from webhook.dra.objects import (
     as_map,
     as_str,
     claim_spec_of,
+    qualify,
 )
 from webhook.engine.context import QuotaUsage
 from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_match
@@ -97,6 +103,42 @@ def device_fraction(device: Device) -> Fraction:
     return Fraction(1)
 
 
+def partition_fraction(
+    device: Device, counter_sets: Mapping[tuple[str, str, str], Mapping[str, str]]
+) -> Fraction | None:
+    """The largest share of its pool's counter sets a partition consumes; None when it consumes none."""
+    best: Fraction | None = None
+    for use in device.consumes_counters:
+        totals = counter_sets.get((device.driver, device.pool, use.counter_set), {})
+        for name, text in use.counters.items():
+            need, total = parse_quantity(text), parse_quantity(totals.get(name, ""))
+            if need is None or total is None or total.value <= 0:
+                continue
+            ratio = min(max(need.value / total.value, Fraction(0)), Fraction(1))
+            best = ratio if best is None else max(best, ratio)
+    return best
+
+
+def share_fraction(device: Device, requests: Mapping[str, str]) -> Fraction:
+    """What one allocation of a multi-allocatable device takes of it: each capacity's consumed amount
+    (the request rounded by the policy; the policy's default or the whole capacity when not
+    requested, as the scheduler fills it) over the capacity, the largest."""
+    wanted = {qualify(k, device.driver): v for k, v in requests.items()}
+    best: Fraction | None = None
+    for dom, caps in device.capacity.items():
+        for name, text in caps.items():
+            value = parse_quantity(text)
+            if value is None or value.value <= 0:
+                continue
+            asked = wanted.get((dom, name))
+            requested = parse_quantity(asked) if asked is not None else None
+            policy = device.capacity_policy.get(dom, {}).get(name)
+            ratio = consumed(requested, value, policy).value / value.value
+            ratio = min(max(ratio, Fraction(0)), Fraction(1))
+            best = ratio if best is None else max(best, ratio)
+    return Fraction(1) if best is None else best
+
+
 def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device]:
     """Devices for which every expression is true; evaluation and compile errors count as no match
     (the CEL linter reports them)."""
@@ -120,6 +162,10 @@ class QuotaCalculator:
     classes: Mapping[str, DeviceClassSpec] | None = None
     _matches: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict)
     _fractions: dict[str, Fraction] = field(default_factory=dict)
+    _shared: dict[str, bool] = field(default_factory=dict)
+    _shares: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], Fraction] = field(
+        default_factory=dict
+    )
 
     def class_spec(self, class_name: str) -> DeviceClassSpec | None:
         classes = self.classes if self.classes is not None else self.inventory.classes
@@ -177,10 +223,11 @@ class QuotaCalculator:
         num, den = 0, 1
         for req in spec.requests:
             best_n, best_d = 0, 1
-            for cls, selectors, mode, count, _ptr in req.alternatives():
+            asks = [s.capacity_requests for s in req.first_available] or [req.capacity_requests]
+            for (cls, selectors, mode, count, _ptr), ask in zip(req.alternatives(), asks, strict=True):
                 if cls:
                     held = self.obtainable(cls, selectors, mode, count)
-                    frac = self.class_fraction(cls)
+                    frac = self.request_fraction(cls, selectors, ask)
                     n, d = frac.numerator * held, frac.denominator
                     if n * best_d > best_n * d:
                         best_n, best_d = n, d
@@ -199,6 +246,46 @@ class QuotaCalculator:
             for cls, n in per_req.items():
                 total[cls] = total.get(cls, 0) + n
         return total
+
+    def request_fraction(
+        self, class_name: str, selectors: Sequence[Selector], capacity_requests: Mapping[str, str]
+    ) -> Fraction:
+        """GPU-equivalents per device one request gets: the class's fraction, unless the devices it
+        can get are shared (multi-allocatable), where the share it consumes counts instead."""
+        frac = self.class_fraction(class_name)
+        if not self._is_shared(class_name):
+            return frac  # the common case: no shared device anywhere in the class
+        key = (class_name, tuple(s.expression for s in selectors), tuple(sorted(capacity_requests.items())))
+        hit = self._shares.get(key)
+        if hit is None:
+            devs = self.matching(class_name, selectors) or []
+            hit = max(
+                (self.device_share(d, capacity_requests) for d in devs),
+                default=frac,
+            )
+            self._shares[key] = hit
+        return hit
+
+    def _is_shared(self, class_name: str) -> bool:
+        """Whether any device the class matches is multi-allocatable."""
+        hit = self._shared.get(class_name)
+        if hit is None:
+            hit = any(d.allow_multiple_allocations for d in self.matching(class_name) or ())
+            self._shared[class_name] = hit
+        return hit
+
+    def device_share(self, device: Device, capacity_requests: Mapping[str, str]) -> Fraction:
+        """GPU-equivalents one allocation of `device` takes."""
+        base = self.device_equivalents(device)
+        if device.allow_multiple_allocations:
+            return base * share_fraction(device, capacity_requests)
+        return base
+
+    def device_equivalents(self, device: Device) -> Fraction:
+        """A whole device in GPU-equivalents: a counter-consuming partition by its counters, else
+        `device_fraction`."""
+        part = partition_fraction(device, self.inventory.counter_sets) if device.consumes_counters else None
+        return part if part is not None else device_fraction(device)
 
     def class_fraction(self, class_name: str) -> Fraction:
         """GPU-equivalents per device of a class.
@@ -219,7 +306,7 @@ class QuotaCalculator:
         frac: Fraction | None = None
         devs = self.matching(class_name)
         if devs:
-            frac = max(device_fraction(d) for d in devs)
+            frac = max(self.device_equivalents(d) for d in devs)
         if frac is None:
             cls = self.class_spec(class_name)
             for sel in cls.selectors if cls else ():
