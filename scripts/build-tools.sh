@@ -39,6 +39,10 @@ for n in "${names[@]}"; do
     if [[ -x "$out" ]]; then say "up to date: $n"; continue; fi
     say "building $n"
     t0=$SECONDS
+    # A tool whose module the Go proxy does not serve fetches that source first (see its source.sh).
+    if [[ -x "$ROOT/tools/$n/source.sh" ]]; then
+        "$ROOT/tools/$n/source.sh" || die "tools/$n/source.sh failed (exact error above)"
+    fi
     mkdir -p "$(dirname "$out")"
     (cd "$ROOT/tools/$n" && CGO_ENABLED=0 go build -p "$JOBS" -trimpath -mod=readonly -o "$out.tmp.$$" .) ||
         { rm -f "$out.tmp.$$"; die "go build tools/$n failed (exact error above)"; }

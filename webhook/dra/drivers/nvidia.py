@@ -12,9 +12,12 @@ NVIDIA/k8s-dra-driver-gpu, whose 22407113 has the same config API less `mpsConfi
   which device type; `applyConfig`: `GetTimeSlicingConfig`/`GetMpsConfig`) and `sharing.go`
   (`MpsPerDevicePinnedMemoryLimit.Normalize`: limits of at least 1 MiB, keys an index or a UUID).
 
-The Go module could not be fetched through the Go module proxy here (403 for every version of
-github.com/NVIDIA/k8s-dra-driver-gpu and sigs.k8s.io/dra-driver-nvidia-gpu), so these rules are a
-port, kept in step with the sources above by `tests/rules/test_nvidia_config.py`.
+The Go module proxy does not serve the driver's module (403 for every version of
+github.com/NVIDIA/k8s-dra-driver-gpu and sigs.k8s.io/dra-driver-nvidia-gpu), so admission cannot
+link NVIDIA's code and runs this port. `tools/nvconfig` builds NVIDIA's own API types from the
+driver's source at 95932046 (fetched from git by its source.sh), and
+`tests/rules/test_nvidia_differential.py` requires the same verdict from both on hand-written and
+generated configs, with the sharing gates on and off.
 
 Sharing needs the driver's `TimeSlicingSettings` / `MPSSupport` feature gates (alpha, off by default);
 without them the driver refuses every `sharing` block. The gates are node flags admission cannot
