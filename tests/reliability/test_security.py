@@ -219,3 +219,76 @@ def test_manifests_non_root_read_only() -> None:
             assert user is None or int(user) != 0, f"{where}: runs as uid 0"
             assert "ALL" in ((sc.get("capabilities") or {}).get("drop") or []), f"{where}: capabilities kept"
     assert privileged == ["DaemonSet/draguard-driver"], privileged
+
+
+def _client_hello() -> bytes:
+    import contextlib
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    out = ssl.MemoryBIO()
+    obj = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname="draguard-webhook")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return out.read()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def _server_closed(sock: Any) -> bool:
+    """Whether the server closed the connection (what it sent first, a server hello, is read)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_connections_that_never_finish_tls_cost_little_and_stay_within_the_limit(
+    tmp_path: Path, certs: Path, inventory_file: Path
+) -> None:
+    """1,200 connections that never send a byte and 1,200 that stop after their ClientHello, at the
+    shipped settings (256 connections): the replica keeps at most 256 of them, closes the rest at
+    once, grows by little, and answers reviews throughout."""
+    import socket
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
+    body = json.dumps(review_body(pod)).encode()
+    wh = WebhookProcess(tmp_path, certs, inventory_file).start(log_level="warning")
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(10):
+            assert wh.post("/validate", body)[0] == 200
+        base = _rss(wh.pid)
+        hello = _client_hello()
+        for i in range(2400):
+            sock = socket.create_connection(("127.0.0.1", wh.port), timeout=10)
+            if i >= 1200:
+                sock.sendall(hello)
+            socks.append(sock)
+        # Accepted in order: once this is answered, the server has seen every connection above.
+        status, doc = wh.post("/validate", body)
+        assert status == 200 and doc["response"]["allowed"] is True
+        grown = _rss(wh.pid) - base
+        open_now = sum(not _server_closed(s) for s in socks)
+        assert open_now <= 256, f"{open_now} connections held past the limit of 256"
+        # About 50 KiB for each of the 256 held handshakes, a few KiB for the rest: far below the
+        # 300 KiB apiece the TLS layer cost when it was made at the accept.
+        assert grown < 40 * 1024 * 1024, f"RSS grew {grown / 2**20:.1f} MiB"
+    finally:
+        for sock in socks:
+            sock.close()
+        wh.stop()
+    assert "Traceback" not in wh.log()
