@@ -753,7 +753,8 @@ def _denied(first: Outcome | None, request: Mapping[str, Any], reason: str) -> O
     uid = str(request.get("uid") or "")
     ns = str(request.get("namespace") or "")
     name = str(request.get("name") or "")
-    msg = f"draguard denied ResourceClaim {ns}/{name} (quota/ledger): {reason}"
+    # The names are the sender's and may be anything: the message carries them escaped and cut.
+    msg = f"draguard denied ResourceClaim {safe(ns, 63)}/{safe(name, 253)} (quota/ledger): {reason}"
     return Outcome(
         response={
             "uid": uid,
