@@ -4,9 +4,11 @@ with the reason and what to do instead."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -193,3 +195,64 @@ def test_draguard_migrate_picks_the_class_of_the_pinned_gpu(tmp_path: Path) -> N
     out = migrate_paths([str(tmp_path)], policies=str(ROOT / "policies"), policies_required=True,
                         strategy=None, write=False)
     assert "deviceClassName: gpu.nvidia.com-l4" in out.output, (out.output, out.notes)
+
+
+def _slice(node: str, nvlink: list[str | None]) -> dict[str, Any]:
+    devices = []
+    for i, domain in enumerate(nvlink):
+        attrs: dict[str, Any] = {"type": {"string": "gpu"},
+                                 "productName": {"string": "NVIDIA H100 80GB HBM3"}}
+        if domain is not None:
+            attrs["nvlinkDomain"] = {"string": domain}
+        devices.append({"name": f"gpu-{i}", "attributes": attrs})
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1,
+                     "resourceSliceCount": 1}, "devices": devices}}  # fmt: skip
+
+
+H100_CLASS = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com-h100"},
+    "spec": {"selectors": [{"cel": {"expression": (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu' && "
+        "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')")}}]},
+}  # fmt: skip
+
+
+def _vllm_tp2() -> dict[str, Any]:
+    # The Kueue example's leader template as a Deployment with 2 GPUs, without Kueue.
+    (src,) = _sources("lws-vllm-kueue.yaml")
+    leader = src.obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    spec = copy.deepcopy(dict(leader["spec"]))
+    spec["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+    meta = {"name": "vllm", "namespace": "team-ml"}
+    template = {"template": {"spec": spec}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": template}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "joined"),
+    [
+        # Every node with two H100s has them in one NVLink domain: the template requires it.
+        ({"node-a": ["d0", "d0"], "node-b": ["d1", "d1", "d2", "d2"]}, True),
+        # PCIe H100s publish no nvlinkDomain: a constraint could never be met there.
+        ({"node-a": ["d0", "d0"], "node-b": [None, None]}, False),
+    ],
+)
+def test_multi_gpu_templates_join_gpus_by_nvlink_where_the_inventory_allows(
+    nodes: dict[str, list[str | None]], joined: bool
+) -> None:
+    inventory = Inventory.from_objects([*(_slice(n, d) for n, d in nodes.items()), H100_CLASS])
+    ctx = Context(namespace_labels=MIGRATE, admission=True)
+    report = evaluate([SourceObject(_vllm_tp2())], POLICIES, inventory, ctx, rule_modules=("migrate",))
+    (f,) = [f for f in report.findings if f.rule == RULE]
+    (tmpl,) = f.generated
+    devices = tmpl["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com-h100"
+    want = [{"requests": ["gpu"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}] if joined else None
+    assert devices.get("constraints") == want
+    # The migrated workload and its template pass draguard's own review without the interconnect
+    # warning whenever the inventory lets the constraint be written.
+    rewritten = jsonpatch.apply_patch(_vllm_tp2(), f.patch)
+    review = evaluate([SourceObject(rewritten), SourceObject(tmpl)], POLICIES, inventory, Context())
+    interconnect = [x for x in review.findings if x.rule == "structure/interconnect"]
+    assert bool(interconnect) == (not joined), [x.message for x in review.findings]

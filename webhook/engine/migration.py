@@ -18,7 +18,7 @@ import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
 from webhook.core.findings import JsonPatch
 from webhook.core.frozen import one_call_init
-from webhook.dra.objects import ClaimSpec, DeviceRequest, Selector, as_map, claim_template, esc
+from webhook.dra.objects import ClaimSpec, Constraint, DeviceRequest, Selector, as_map, claim_template, esc
 from webhook.dra.workloads import pod_spec_of
 from webhook.policy.model import MigrationPolicy, ResourceMapping
 
@@ -293,16 +293,54 @@ def template_name_for(mapping: ResourceMapping, count: int) -> str:
 
 def claim_template_for(
     name: str, namespace: str | None, mapping: ResourceMapping, count: int, resource: str,
-    api_version: str = DEFAULT_CLAIM_API_VERSION,
+    api_version: str = DEFAULT_CLAIM_API_VERSION, interconnect: str | None = None,
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate asking for exactly `count` devices of the mapping's DeviceClass."""
+    """A ResourceClaimTemplate asking for exactly `count` devices of the mapping's DeviceClass
+    (joined by `interconnect`, a matchAttribute constraint, when given)."""
     request = DeviceRequest(
         name="mig" if mig_profile_of(resource) else "gpu",
         device_class=mapping.device_class,
         selectors=tuple(Selector(e) for e in mapping.selectors),
         count=count,
     )
-    return claim_template(name, namespace, ClaimSpec(requests=(request,)), api_version)
+    joined = (Constraint(requests=(request.name,), match_attribute=interconnect),) if interconnect else ()
+    spec = ClaimSpec(requests=(request,), constraints=joined)
+    return claim_template(name, namespace, spec, api_version)
+
+
+NVLINK_ATTRIBUTE = ("gpu.nvidia.com", "nvlinkDomain")
+
+
+def interconnect_for(
+    device_class: str, count: int, classes: Mapping[str, Any] | None, inventory: Any
+) -> str | None:
+    """`gpu.nvidia.com/nvlinkDomain` when a claim for `count` devices of the class can require it
+    without losing a node: every node of the inventory with `count` such devices has `count` of them
+    in one NVLink domain. None when the inventory cannot tell (the device plugin gave any `count`
+    GPUs of a node; a constraint on GPUs without NVLink would never be satisfied)."""
+    if count < 2 or inventory is None or not classes or device_class not in classes:
+        return None
+    from webhook.cel.match import match_devices
+
+    exprs = [str(getattr(sel, "expression", "")) for sel in getattr(classes[device_class], "selectors", ())]
+    by_node = inventory.devices_by_node() if hasattr(inventory, "devices_by_node") else {}
+    placed = False
+    for devices in by_node.values():
+        try:
+            matched = match_devices(exprs, devices).matched if exprs else list(devices)
+        except Exception:  # a selector that does not compile: the class is reported elsewhere
+            return None
+        if len(matched) < count:
+            continue
+        domains: dict[str, int] = {}
+        for d in matched:
+            value = d.attributes.get(NVLINK_ATTRIBUTE[0], {}).get(NVLINK_ATTRIBUTE[1])
+            if value is not None:
+                domains[str(value)] = domains.get(str(value), 0) + 1
+        if max(domains.values(), default=0) < count:
+            return None
+        placed = True
+    return "/".join(NVLINK_ATTRIBUTE) if placed else None
 
 
 # -- what a rewrite cannot do right -------------------------------------------------------------
@@ -510,6 +548,7 @@ def plan_pod_spec(
     allowed: Callable[[str], bool] | None = None,
     build: bool = True,
     classes: Mapping[str, Any] | None = None,
+    inventory: Any = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -557,11 +596,20 @@ def plan_pod_spec(
         taken.add(name)
         return name
 
+    links: dict[tuple[str, int], str | None] = {}
+
     def template_for(mapping: ResourceMapping, count: int, resource: str) -> str:
+        key = (mapping.device_class, count)
+        if key not in links:
+            links[key] = interconnect_for(mapping.device_class, count, classes, inventory)
+        link = links[key]
         tname = template_name_for(mapping, count)
+        if link:
+            # Another template than the one without the constraint: never the same name for both.
+            tname = dns_label(f"{tname}-nvlink", _DNS_SUBDOMAIN_MAX)
         if tname not in templates:  # built once per distinct template, not once per container
             templates[tname] = claim_template_for(
-                tname, namespace, mapping, count, resource, api_version or policy.claim_api_version
+                tname, namespace, mapping, count, resource, api_version or policy.claim_api_version, link
             ) if build else {}
         return tname
 

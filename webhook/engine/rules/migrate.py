@@ -157,7 +157,7 @@ def _check_template(
         api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
         allowed=tier_allowed(rc.policies, item.obj, namespace, labels),
         # Only a migrating namespace gets the patch and the templates; the others get the text.
-        build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes,
+        build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes, inventory=rc.inventory,
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
