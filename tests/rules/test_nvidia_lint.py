@@ -117,3 +117,33 @@ def test_detection_evidence(nv_inventory: Inventory) -> None:
     assert detect(None, requested=["gpu.nvidia.com"]).schema.name == "draguard"
     with pytest.raises(ValueError, match="unknown driver schema 'amd'; use one of: draguard, nvidia"):
         detect("amd")
+
+
+# -- matchAttribute constraints (structure/interconnect) ----------------------------------------------
+
+
+def _structure(objs: list[SourceObject], inventory: Inventory | None = None, **ctx: Any) -> list[Finding]:
+    r = evaluate(objs, PolicySet.empty(), inventory or Inventory.empty(), Context(**ctx),
+                 rule_modules=("structure",))
+    assert not [f for f in r.findings if f.rule.startswith("internal/")], r.findings
+    return [f for f in r.findings if f.rule == "structure/interconnect"]
+
+
+def test_fabric_manager_partition_constraint_is_an_interconnect(nv_inventory: Inventory) -> None:
+    fm = read_sources(NV / "fm-partition-templates.yaml")
+    assert _structure(fm) == []
+    assert _structure(fm, nv_inventory) == []
+    # The bundled driver publishes no partitions: there the constraint never holds.
+    [f] = _structure(fm, driver_schema="draguard")
+    assert f.mode is Mode.ENFORCE and "partition2" in f.message
+
+
+def test_interconnect_fixes_name_the_drivers_own_attribute(nv_inventory: Inventory) -> None:
+    doc = load_docs(NV / "fm-partition-templates.yaml")[0]
+    doc["spec"]["spec"]["devices"]["constraints"][0]["matchAttribute"] = "gpu.nvidia.com/partiton2"
+    [f] = _structure([SourceObject(doc)], nv_inventory)
+    assert f.fix == "constrain on 'gpu.nvidia.com/partition2' (matchAttribute: gpu.nvidia.com/partition2)"
+    del doc["spec"]["spec"]["devices"]["constraints"]
+    [f] = _structure([SourceObject(doc)], nv_inventory)
+    assert f.mode is Mode.WARN and "matchAttribute: gpu.nvidia.com/partition2" in (f.fix or "")
+    assert "nvlinkDomain" not in (f.fix or "")

@@ -7,16 +7,17 @@ enforce; what admits but misbehaves (never allocates, unused claims, old version
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import yaml
 
-from driver.schema import ATTRIBUTES, lookup
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
+from webhook.dra.drivers import DriverSchema
 from webhook.dra.objects import (
     ALL,
     DRA_KINDS,
@@ -38,6 +39,7 @@ from webhook.dra.objects import (
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.resolve import claim_refs, per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
+from webhook.engine.rules.opaque import driver_schema
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRIVER_DOMAIN = "gpu.nvidia.com"
@@ -46,6 +48,7 @@ INTERCONNECT_ATTRIBUTES: frozenset[str] = frozenset(
     {"gpu.nvidia.com/nvlinkDomain", "resource.kubernetes.io/pcieRoot", "gpu.nvidia.com/cliqueID"}
 )
 PREFERRED_INTERCONNECT = "gpu.nvidia.com/nvlinkDomain"
+_FM_PARTITION = re.compile(r"gpu\.nvidia\.com/partition[0-9]+")
 
 
 def _dump(obj: Any) -> str:
@@ -371,25 +374,40 @@ def _is_partition_class(name: str | None, rc: RuleContext) -> bool:
     return cls is not None and any("mig" in s.expression.lower() for s in cls.selectors)
 
 
-def _known_attribute(attr: str, published: frozenset[tuple[str, str]]) -> bool:
+def _known_attribute(attr: str, published: frozenset[tuple[str, str]], schema: DriverSchema) -> bool:
     dom, _, name = attr.rpartition("/")
     if published:
         return (dom, name) in published
-    if dom in (DRIVER_DOMAIN, "resource.kubernetes.io"):
-        return lookup(dom, name, "attribute") is not None
+    if dom in schema.domains:
+        return schema.lookup(dom, name, "attribute") is not None
     return True  # a third-party domain offline: nothing to check against
 
 
-def _suggest_attribute(attr: str, published: frozenset[tuple[str, str]]) -> str:
+def _preferred_interconnect(schema: DriverSchema, count: int = 0) -> str:
+    """The attribute joining NVLink-connected GPUs in the driver serving the cluster: draguard's
+    `nvlinkDomain`, or NVIDIA's Fabric Manager partition of `count` GPUs (NVSwitch systems)."""
+    if schema.lookup(DRIVER_DOMAIN, "nvlinkDomain", "attribute") is not None:
+        return PREFERRED_INTERCONNECT
+    size = next((n for n in (2, 4, 8) if n >= count), 8)
+    return f"{DRIVER_DOMAIN}/partition{size}"
+
+
+def _is_interconnect(attr: str) -> bool:
+    # NVIDIA's Fabric Manager partitions: GPUs sharing partitionN are joined through NVSwitch.
+    return attr in INTERCONNECT_ATTRIBUTES or _FM_PARTITION.fullmatch(attr) is not None
+
+
+def _suggest_attribute(attr: str, published: frozenset[tuple[str, str]], schema: DriverSchema) -> str:
     name = attr.rpartition("/")[2]
     if "nvlink" in name.lower() or "interconnect" in name.lower() or "link" in name.lower():
-        return PREFERRED_INTERCONNECT
+        return _preferred_interconnect(schema)
     if published:
         candidates = [f"{d}/{n}" for d, n in published]
     else:
-        candidates = [f"{s.domain}/{s.name}" for s in ATTRIBUTES if s.kind == "attribute"]
+        candidates = [f"{s.domain}/{s.name}" for s in schema.attributes if s.kind == "attribute"
+                      and not s.is_pattern]
     close = difflib.get_close_matches(attr, candidates, n=1, cutoff=0.5)
-    return close[0] if close else PREFERRED_INTERCONNECT
+    return close[0] if close else _preferred_interconnect(schema)
 
 
 def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]:
@@ -398,6 +416,7 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
         return
     spec, _ = read
     published = rc.inventory.published_attributes()
+    schema = driver_schema(rc).schema
     good_constraint: set[str] = set()
     for c in spec.constraints:
         attr = c.match_attribute
@@ -414,13 +433,13 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
                 pointer=f"{c.pointer}/matchAttribute",
             )
             continue
-        if not _known_attribute(attr, published):
+        if not _known_attribute(attr, published, schema):
             where = (
                 "is published by no device in the inventory"
                 if published
-                else f"is not an attribute of the {DRIVER_DOMAIN} driver schema"
+                else f"is not an attribute of the {DRIVER_DOMAIN} driver schema ({schema.title})"
             )
-            suggestion = _suggest_attribute(attr, published)
+            suggestion = _suggest_attribute(attr, published, schema)
             yield rc.finding(
                 item,
                 "structure/interconnect",
@@ -432,7 +451,7 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
                 pointer=f"{c.pointer}/matchAttribute",
             )
             continue
-        if attr in INTERCONNECT_ATTRIBUTES:
+        if _is_interconnect(attr):
             for r in spec.covers(c.requests):
                 good_constraint.add(r.name)
     for req in spec.requests:
@@ -443,7 +462,7 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
             continue
         # A bad-attribute constraint on this request was already reported above.
         if any(
-            c.match_attribute and not _known_attribute(c.match_attribute, published)
+            c.match_attribute and not _known_attribute(c.match_attribute, published, schema)
             for c in spec.constraints
             if req in spec.covers(c.requests)
         ):
@@ -458,7 +477,7 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
             "interconnect attribute; the scheduler may pick GPUs that are not joined by NVLink",
             fix=(
                 "add to spec.devices.constraints:\n"
-                + _dump([{"requests": [req.name], "matchAttribute": PREFERRED_INTERCONNECT}])
+                + _dump([{"requests": [req.name], "matchAttribute": _preferred_interconnect(schema, count)}])
             ),
             pointer=req.pointer,
         )
