@@ -290,3 +290,24 @@ def test_generated_valid_configs_pass_and_any_unknown_field_is_named(
     expected = f"{where}.replicas" if where else "replicas"
     assert [e.path for e in errors] == [expected]
     assert "unknown field" in errors[0].message
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["apiVersion", "kind", "sharing", "strategy", "mpsConfig", "timeSlicingConfig",
+                         "interval", "iommu", "backendPolicy", "domainID", "defaultActiveThreadPercentage",
+                         "defaultPerDevicePinnedMemoryLimit", "defaultPinnedDeviceMemoryLimit", "0", "x"])
+        | st.integers(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json, st.sampled_from(["gpu.nvidia.com", "compute-domain.nvidia.com", "other"]))
+def test_hostile_parameters_get_errors_never_exceptions(params: Any, driver: str) -> None:
+    mig_mps = {"apiVersion": API, "kind": "MigDeviceConfig",
+               "sharing": {"strategy": "MPS", "mpsConfig": params}}
+    for candidate in (params, {"apiVersion": API, "kind": "GpuConfig", "sharing": params}, mig_mps):
+        errors = nvidia.validate(driver, candidate)
+        assert all(isinstance(e.message, str) and e.message for e in errors)
