@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from webhook.cel import versions
-from webhook.review.formats import FORMATS, ReviewResult, renderers
+from webhook.core.findings import Mode
+from webhook.review.formats import FORMATS, ReviewResult, neutralise_commands, renderers, terminal_safe
 from webhook.review.pipeline import DEFAULT_POLICIES, Progress, ReviewError
 
 EXIT_OK = 0
@@ -25,9 +26,12 @@ EXIT_USAGE = 2
 
 
 def _fail(command: str, message: str) -> int:
-    # One line, never a traceback: the first line of the message is what the user needs.
+    # One line, never a traceback: the first line of the message is what the user needs. It may
+    # quote a name from the reviewed tree, so controls are written out.
+    from webhook.review.formats import terminal_safe
+
     first = message.strip().splitlines()[0] if message.strip() else "failed"
-    print(f"draguard {command}: {first}", file=sys.stderr)
+    print(terminal_safe(f"draguard {command}: {first}"), file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -40,16 +44,66 @@ def _use_color(stream: TextIO) -> bool:
 
 
 def _write(text: str, output: str | None, command: str) -> int | None:
-    """Write to --output or stdout; an exit code on failure, None on success."""
+    """Write to --output or stdout; an exit code on failure, None on success.
+
+    A name that is not valid UTF-8 (a lone surrogate from the file system or a `\\ud800` escape in
+    a manifest) is written as a backslash escape, never an encoding error; in JSON and SARIF that
+    escape is the string's own.
+    """
+    data = text.encode("utf-8", errors="backslashreplace")
     if output and output != "-":
         try:
-            Path(output).write_text(text, encoding="utf-8")
+            Path(output).write_bytes(data)
         except OSError as exc:
             return _fail(command, f"{output}: cannot write: {exc.strerror or exc}")
         return None
-    sys.stdout.write(text)
+    sys.stdout.write(data.decode("utf-8"))
     sys.stdout.flush()
     return None
+
+
+FAIL_ON = ("error", "warning", "info", "never")
+_FAILING_MODES = {
+    "error": frozenset({Mode.ENFORCE}),
+    "warning": frozenset({Mode.ENFORCE, Mode.WARN}),
+    "info": frozenset({Mode.ENFORCE, Mode.WARN, Mode.AUDIT}),
+    "never": frozenset(),
+}
+_FAILING_CHANGES = {
+    "error": ("newly-denied",),
+    "warning": ("newly-denied", "new-warning"),
+    "info": ("newly-denied", "new-warning", "new-audit"),
+    "never": (),
+}
+
+
+def format_spec(value: str) -> tuple[str, str | None]:
+    """`--format FMT` or `--format FMT=FILE`."""
+    fmt, sep, file = value.partition("=")
+    if fmt not in FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"unknown format {fmt!r}: choose from {', '.join(FORMATS)} (FMT or FMT=FILE)"
+        )
+    if sep and not file:
+        raise argparse.ArgumentTypeError(f"{value!r}: name a file after '=' (FMT=FILE), or drop the '='")
+    return fmt, (file or None)
+
+
+def _outputs(specs: list[tuple[str, str | None]] | None, output: str | None) -> list[tuple[str, str | None]]:
+    """Each report to write: (format, file), None for stdout. `--output` is the file of every
+    format given without one; at most one report may go to stdout."""
+    chosen = specs or [("text", None)]
+    resolved = [(fmt, file or output) for fmt, file in chosen]
+    to_stdout = [fmt for fmt, file in resolved if not file or file == "-"]
+    if len(to_stdout) > 1:
+        raise ReviewError(
+            f"--format {' and '.join(to_stdout)} would all write to stdout; give every one but one a "
+            f"file: --format {to_stdout[-1]}=FILE"
+        )
+    files = [file for _, file in resolved if file and file != "-"]
+    if len(set(files)) < len(files):
+        raise ReviewError("two --format options write the same file; give each its own FMT=FILE")
+    return resolved
 
 
 def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
@@ -65,13 +119,14 @@ def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
 
 def cmd_review(args: argparse.Namespace) -> int:
     paths: list[str] = args.paths or ["."]
-    to_stdout = not args.output or args.output == "-"
     progress = Progress((args.progress or sys.stderr.isatty()) and not args.no_progress)
     policies_required = args.policies != DEFAULT_POLICIES
     try:
         version = versions.parse_version(args.kubernetes_version)
-    except ValueError as exc:
+        outputs = _outputs(args.format, args.output)
+    except (ValueError, ReviewError) as exc:
         return _fail("review", str(exc))
+    root = repo_root(args.root)
     try:
         if args.base:
             from webhook.review import diff
@@ -86,13 +141,17 @@ def cmd_review(args: argparse.Namespace) -> int:
                 cluster_state=args.cluster_state,
                 kubernetes_version=version,
             )
-            text = diff.render(
-                impact, args.format, color=to_stdout and _use_color(sys.stdout), root=repo_root(args.root)
-            )
-            err = _write(text, args.output, "review")
-            if err is not None:
-                return err
-            return EXIT_FINDINGS if impact.newly_denied else EXIT_OK
+            for fmt, output in outputs:
+                color = fmt == "text" and not output and _use_color(sys.stdout)
+                text = diff.render(impact, fmt, color=color, root=root)
+                if fmt == "text":
+                    # The impact names objects and files of the reviewed tree.
+                    text = neutralise_commands(text if color else terminal_safe(text, newlines=True))
+                err = _write(text, output, "review")
+                if err is not None:
+                    return err
+            failing = _FAILING_CHANGES[args.fail_on]
+            return EXIT_FINDINGS if any(c.change in failing for c in impact.changes) else EXIT_OK
         from webhook.review.pipeline import review
 
         t0 = time.monotonic()
@@ -106,17 +165,30 @@ def cmd_review(args: argparse.Namespace) -> int:
             cluster_state=args.cluster_state,
             kubernetes_version=version,
             driver_schema=args.driver,
+            root=root,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
+    if not reviewed.inputs.objects and not args.allow_empty:
+        # A wrong path, a glob that matched nothing or a build that produced nothing must not
+        # pass as "no findings".
+        read = len(set(reviewed.inputs.files))
+        return _fail(
+            "review",
+            f"no Kubernetes objects in {' '.join(paths)} ({read} file{'' if read == 1 else 's'} read, "
+            f"{len(reviewed.inputs.skipped)} document(s) without a kind); check the paths, or pass "
+            "--allow-empty when an empty input is expected",
+        )
     result = reviewed.result
-    result.root = repo_root(args.root)
+    result.root = root
     result.elapsed = time.monotonic() - t0
-    text = render(result, args.format, color=to_stdout and _use_color(sys.stdout))
-    err = _write(text, args.output, "review")
-    if err is not None:
-        return err
-    return EXIT_FINDINGS if result.report.denied else EXIT_OK
+    for fmt, output in outputs:
+        text = render(result, fmt, color=fmt == "text" and not output and _use_color(sys.stdout))
+        err = _write(text, output, "review")
+        if err is not None:
+            return err
+    modes = _FAILING_MODES[args.fail_on]
+    return EXIT_FINDINGS if any(f.mode in modes for f in result.report.findings) else EXIT_OK
 
 
 def repo_root(explicit: str | None) -> str:
@@ -253,8 +325,28 @@ def register(subparsers: Any) -> None:
         "--inventory", metavar="FILE", help="ResourceSlices and DeviceClasses, as kubectl get -o yaml"
     )
     p.add_argument("--namespace", default="default", help="namespace for objects that set none")
-    p.add_argument("--format", "-f", choices=FORMATS, default="text")
+    p.add_argument(
+        "--format",
+        "-f",
+        action="append",
+        type=format_spec,
+        metavar="FMT[=FILE]",
+        help=f"report format ({', '.join(FORMATS)}; default text), written to FILE when given; repeat "
+        "for several reports from one run (at most one without a file goes to stdout)",
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
+    p.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        default="error",
+        help="exit 1 on findings of this level or above: error (enforce mode, the default), warning "
+        "(warn mode too), info (audit findings too), never (exit 1 is never used; 2 still is)",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0 when the paths hold no Kubernetes object (default: exit 2, as a wrong path does)",
+    )
     p.add_argument("--base", metavar="REF", help="git ref to compare with: report only verdicts that changed")
     p.add_argument(
         "--cluster-state",

@@ -5,6 +5,13 @@ never parsed as manifests. `helm template` (the `helm` on PATH, or $DRAGUARD_HEL
 the chart's default values (plus `values.yaml` overrides the chart itself carries); each rendered
 document carries a `# Source: <chart>/templates/<file>` comment, which becomes the finding's file.
 Lines are those of the rendered document, counted from the template's first line.
+
+A chart from an untrusted branch reaches nothing outside the reviewed tree: Helm's loader follows
+symbolic links (so `.Files.Get` could read any file on the runner), so a chart holding a link that
+leaves the tree, or a special file, is refused before helm runs. `helm template` of a local
+directory fetches no dependency (missing ones are an error) and talks to no cluster; it runs in a
+network namespace of its own where `unshare` allows, else with dead proxies and no kubeconfig
+(the same sandbox as kustomize's).
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import subprocess
 from pathlib import Path
 
 from webhook.core.source import SourceObject
-from webhook.review.inputs import InputError, Inputs, display_path, objects_of, parse_text
+from webhook.review.inputs import InputError, Inputs, check_tree, display_path, objects_of, parse_text
+from webhook.review.kustomize import isolated, isolated_env
 
 CHART_FILE = "Chart.yaml"
 RENDER_TIMEOUT_S = 120
@@ -32,9 +40,11 @@ def helm_command() -> str | None:
     return os.environ.get("DRAGUARD_HELM") or shutil.which("helm")
 
 
-def render(directory: Path, namespace: str = "default") -> Inputs:
-    """Render one chart into review inputs; `InputError` says what to do when that is impossible."""
+def render(directory: Path, namespace: str = "default", *, tree: Path | None = None) -> Inputs:
+    """Render one chart into review inputs; `InputError` says what to do when that is impossible.
+    Nothing outside `tree` (default: the working directory) is read."""
     shown = display_path(directory)
+    check_tree(directory, tree or Path.cwd().resolve())
     helm = helm_command()
     if helm is None:
         raise InputError(
@@ -45,8 +55,8 @@ def render(directory: Path, namespace: str = "default") -> Inputs:
     release = _RELEASE_BAD.sub("-", directory.resolve().name.lower()).strip("-")[:53] or "release"
     try:
         proc = subprocess.run(
-            [helm, "template", release, str(directory), "--namespace", namespace],
-            capture_output=True, text=True, timeout=RENDER_TIMEOUT_S, check=False,
+            isolated([helm, "template", release, str(directory), "--namespace", namespace]),
+            capture_output=True, text=True, timeout=RENDER_TIMEOUT_S, check=False, env=isolated_env(),
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise InputError(shown, f"helm template did not finish in {RENDER_TIMEOUT_S}s") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ _Loader = SafeLoader
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 STDIN = "-"
+# A manifest larger than this is refused before it is read: the reviewed tree may come from an
+# untrusted branch, and the whole file is held in memory while parsed.
+MAX_FILE_BYTES = 128 * 1024 * 1024
 
 
 class InputError(Exception):
@@ -125,6 +129,43 @@ class _Unusual(Exception):
     """A document shape only PyYAML's own constructor handles."""
 
 
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping names the same key twice: kubectl and the API server refuse it, and the YAML spec
+    forbids it; PyYAML would silently keep the last value."""
+
+
+def _duplicate(first: yaml.Node, again: yaml.Node) -> DuplicateKeyError:
+    return DuplicateKeyError(
+        problem=f"duplicate key {again.value!r} (first on line {first.start_mark.line + 1}, again on line "
+        f"{again.start_mark.line + 1}); kubectl refuses it: keep one",
+        problem_mark=again.start_mark,
+    )
+
+
+def _check_duplicates(root: yaml.Node) -> None:
+    """Raise `DuplicateKeyError` for a key repeated in one mapping (merge keys `<<` excepted: they
+    are how YAML shares values, and an explicit key overriding a merged one is allowed)."""
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: dict[tuple[str, str], yaml.Node] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag not in _SPECIAL_KEYS:
+                    ident = (key_node.tag, key_node.value)
+                    if ident in keys:
+                        raise _duplicate(keys[ident], key_node)
+                    keys[ident] = key_node
+                stack.append(key_node)
+                stack.append(value_node)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
 def _build(loader: SafeLoader, root: yaml.Node) -> tuple[Any, dict[str, int]] | None:
     """The document's data and its pointer -> line map in one iterative pass, or None.
 
@@ -166,10 +207,14 @@ def _build(loader: SafeLoader, root: yaml.Node) -> tuple[Any, dict[str, int]] | 
             value = made[id(node)]
             children: list[tuple[yaml.Node, str]] = []
             if isinstance(node, yaml.MappingNode):
+                key_nodes: dict[Any, yaml.Node] = {}
                 for key_node, value_node in node.value:
                     if not isinstance(key_node, yaml.ScalarNode) or key_node.tag in _SPECIAL_KEYS:
                         raise _Unusual
                     key = key_node.value if key_node.tag == _STR else loader.construct_object(key_node)
+                    if key in value:
+                        raise _duplicate(key_nodes.get(key, key_node), key_node)
+                    key_nodes[key] = key_node
                     value[key] = make(value_node)
                     child = f"{here}/{_escape(str(key_node.value))}"
                     lines[child] = key_node.start_mark.line + 1
@@ -198,7 +243,7 @@ def _first_line(node: yaml.Node) -> int:
 def _marked_error(exc: yaml.MarkedYAMLError, file: str) -> InputError:
     mark = exc.problem_mark or exc.context_mark
     problem = exc.problem or exc.context or "invalid YAML"
-    if not isinstance(exc, AliasExpansionError | IntegerTooLargeError):
+    if not isinstance(exc, AliasExpansionError | IntegerTooLargeError | DuplicateKeyError):
         problem = f"invalid YAML: {problem}"  # the guards' own messages say what is wrong
     if mark is not None:
         return InputError(file, problem, mark.line + 1, mark.column + 1)
@@ -227,6 +272,7 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
                 break
             built = _build(loader, node)
             if built is None:  # merge keys, complex keys, tagged collections: PyYAML's way
+                _check_duplicates(node)
                 data = loader.construct_document(node)
                 lines: dict[str, int] = {}
                 _walk_lines(node, "", lines)
@@ -341,10 +387,50 @@ def objects_of(
 # --------------------------------------------------------------------------- files and directories
 
 
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 else f"{n} bytes"
+
+
+def _too_large(shown: str, size: int) -> InputError:
+    return InputError(
+        shown,
+        f"is larger than {_size(MAX_FILE_BYTES)} ({size} bytes or more); review reads "
+        "manifests of at most that size: split it into smaller files",
+    )
+
+
 def read_text(path: Path, shown: str) -> str:
-    """Read one file as UTF-8 text, with a one-line error for every way that can fail."""
+    """Read one regular file as UTF-8 text, with a one-line error for every way that can fail.
+
+    Devices, FIFOs and sockets are refused before they are opened for reading (a link to
+    /dev/zero would never end, a FIFO would block), and no more than `MAX_FILE_BYTES` is read.
+    """
     try:
-        data = path.read_bytes()
+        before = os.stat(path)
+        if stat.S_ISDIR(before.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(before.st_mode):
+            kind = _kind_of(before.st_mode)
+            raise InputError(shown, f"is {kind}; review reads only regular files: remove it")
+        if before.st_size > MAX_FILE_BYTES:
+            raise _too_large(shown, before.st_size)
+        # O_NONBLOCK: should the path have become a FIFO since the stat, opening it cannot hang;
+        # the fstat below then refuses it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise InputError(shown, "is not a regular file; review reads only regular files: remove it")
+            data = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise InputError(shown, "no such file or directory") from None
     except IsADirectoryError:
@@ -353,6 +439,8 @@ def read_text(path: Path, shown: str) -> str:
         raise InputError(shown, "permission denied (cannot read the file)") from None
     except OSError as exc:
         raise InputError(shown, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise _too_large(shown, len(data))
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -369,7 +457,9 @@ def read_file(path: Path, shown: str | None = None) -> Inputs:
 def read_stdin(stream: Any = None) -> Inputs:
     stream = stream if stream is not None else sys.stdin
     try:
-        text = stream.read()
+        text = stream.read(MAX_FILE_BYTES + 1)
+        if len(text) > MAX_FILE_BYTES:
+            raise _too_large("<stdin>", len(text))
     except UnicodeDecodeError:
         raise InputError("<stdin>", "not UTF-8 text; review reads YAML or JSON") from None
     except OSError as exc:
@@ -378,36 +468,111 @@ def read_stdin(stream: Any = None) -> Inputs:
     return Inputs(objs, skipped, ["<stdin>"])
 
 
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def resolve_in_tree(path: Path, tree: Path, shown: str | None = None) -> Path:
+    """`path` with every symbolic link resolved; `InputError` when that leaves `tree`.
+
+    The reviewed tree may come from an untrusted branch: a link to /dev/zero, a secret on the
+    runner or another checkout must never be read or written through.
+    """
+    shown = shown or display_path(path)
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a link loop, before Python 3.13
+        raise InputError(shown, "is a symbolic link loop: remove the link") from None
+    if not _inside(real, tree):
+        raise InputError(
+            shown,
+            f"is a symbolic link to {real}, outside the reviewed tree ({tree}); review never follows "
+            f"links out of the tree: replace the link with a copy, or review {real} itself",
+        )
+    return real
+
+
+def tree_for(path: Path, root: Path | str | None = None) -> Path:
+    """The directory a path named on the command line may reach: the repository root (`root`,
+    default the working directory) when the path lies below it, else the path itself (its
+    directory for a file). Only the last component is left unresolved, so a link named on the
+    command line that points out of the root is still caught."""
+    top = Path(root or Path.cwd()).resolve()
+    absolute = Path(os.path.abspath(path))
+    lexical = absolute.parent.resolve() / absolute.name if absolute.name else absolute.resolve()
+    if _inside(lexical, top):
+        return top
+    return lexical.resolve() if lexical.is_dir() else lexical.parent
+
+
+def check_tree(directory: Path, tree: Path) -> None:
+    """Refuse a directory handed to an external tool (kustomize, helm) that holds a link out of
+    `tree` or a special file: those tools would follow or read them."""
+    for base, dirs, files in os.walk(directory, followlinks=False):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in [*dirs, *files]:
+            entry = Path(base) / name
+            try:
+                mode = entry.lstat().st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
+                resolve_in_tree(entry, tree)
+                try:
+                    mode = entry.stat().st_mode
+                except OSError:
+                    continue  # a dangling link: the tool reports it if it needs the file
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise InputError(
+                    display_path(entry), f"is {_kind_of(mode)}; review reads only regular files: remove it"
+                )
+
+
 def is_kustomization_dir(path: Path) -> bool:
     return any((path / name).is_file() for name in KUSTOMIZATION_FILES)
 
 
-def walk(root: Path, exclude: Sequence[Path] = ()) -> Iterator[Path]:
+def walk(root: Path, exclude: Sequence[Path] = (), tree: Path | None = None) -> Iterator[Path]:
     """Files and kustomization directories under `root`, sorted, skipping hidden entries.
 
     A directory holding a kustomization is yielded itself and not descended into: its files are
-    the kustomization's resources and patches, which only make sense once built.
+    the kustomization's resources and patches, which only make sense once built. Links are
+    followed only within `tree` (default: `root`), and each directory is walked once, so a link to
+    an ancestor cannot loop.
     """
+    tree = tree or root.resolve()
     excluded = {p.resolve() for p in exclude}
-    try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except PermissionError:
-        raise InputError(display_path(root), "permission denied (cannot list the directory)") from None
-    except OSError as exc:
-        raise InputError(display_path(root), f"cannot list: {exc.strerror or exc}") from None
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        path = Path(entry.path)
-        if path.resolve() in excluded:
-            continue
-        if entry.is_dir():
-            if is_kustomization_dir(path) or (path / "Chart.yaml").is_file():
-                yield path  # built (kustomize) or rendered (helm) as a whole
+    seen: set[Path] = set()
+
+    def visit(directory: Path) -> Iterator[Path]:
+        real_dir = resolve_in_tree(directory, tree)
+        if real_dir in seen:
+            return
+        seen.add(real_dir)
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except PermissionError:
+            raise InputError(display_path(directory), "permission denied (cannot list it)") from None
+        except OSError as exc:
+            raise InputError(display_path(directory), f"cannot list: {exc.strerror or exc}") from None
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            if not entry.is_dir() and not entry.name.endswith(YAML_SUFFIXES):
+                continue
+            real = resolve_in_tree(path, tree) if entry.is_symlink() else path.resolve()
+            if real in excluded:
+                continue
+            if entry.is_dir():
+                if is_kustomization_dir(path) or (path / "Chart.yaml").is_file():
+                    yield path  # built (kustomize) or rendered (helm) as a whole
+                else:
+                    yield from visit(path)
             else:
-                yield from walk(path, exclude)
-        elif entry.name.endswith(YAML_SUFFIXES):
-            yield path
+                yield path
+
+    yield from visit(root)
 
 
 def _referenced_kustomizations(dirs: Sequence[Path]) -> set[Path]:
@@ -443,11 +608,13 @@ def read_paths(
     *,
     exclude: Sequence[Path] = (),
     stdin: Any = None,
+    root: Path | str | None = None,
 ) -> Inputs:
     """Read every path the user named; directories are walked, `-` is stdin.
 
     `exclude` lists paths skipped while walking directories (the policy directory and the
-    inventory file), never when named explicitly.
+    inventory file), never when named explicitly. `root` is the reviewed tree (default: the
+    working directory): no symbolic link is followed out of it (see `tree_for`).
     """
     from webhook.review import helm, kustomize  # local: both import this module
 
@@ -457,24 +624,26 @@ def read_paths(
             result.extend(read_stdin(stdin))
             continue
         path = Path(raw)
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise InputError(raw, "no such file or directory")
+        tree = tree_for(path, root)
+        resolve_in_tree(path, tree, raw)
         if path.is_dir():
             if is_kustomization_dir(path):
-                result.extend(kustomize.build(path))
+                result.extend(kustomize.build(path, tree=tree))
                 continue
             if helm.is_chart_dir(path):
-                result.extend(helm.render(path))
+                result.extend(helm.render(path, tree=tree))
                 continue
-            items = list(walk(path, exclude))
+            items = list(walk(path, exclude, tree))
             referenced = _referenced_kustomizations([i for i in items if i.is_dir()])
             for item in items:
                 if item.is_dir() and item.resolve() in referenced:
                     continue  # built as part of the overlay that uses it
                 if item.is_dir() and helm.is_chart_dir(item) and not is_kustomization_dir(item):
-                    result.extend(helm.render(item))
+                    result.extend(helm.render(item, tree=tree))
                 elif item.is_dir():
-                    result.extend(kustomize.build(item))
+                    result.extend(kustomize.build(item, tree=tree))
                 else:
                     result.extend(read_file(item))
         else:

@@ -5,15 +5,26 @@ a throw-away kustomization (in a temporary directory) that lists the user's dire
 resource and turns on kustomize's origin annotations; each built object is then matched to its
 document in the origin file, whose line map it borrows. When that wrapper cannot be built the
 plain build is used and findings point at the kustomization file.
+
+The tree under review may come from an untrusted branch, so a build reaches neither the network nor
+files outside the tree: before it runs, every kustomization it will load (the directory and each
+local base and component, transitively) is read and any remote reference (a URL, a git base) is
+refused, as is a base outside the tree, a symbolic link leaving it or a special file; kustomize
+then runs with `--load-restrictor LoadRestrictionsRootOnly` (no file outside a kustomization's
+own root), without plugins or Helm inflation (their flags are never passed), in a network
+namespace of its own where `unshare` can make one, and otherwise with every proxy variable
+pointing at a closed local port and git limited to no protocol.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +37,12 @@ from webhook.review.inputs import (
     Document,
     InputError,
     Inputs,
+    check_tree,
     display_path,
     objects_of,
     parse_text,
     read_text,
+    resolve_in_tree,
 )
 
 ORIGIN_ANNOTATION = "config.kubernetes.io/origin"
@@ -46,6 +59,124 @@ def kustomize_command() -> list[str] | None:
     if shutil.which("kubectl"):
         return ["kubectl", "kustomize"]
     return None
+
+
+LOAD_RESTRICTOR = ["--load-restrictor", "LoadRestrictionsRootOnly"]
+# A closed port (discard): a request that slips past the checks fails at once instead of leaving
+# the runner.
+_NO_PROXY_TARGET = "http://127.0.0.1:9"
+_REMOTE = re.compile(r"://|^git@|^(github\.com|gitlab\.com|bitbucket\.org)/|\?(ref|version|submodules|timeout)=")
+# Kustomization fields whose strings name files or directories kustomize loads.
+_PATH_LISTS = ("resources", "bases", "components", "crds", "configurations", "generators", "transformers",
+               "validators", "patchesStrategicMerge")  # fmt: skip
+_PATH_ITEMS = ("patches", "patchesJson6902", "replacements")
+_GENERATORS = ("configMapGenerator", "secretGenerator")
+
+
+@functools.cache
+def _can_unshare() -> bool:
+    """Whether this machine lets an unprivileged process make its own network namespace."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        proc = subprocess.run(
+            ["unshare", "--net", "--map-root-user", "true"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def isolated(cmd: list[str]) -> list[str]:
+    """`cmd` in a network namespace with no interface up, where the machine allows it."""
+    return ["unshare", "--net", "--map-root-user", "--", *cmd] if _can_unshare() else cmd
+
+
+def isolated_env() -> dict[str, str]:
+    """The environment for kustomize and helm: no proxy that works, no git transport, no kubeconfig."""
+    env = {k: v for k, v in os.environ.items() if k.upper() not in ("NO_PROXY", "KUBECONFIG")}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = _NO_PROXY_TARGET
+    env["GIT_ALLOW_PROTOCOL"] = "none"  # git refuses every transport not listed
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["KUBECONFIG"] = os.devnull
+    return env
+
+
+def _strings(data: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field, value) for every path-like string of a kustomization."""
+    for key in _PATH_LISTS:
+        entries = data.get(key)
+        if isinstance(entries, list):
+            yield from ((key, e) for e in entries if isinstance(e, str) and "\n" not in e)
+    for key in _PATH_ITEMS:
+        entries = data.get(key)
+        if isinstance(entries, list):
+            for e in entries:
+                if isinstance(e, Mapping) and isinstance(e.get("path"), str):
+                    yield key, e["path"]
+    for key in _GENERATORS:
+        entries = data.get(key)
+        if not isinstance(entries, list):
+            continue
+        for gen in (e for e in entries if isinstance(e, Mapping)):
+            for field_name in ("files", "envs"):
+                values = gen.get(field_name)
+                if isinstance(values, list):
+                    yield from ((key, v.split("=", 1)[-1]) for v in values if isinstance(v, str))
+            if isinstance(gen.get("env"), str):
+                yield key, gen["env"]
+    openapi = data.get("openapi")
+    if isinstance(openapi, Mapping) and isinstance(openapi.get("path"), str):
+        yield "openapi", openapi["path"]
+
+
+def check_kustomization(directory: Path, tree: Path) -> None:
+    """Refuse, before kustomize runs, anything that would make it reach the network or leave `tree`:
+    remote resources and bases, local bases outside the tree, links out of it, special files."""
+    pending = [directory]
+    done: set[Path] = set()
+    walked: list[Path] = []
+    while pending:
+        here = resolve_in_tree(pending.pop(), tree)
+        if here in done:
+            continue
+        done.add(here)
+        if not any(here == w or w in here.parents for w in walked):
+            check_tree(here, tree)
+            walked.append(here)
+        kfile = _kustomization_file(here)
+        if kfile == here:
+            continue  # not a kustomization: a plain directory of resources, already checked
+        shown = display_path(kfile)
+        try:
+            data = yamlload.load(read_text(kfile, shown))
+        except (InputError, yaml.YAMLError):
+            continue  # kustomize reports it with its own words
+        if not isinstance(data, Mapping):
+            continue
+        if data.get("helmCharts") or data.get("helmChartInflationGenerator"):
+            raise InputError(
+                shown,
+                "uses helmCharts, which kustomize inflates by downloading charts; review builds "
+                "without network: render the chart into the tree, or review the chart directory itself",
+            )
+        for key, value in _strings(data):
+            if _REMOTE.search(value.strip()):
+                raise InputError(
+                    shown,
+                    f"{key} names a remote location ({value}); review builds kustomizations without "
+                    "network access: vendor it into the repository and refer to the local copy",
+                )
+            target = Path(os.path.normpath(here / value))
+            if not (target == tree or tree in target.parents):
+                raise InputError(
+                    shown,
+                    f"{key} names {value}, outside the reviewed tree ({tree}); review builds only "
+                    "what lies in the tree: review from the directory that holds every base",
+                )
+            if key in ("resources", "bases", "components") and target.is_dir():
+                pending.append(target)
 
 
 def _error_line(stderr: str) -> str:
@@ -67,11 +198,12 @@ def run_build(directory: Path, shown: str) -> str:
         raise InputError(shown, "is a kustomization; install kustomize or kubectl to build it")
     try:
         proc = subprocess.run(
-            [*cmd, str(directory)],
+            isolated([*cmd, str(directory), *LOAD_RESTRICTOR]),
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
             check=False,
+            env=isolated_env(),
         )
     except subprocess.TimeoutExpired:
         raise InputError(shown, f"kustomize build did not finish in {BUILD_TIMEOUT_S}s") from None
@@ -99,8 +231,9 @@ def _build_with_origins(directory: Path) -> tuple[str, Path] | None:
         )
         try:
             proc = subprocess.run(
-                [*cmd, str(base)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-            )
+                isolated([*cmd, str(base), *LOAD_RESTRICTOR]), capture_output=True, text=True,
+                timeout=BUILD_TIMEOUT_S, check=False, env=isolated_env(),
+            )  # fmt: skip
         except (subprocess.TimeoutExpired, OSError):
             return None
         if proc.returncode != 0:
@@ -174,8 +307,10 @@ def _kustomization_file(directory: Path) -> Path:
     return directory
 
 
-def build(directory: Path) -> Inputs:
-    """Build one kustomization directory into review inputs."""
+def build(directory: Path, *, tree: Path | None = None) -> Inputs:
+    """Build one kustomization directory into review inputs; nothing outside `tree` (default: the
+    working directory) is read, nothing on the network fetched."""
+    check_kustomization(directory, tree or Path.cwd().resolve())
     shown_dir = display_path(directory)
     kfile = display_path(_kustomization_file(directory))
     built = _build_with_origins(directory)

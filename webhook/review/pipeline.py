@@ -204,6 +204,7 @@ def review(
     cluster_state: str | None = None,
     kubernetes_version: str | None = None,
     driver_schema: str | None = None,
+    root: str | Path | None = None,
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
     policy_set = load_policy_set(policies, required=policies_required)
@@ -215,7 +216,8 @@ def review(
     inv = load_inventory_file(inventory)
     exclude = [Path(p) for p in (policies, inventory) if p]
     try:
-        inputs = read_paths(paths, exclude=exclude, stdin=stdin)
+        # `root`: the reviewed tree, which no symbolic link may leave (default: the working directory).
+        inputs = read_paths(paths, exclude=exclude, stdin=stdin, root=root)
     except InputError as exc:
         raise ReviewError(str(exc)) from None
     if progress is not None and len(inputs.objects) > PROGRESS_THRESHOLD:

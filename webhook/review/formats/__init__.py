@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -100,6 +101,41 @@ def rule_help(rule: str) -> str:
         return RULE_HELP[rule]
     prefix = rule.split("/", 1)[0]
     return RULE_HELP.get(prefix, "draguard policy check.")
+
+
+# Every string below comes from the reviewed tree (file and object names, messages quoting them),
+# which may be an untrusted branch: each format escapes it for where it lands.
+
+# C0 and C1 controls, DEL, Unicode line/paragraph separators and lone surrogates (undecodable
+# file-name bytes): a terminal or a CI log would act on them, or they split lines unseen.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_CONTROL_NO_NL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str, *, newlines: bool = False) -> str:
+    """`text` with control characters written out (`\\x1b`), so none reaches a terminal or
+    log as a control; with `newlines`, line feeds are kept (and tabs, which are harmless)."""
+    return (_CONTROL if newlines else _CONTROL_NO_NL).sub(_visible, text)
+
+
+def neutralise_commands(text: str) -> str:
+    """No line of `text` can be read as a CI workflow command: a line starting with `::` (GitHub
+    Actions, after leading blanks) gets a backslash in front, and `##[` (the older syntax, matched
+    anywhere in a line) becomes `##\\[`."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if "##[" in line:
+            line = line.replace("##[", "##\\[")
+        stripped = line.lstrip()
+        if stripped.startswith("::"):
+            line = line[: len(line) - len(stripped)] + "\\" + stripped
+        lines[i] = line
+    return "\n".join(lines)
 
 
 Renderer = Callable[[ReviewResult], str]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from webhook.core.findings import Mode
-from webhook.review.formats import ReviewResult
+from webhook.review.formats import ReviewResult, neutralise_commands, terminal_safe
 from webhook.review.formats.text import summary_line
 
 _COMMAND = {Mode.ENFORCE: "error", Mode.WARN: "warning", Mode.AUDIT: "notice"}
 
 
 def escape_data(value: str) -> str:
-    """Escape a command's message (the part after `::`)."""
-    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """Escape a command's message (the part after `::`): `%`, CR and LF as the runner decodes them,
+    so a name from the reviewed tree can neither end the annotation nor start a command of its own
+    (`::add-mask::`, `::stop-commands::`); other controls are written out."""
+    escaped = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return terminal_safe(escaped)
 
 
 def escape_property(value: str) -> str:
@@ -47,7 +50,8 @@ def render(result: ReviewResult) -> str:
             message += f"\nfix: {f.fix}"
         if i not in annotated:
             loc = f"{where}:{f.line}: " if where and f.line else f"{where}: " if where else ""
-            rest.append(f"{loc}{f.mode.value}: [{f.rule}] {' '.join(message.split())}")
+            line = terminal_safe(f"{loc}{f.mode.value}: [{f.rule}] {' '.join(message.split())}")
+            rest.append(neutralise_commands(line))
             continue
         props: list[str] = []
         if where:

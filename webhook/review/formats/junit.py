@@ -5,11 +5,31 @@ cases); audit findings are `system-out` of a passing case."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 from webhook.core.findings import Finding, Mode
 from webhook.review.formats import ReviewedObject, ReviewResult, rule_help
+
+# Characters XML 1.0 does not allow at all (not even as references): C0 controls but tab, LF and
+# CR, lone surrogates, U+FFFE and U+FFFF. ElementTree writes them as they are, which makes the
+# whole report unreadable to every JUnit parser.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """`text` with every character XML 1.0 forbids written out as `\\xNN` / `\\uNNNN`."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
+
+
+def _sanitise(root: ET.Element) -> None:
+    for element in root.iter():
+        for name, value in element.attrib.items():
+            element.set(name, xml_safe(value))
+        if element.text:
+            element.text = xml_safe(element.text)
 
 
 def _key(file: str | None, kind: str, name: str) -> tuple[str, str, str]:
@@ -87,5 +107,6 @@ def render(result: ReviewResult) -> str:
     root.set("errors", "0")
     root.set("skipped", str(skipped))
     root.set("time", f"{result.elapsed:.6f}")
+    _sanitise(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

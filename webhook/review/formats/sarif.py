@@ -23,7 +23,8 @@ def _artifact(result: ReviewResult, file: str) -> dict[str, Any] | None:
         return None
     rel = result.repo_path(file)
     if rel is not None:
-        return {"uri": quote(rel), "uriBaseId": "%SRCROOT%"}
+        # surrogateescape: a file name that is not UTF-8 gets its own bytes percent-encoded.
+        return {"uri": quote(rel, errors="surrogateescape"), "uriBaseId": "%SRCROOT%"}
     return {"uri": Path(os.path.abspath(file)).as_uri()}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from webhook.core.findings import Mode
-from webhook.review.formats import ReviewResult
+from webhook.review.formats import ReviewResult, neutralise_commands, terminal_safe
 
 _COLOURS = {Mode.ENFORCE: "\033[31m", Mode.WARN: "\033[33m", Mode.AUDIT: "\033[36m"}
 _BOLD = "\033[1m"
@@ -35,16 +35,19 @@ def render(result: ReviewResult, *, color: bool = False) -> str:
 
     out: list[str] = []
     findings = result.sorted_findings()
-    for file, group in groupby(findings, key=lambda f: f.file or "<input>"):
+    for raw_file, group in groupby(findings, key=lambda f: f.file or "<input>"):
+        # Names and messages come from the reviewed files: controls are written out, and no line
+        # may read as a CI workflow command (see `neutralise_commands`, applied last).
+        file = terminal_safe(raw_file)
         out.append(paint(file, _BOLD))
         for f in group:
             where = f"{file}:{f.line}" if f.line else file
             mode = paint(f.mode.value, _COLOURS[f.mode])
-            out.append(f"  {where}  {mode}  {f.rule}  {f.object}")
-            for line in f.message.splitlines() or [""]:
+            out.append(f"  {where}  {mode}  {terminal_safe(f.rule)}  {terminal_safe(str(f.object))}")
+            for line in terminal_safe(f.message, newlines=True).split("\n"):
                 out.append(f"      {line}")
             if f.fix:
-                fix_lines = f.fix.splitlines()
+                fix_lines = terminal_safe(f.fix, newlines=True).split("\n")
                 out.append(paint(f"      fix: {fix_lines[0]}", _DIM))
                 out.extend(paint(f"           {line}", _DIM) for line in fix_lines[1:])
         out.append("")
@@ -52,4 +55,4 @@ def render(result: ReviewResult, *, color: bool = False) -> str:
         out.append(paint(f"CEL selectors judged for Kubernetes {result.kubernetes_version} "
                          "(--kubernetes-version)", _DIM))
     out.append(summary_line(result))
-    return "\n".join(out) + "\n"
+    return neutralise_commands("\n".join(out)) + "\n"
