@@ -193,7 +193,8 @@ def _spend(work: Callable[[str, int | None], fold.Unrolled], expression: str) ->
     return done.text
 
 
-def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
+def _compile_uncached(expression: str, *, internal: bool = False) -> CompiledSelector | CelIssue:
+    """`internal`: text draguard rewrote, which may use the reserved prefix."""
     issue = _too_long(expression)
     if issue is not None:
         return issue
@@ -201,7 +202,7 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
     if aliased is not None:
         result = _compile_uncached(aliased)
         return replace(result, expression=expression) if isinstance(result, CompiledSelector) else result
-    if phantom.RESERVED in expression:
+    if phantom.RESERVED in expression and not internal:
         return _error("cel/type", f"ERROR: <input>:1:{expression.index(phantom.RESERVED) + 1}: undeclared "
                                   f"reference to '{phantom.RESERVED}...' (names starting {phantom.RESERVED} "
                                   "are not part of the Kubernetes environment)")
@@ -232,6 +233,15 @@ def _compile_uncached(expression: str) -> CompiledSelector | CelIssue:
                 return _error("cel/syntax", f"ERROR: <input>:1:{bad_has + 1}: invalid argument to has() macro",
                               "has() takes a field selection: `has(device.attributes['d'].name)` or "
                               "`'name' in device.attributes['d']`", 1, bad_has + 1)
+            hoisted = fold.hoist_deep(expression)
+            if hoisted is not None:
+                # Deep parts the whole evaluates anyway, bound by cel.bind: the same value, in pieces
+                # the runtime can nest.
+                result = _compile_uncached(hoisted, internal=True)
+                if isinstance(result, CompiledSelector):
+                    return replace(result, expression=expression)
+                if result.check in ("cel/syntax", "cel/type"):
+                    return result
             # The native runtime nests at most 32 levels deep (e.g. 33 parentheses or a 33-term `+`
             # chain); the API server allows more, so this is draguard's limit, not a rejection.
             nested = unsupported.nesting_issue(expression, exc.message.splitlines()[0])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from webhook.cel import _native, library, typecheck
 from webhook.cel.ast import decode_checked
+from webhook.cel.phantom import RESERVED
 
 FOLD_DEPTH = 12
 """A constant sub-expression this deep (or deeper) is folded when the whole does not compile."""
@@ -747,3 +748,56 @@ def invalid_has(text: str) -> int | None:
                         return tokens[j - 1].start
                     break
     return None
+
+
+HOIST_DEPTH = 10
+"""Levels of the tree kept in one piece when a deep selector is cut with `cel.bind`."""
+_STRICT = frozenset({"select", "index", "list", "map", "unary"})
+
+
+def hoist_deep(text: str) -> str | None:
+    """`text` with its deep parts bound by `cel.bind` to fresh names, so that no piece nests deeper
+    than the runtime allows (32 levels); None when nothing could be cut.
+
+    `cel.bind` evaluates its value before the body, so only a part the whole evaluates in any case
+    is bound: one reached from the top through operators that evaluate all their operands and pass
+    an error on (selections, indexes, literals, arithmetic, comparisons, function calls), never
+    through `&&`, `||`, a branch of `? :`, a comprehension or `has()`. Its value or its error then
+    reaches the result exactly as before. Deep device-reading shapes (`[[...][0]][0]`, a 40-term sum
+    of attributes) get Kubernetes' answer instead of none.
+    """
+    root = parse(text)
+    if root is None:
+        return None
+    bound: list[tuple[str, str]] = []
+    depth: dict[int, int] = {}
+
+    def strict(node: Node) -> bool:
+        if node.kind in _STRICT:
+            return True
+        if node.kind == "binary":
+            return node.name not in ("&&", "||")
+        return node.kind == "call" and not node.macro and node.name not in ("has", "cel.bind")
+
+    def visit(node: Node, reached: bool) -> str:
+        inner_reached = reached and strict(node)
+        inner = _rebuild(text, node, lambda child: visit(child, inner_reached))
+        depth[id(node)] = 1 + max((depth[id(c)] for c in node.children), default=0)
+        if reached and node.foldable and node.kind != "lit" and depth[id(node)] >= HOIST_DEPTH \
+                and node.free <= {"device"}:
+            name = f"{RESERVED}b{len(bound)}"
+            bound.append((name, inner))
+            depth[id(node)] = 1
+            return name
+        return inner
+
+    try:
+        out = visit(root, True)
+    except (_Unfoldable, RecursionError):
+        return None
+    if not bound:
+        return None
+    for name, value in reversed(bound):
+        out = f"cel.bind({name}, {value}, {out})"
+    return out
+

@@ -34,7 +34,7 @@ _UNSIZED_RESULT = frozenset({"format", "charAt", "getHost", "getHostname", "getP
 # Same size as the string they are called on.
 _SIZE_OF_TARGET = frozenset({"lowerAscii", "upperAscii", "trim", "substring", "find", "replace"})
 # Charged per character of the string they are called on.
-_SCAN_TARGET = frozenset({"lowerAscii", "upperAscii", "trim", "substring", "replace", "split", "format",
+_SCAN_TARGET = frozenset({"contains", "lowerAscii", "upperAscii", "trim", "substring", "replace", "split", "format",
                           "indexOf", "lastIndexOf"})
 # Charged per character of their (first) argument.
 _SCAN_ARGUMENT = frozenset({"startsWith", "endsWith", "contains", "quantity", "isQuantity", "semver",
