@@ -491,11 +491,11 @@ def render_json(imp: Impact) -> str:
 
 
 def render_markdown(imp: Impact) -> str:
-    from webhook.review.formats.markdown import cell
+    from webhook.review.formats.markdown import cell, code
 
-    out = [f"### draguard impact since `{cell(imp.base_ref)}`", ""]
+    out = [f"### draguard impact since {code(imp.base_ref)}", ""]
     if imp.policy_changes:
-        out.append("**Policy changes:** " + ", ".join(f"`{cell(str(c))}`" for c in imp.policy_changes))
+        out.append("**Policy changes:** " + ", ".join(code(str(c)) for c in imp.policy_changes))
     else:
         out.append("**Policy changes:** none")
     if not imp.changes:
@@ -514,10 +514,10 @@ def render_markdown(imp: Impact) -> str:
         ]
         for c in group[:200]:
             f = c.finding
-            where = f"`{cell(f.file or '')}:{f.line}`" if f.line else f"`{cell(f.file or '')}`"
+            where = code(f"{f.file or ''}:{f.line}") if f.line else code(f.file or "")
             modes = f"{c.base.mode.value if c.base else '–'} → {c.head.mode.value if c.head else '–'}"
             out.append(
-                f"| {where} | `{cell(c.rule)}` | {cell(str(f.object))} | {modes} | {cell(f.message)} "
+                f"| {where} | {code(c.rule)} | {cell(str(f.object))} | {modes} | {cell(f.message)} "
                 f"| {cell('; '.join(c.causes))} |"
             )
     return "\n".join(out) + "\n"
