@@ -188,3 +188,14 @@ def test_a_kserve_model_form_is_judged_by_its_class() -> None:
     report = evaluate([SourceObject(dc), SourceObject(isvc)], POLICIES, Inventory.empty(), Context())
     (f,) = [f for f in report.findings if f.rule == "tier/gpu-tiers"]
     assert "served by DeviceClass gpu.nvidia.com-a100" in f.message
+
+
+def test_admission_looks_up_the_templates_every_pod_template_names() -> None:
+    from webhook.engine.rules.tier import lookups_needed
+
+    head = _pod(image="rayproject/ray:2.46.0-py311")
+    worker = _pod(image="vllm/vllm-openai:v0.9.0", claim="h100-pair")
+    groups = {"headGroupSpec": {"template": head}, "workerGroupSpecs": [{"replicas": 2, "template": worker}]}
+    ray = _obj("ray.io/v1", "RayCluster", groups, ns="ml")
+    got = lookups_needed(ray, POLICIES.tier, Inventory.empty(), "ml", {})
+    assert got == [("ResourceClaimTemplate", "ml", "h100-pair")]

@@ -508,11 +508,13 @@ def lookups_needed(
             return [("Pod", namespace, owner.name)]
         # A user's claim: the unscheduled pods of the namespace that name it.
         return [("PendingPods", namespace, name)] if name else []
-    found = pod_spec_of(obj)
-    if found is None:
+    if pod_spec_of(obj) is None:
         return []
     out: list[tuple[str, str, str]] = []
-    for raw in as_list(found[1].get("resourceClaims")):
+    # Every pod template: a workload CRD's workers may name claims its head does not.
+    specs = [t.spec for t in pod_templates_of(obj) if not t.container]
+    entries = [raw for spec in specs for raw in as_list(spec.get("resourceClaims"))]
+    for raw in entries:
         entry = as_map(raw)
         tmpl = as_str(entry.get("resourceClaimTemplateName"))
         claim = as_str(entry.get("resourceClaimName"))
