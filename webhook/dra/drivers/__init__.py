@@ -93,24 +93,12 @@ class Detection:
     reason: str
 
 
-def detect(
-    setting: str | None,
-    devices: Iterable[Any] = (),
-    classes: Mapping[str, Any] | None = None,
-    requested: Iterable[str] = (),
-) -> Detection:
-    """Choose the driver schema: an explicit setting wins, then the inventory's devices, then the
-    DeviceClasses (inventory and reviewed files), then the class names claims request (`requested`).
-    Without evidence the bundled driver's schema."""
+def from_devices(devices: Iterable[Any]) -> Detection | None:
+    """What the inventory's devices say: NVIDIA's driver when more devices carry its marks (its
+    compute-domain driver, `vfio` devices, attributes only it publishes) than draguard's; None
+    when they carry neither."""
     from webhook.dra.drivers import draguard, nvidia
 
-    by_name: dict[str, DriverSchema] = {"draguard": draguard.SCHEMA, "nvidia": nvidia.SCHEMA}
-    if setting:
-        if setting not in by_name:
-            raise ValueError(
-                f"unknown driver schema {setting!r}; use one of: {', '.join(SCHEMA_NAMES)}"
-            )
-        return Detection(by_name[setting], f"set to {setting}")
     nvidia_votes = draguard_votes = 0
     example = ""
     for dev in devices:
@@ -127,18 +115,44 @@ def detect(
         elif _DRAGUARD_ONLY_ATTRS & set(own):
             draguard_votes += 1
     if nvidia_votes > draguard_votes:
-        return Detection(by_name["nvidia"], f"inventory: {example}")
+        return Detection(nvidia.SCHEMA, f"inventory: {example}")
     if draguard_votes:
-        return Detection(by_name["draguard"], "inventory: devices publish draguard's attributes")
+        return Detection(draguard.SCHEMA, "inventory: devices publish draguard's attributes")
+    return None
+
+
+def detect(
+    setting: str | None,
+    devices: Iterable[Any] = (),
+    classes: Mapping[str, Any] | None = None,
+    requested: Iterable[str] = (),
+    *,
+    evidence: Detection | None = None,
+) -> Detection:
+    """Choose the driver schema: an explicit setting wins, then the inventory's devices (or their
+    `from_devices` verdict, `evidence`, when the caller keeps it), then the DeviceClasses (inventory
+    and reviewed files), then the class names claims request (`requested`). Without evidence the
+    bundled driver's schema."""
+    from webhook.dra.drivers import draguard, nvidia
+
+    if setting:
+        if setting not in SCHEMA_NAMES:
+            raise ValueError(
+                f"unknown driver schema {setting!r}; use one of: {', '.join(SCHEMA_NAMES)}"
+            )
+        return Detection(get(setting), f"set to {setting}")
+    found = evidence if evidence is not None else from_devices(devices)
+    if found is not None:
+        return found
     for cname, cls in sorted((classes or {}).items()):
         selectors = getattr(cls, "selectors", ())
         if cname in NVIDIA_CLASS_NAMES and selectors:
-            return Detection(by_name["nvidia"], f"DeviceClass {cname} is NVIDIA's chart's")
+            return Detection(nvidia.SCHEMA, f"DeviceClass {cname} is NVIDIA's chart's")
         if any(_NVIDIA_SELECTOR.search(s.expression) for s in selectors):
-            return Detection(by_name["nvidia"], f"DeviceClass {cname} selects NVIDIA's devices")
+            return Detection(nvidia.SCHEMA, f"DeviceClass {cname} selects NVIDIA's devices")
     for cname in sorted(set(requested) & _NVIDIA_REQUESTED):
-        return Detection(by_name["nvidia"], f"claims request DeviceClass {cname} of NVIDIA's chart")
-    return Detection(by_name["draguard"], "no evidence of another driver: the bundled driver")
+        return Detection(nvidia.SCHEMA, f"claims request DeviceClass {cname} of NVIDIA's chart")
+    return Detection(draguard.SCHEMA, "no evidence of another driver: the bundled driver")
 
 
 def get(name: SchemaName) -> DriverSchema:

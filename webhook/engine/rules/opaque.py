@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from driver.config import API_VERSION, ConfigError
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
-from webhook.dra.drivers import Detection, DriverSchema, detect
+from webhook.dra.drivers import Detection, DriverSchema, detect, from_devices
 from webhook.dra.objects import (
     ClaimSpec,
     OpaqueConfig,
@@ -57,7 +57,10 @@ def driver_schema(rc: RuleContext) -> Detection:
             read = claim_spec_of(item.obj) if dra_version(item.obj.get("apiVersion")) else None
             if read is not None:
                 requested.update(c for r in read[0].requests for c in r.device_classes() if c)
-    found = detect(setting, rc.inventory.devices, rc.index.classes, requested)
+    # The devices' verdict is kept with the inventory: admission builds a new RuleContext per request.
+    evidence = None if setting else rc.inventory.cached(
+        ("driver-evidence",), lambda: from_devices(rc.inventory.devices))
+    found = detect(setting, (), rc.index.classes, requested, evidence=evidence)
     _DETECTED[:] = [(rc.index, setting, found)]
     return found
 
