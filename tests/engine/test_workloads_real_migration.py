@@ -107,7 +107,7 @@ def test_a_pod_pinned_to_l4_gets_no_claim_for_another_gpu() -> None:
     assert f.patch is None and f.mode is Mode.WARN
     assert "cloud.google.com/gke-accelerator=nvidia-l4" in f.message
     assert "nodeSelector: {cloud.google.com/gke-accelerator: nvidia-l4}" in f.message
-    assert "MigrationPolicy legacy-gpu" in f.message
+    assert "deviceClass: <a class of that GPU>} to MigrationPolicy legacy-gpu" in f.message
 
 
 L4_CLASS = {

@@ -427,7 +427,7 @@ def contradiction(
         f"the pod is pinned to nodes with {key}={value}, but the mapped DeviceClass {mapping.device_class} "
         f"selects {' or '.join(' '.join(m) for m in models)} GPUs, so the claim could never be allocated "
         f"there; add a mapping {{resource: {mapping.resource}, nodeSelector: {{{key}: {value}}}, "
-        "deviceClass: <a class of that GPU>}} to the MigrationPolicy"
+        "deviceClass: <a class of that GPU>} to the MigrationPolicy"
     )
 
 
