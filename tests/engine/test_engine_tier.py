@@ -250,6 +250,16 @@ spec:
         ("example.com/gguf-runner:1", "[/app/llama-server]", "[-m, /models/q.gguf]", "llama-server"),
         ("ollama/ollama:0.5.4", "[]", "[]", "ollama"),
         ("example.com/ollama-base:1", "[ollama]", "[serve]", "ollama"),
+        # A server's name glued to its version in a tag (verl's images).
+        ("hiyouga/verl:ngc-th2.6.0-cu126-vllm0.8.4-flashinfer0.2.2-cxx11abi0", "[]", "[]", "verl"),
+        ("example.com/rl:1", "[python3, -m, verl.trainer.main_ppo]", "[]", "verl"),
+        ("openmmlab/lmdeploy:v0.7.0-cu12", "[]", "[]", "lmdeploy"),
+        ("example.com/py:3.12", "[lmdeploy, serve, api_server]", "[internlm/internlm2_5-7b]", "lmdeploy"),
+        ("rayproject/ray-llm:2.46.0-py311-cu124", "[]", "[]", "ray-llm"),
+        ("nvcr.io/nvidia/tritonserver:24.08-vllm-python-py3", "[tritonserver]", "[]", "vllm"),
+        ("example.com/trt:1", "[python3, -m, tensorrt_llm.commands.serve]", "[m]", "tensorrt_llm"),
+        ("example.com/py:3.12", "[python3, -m, llama_cpp.server]", "[--model, m.gguf]", "llama_cpp"),
+        ("example.com/py:3.12", "[python3, -m, sglang.launch_server]", "[]", "sglang"),
     ],
 )
 def test_llm_servers_are_detected_from_image_command_and_args(
@@ -270,6 +280,11 @@ def test_llm_servers_are_detected_from_image_command_and_args(
         ("example.com/py:1", "[python3, train.py]", "[-m, vllm.cfg]", "{}"),  # the script's -m
         ("example.com/tools:1", "[llama-bench]", "[-m, vllm.gguf]", "{}"),
         ("example.com/vllmx:1", "[]", "[]", "{app.kubernetes.io/name: smallmodels}"),
+        # Embedding and vision servers.
+        ("ghcr.io/huggingface/text-embeddings-inference:1.5", "[]", "[--model-id, BAAI/bge-large]", "{}"),
+        ("nvcr.io/nvidia/tritonserver:24.01-py3", "[tritonserver]", "[--model-repository=/m/resnet50]", "{}"),
+        # A version glued to another name gives only that name (py3.11: py), nothing an LLM is known by.
+        ("example.com/verlx:py3.11-cu12.4", "[]", "[]", "{}"),
     ],
 )
 def test_lookalikes_are_not_llm(image: str, command: str, args: str, labels: str) -> None:
