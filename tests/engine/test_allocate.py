@@ -405,3 +405,13 @@ def test_counters_published_in_slices_the_inventory_lacks_leave_the_answer_open(
     v = allocate(FULL_PLUS_MIG, inventory(PARTITIONS))
     assert v.allocatable is None
     assert "gpu-0 consumes counter set gpu-0-counters of pool node-a" in v.reasons[0]
+
+
+def test_nodes_with_the_same_devices_are_judged_once_and_all_named() -> None:
+    inv = inventory(*(slice_(n, [gpu("gpu-0")]) for n in ("node-a", "node-b", "node-c")))
+    one = claim("devices: {requests: [{name: g, exactly: {deviceClassName: gpu.nvidia.com}}]}")
+    assert allocate(one, inv).nodes == ("node-a", "node-b", "node-c")
+    v = allocate(TWO_GPUS, inv)
+    assert v.allocatable is False
+    assert "on node-a; 1 match there, 1 usable" in v.reasons[0]
+    assert v.reasons[-1] == "2 more node(s) with the same devices fail alike: node-b, node-c"

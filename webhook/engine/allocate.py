@@ -13,10 +13,11 @@ steps: past the bound the answer is "too large to decide offline", never a guess
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import partial
+from typing import TypeVar
 
 from webhook.dra.capacity import consumed as consumed_by
 from webhook.dra.capacity import parse_quantity, violates
@@ -26,6 +27,8 @@ from webhook.dra.nodes import named_nodes, selector_matches
 from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
 from webhook.dra.quantity import Quantity
 from webhook.dra.taints import DeviceToleration, untolerated
+
+T = TypeVar("T")
 
 # Devices tried, over all nodes, before a claim is "too large to decide offline".
 MAX_STEPS = 200_000
@@ -153,6 +156,7 @@ class _Baseline:
         self.taken: dict[DeviceKey, str] = {}  # device -> "ns/claim" holding it exclusively
         self.shared: set[DeviceKey] = set()  # multi-allocatable devices with some share allocated
         self.capacity: dict[CapKey, Fraction] = {}
+        self.capacity_of: dict[DeviceKey, list[tuple[str, str, Fraction]]] = {}
         self.counters: dict[CounterKey, Fraction] = {}
         charged: set[DeviceKey] = set()
         for (ns, name), rec in inventory.claims.items():
@@ -170,6 +174,7 @@ class _Baseline:
                         if amount is not None:
                             ck = (a.key, dom, cap)
                             self.capacity[ck] = self.capacity.get(ck, Fraction(0)) + amount
+                            self.capacity_of.setdefault(a.key, []).append((dom, cap, amount))
                 else:
                     self.taken[a.key] = f"{ns}/{name}"
                 if a.key not in charged:  # a shared device's counters are charged once
@@ -316,10 +321,12 @@ class _Search:
                 value = _attribute(dev, attr)
                 if value is not None:
                     self.values[i].append(value)
-        shown = {
-            f"{dom}/{name}" if dom != dev.driver else name: _fmt(a) for (_, dom, name), a in caps.items()
-        }
-        pick = Pick(choice.name, dev, shown if dev.allow_multiple_allocations else {})
+        shown = (
+            {f"{dom}/{name}" if dom != dev.driver else name: _fmt(a) for (_, dom, name), a in caps.items()}
+            if dev.allow_multiple_allocations
+            else {}
+        )
+        pick = Pick(choice.name, dev, shown)
         self.picks.append(pick)
         # What `undo` needs: whether this pick charged the counters.
         self._undo_stack.append((dev, choice, caps, first_share))
@@ -458,6 +465,112 @@ def _grouped(refused: Mapping[str, list[str]]) -> list[str]:
     return [_refusal(why, names) for why, names in ordered]
 
 
+def _derived(inventory: Inventory, name: Hashable, compute: Callable[[], T]) -> T:
+    """A fact of the inventory's devices, node labels and counters, computed once. The memo can be
+    shared between inventories, so the value is kept with the inputs it was computed from."""
+    inputs = (inventory.devices, inventory.node_labels, inventory.counter_sets)
+    hit = inventory.cached(("allocate", name), lambda: (inputs, compute()))
+    if all(a is b for a, b in zip(hit[0], inputs, strict=True)):
+        value: T = hit[1]
+        return value
+    return compute()
+
+
+def _index(found: Sequence[Device]) -> tuple[dict[str, list[Device]], list[Device], bool]:
+    """A match's devices per node, those reachable from several nodes, and whether any has
+    binding conditions."""
+    on_node: dict[str, list[Device]] = {}
+    roaming: list[Device] = []
+    for d in found:
+        if d.node is not None:
+            on_node.setdefault(d.node, []).append(d)
+        else:
+            roaming.append(d)
+    return on_node, roaming, any(d.binding_conditions for d in found)
+
+
+def _orphans(inventory: Inventory) -> frozenset[int]:
+    """Devices (by id) consuming a counter set the inventory does not have."""
+    return frozenset(
+        id(d)
+        for d in inventory.devices
+        if any((d.driver, d.pool, u.counter_set) not in inventory.counter_sets for u in d.consumes_counters)
+    )
+
+
+def _content(d: Device) -> Hashable:
+    """What allocation depends on in a device, without its name, pool or node."""
+
+    def nested(m: Mapping[str, Mapping[str, object]]) -> tuple[object, ...]:
+        return tuple(
+            sorted(
+                (dom, tuple(sorted((n, type(v).__name__, repr(v)) for n, v in vs.items())))
+                for dom, vs in m.items()
+            )
+        )
+
+    return (
+        d.driver,
+        nested(d.attributes),
+        nested(d.list_attributes),
+        nested(d.capacity),
+        nested(d.capacity_policy),
+        d.taints,
+        d.allow_multiple_allocations,
+        tuple((u.counter_set, tuple(sorted(u.counters.items()))) for u in d.consumes_counters),
+    )
+
+
+def _signature(
+    candidates: Mapping[tuple[int, int], Sequence[Device]],
+    inventory: Inventory,
+    contents: Mapping[int, Hashable],
+    base: _Baseline,
+    unknown_reach: int,
+) -> Hashable:
+    """Two nodes with equal signatures pose the same problem: same devices up to their names, shared
+    the same way between requests and counter sets, with the same use by other claims."""
+    local: dict[int, int] = {}
+    sets: dict[tuple[str, str, str], int] = {}
+    devices: list[Hashable] = []
+    per_choice: list[Hashable] = []
+    used = bool(base.taken or base.shared or base.counters)
+    rules = bool(inventory.taint_rules)
+    for ij in sorted(candidates):
+        idxs: list[int] = []
+        for d in candidates[ij]:
+            n = local.get(id(d))
+            if n is None:
+                n = local[id(d)] = len(local)
+                part: Hashable = contents.get(id(d)) or _content(d)
+                if d.consumes_counters or used or rules:
+                    part = (part, _dynamic(d, inventory, base, sets))
+                devices.append(part)
+            idxs.append(n)
+        per_choice.append((ij, tuple(idxs)))
+    return (unknown_reach, tuple(per_choice), tuple(devices))
+
+
+def _dynamic(
+    d: Device, inventory: Inventory, base: _Baseline, sets: dict[tuple[str, str, str], int]
+) -> Hashable:
+    """The part of a device's signature that depends on the other claims, rules and counter sets."""
+    counters: list[Hashable] = []
+    for u in d.consumes_counters:
+        sk = (d.driver, d.pool, u.counter_set)
+        totals = inventory.counter_sets.get(sk, {})
+        spent = tuple(sorted((c, base.counters.get((*sk, c))) for c in totals))
+        counters.append((sets.setdefault(sk, len(sets)), tuple(sorted(totals.items())), spent))
+    key = d.key
+    return (
+        inventory.taints_of(d) if inventory.taint_rules else (),
+        tuple(counters),
+        key in base.taken,
+        key in base.shared,
+        tuple(sorted(base.capacity_of.get(key, ()))),
+    )
+
+
 def _summary(what: str, reasons: Sequence[str]) -> str:
     shown = list(dict.fromkeys(reasons))
     more = len(shown) - _MAX_LISTED
@@ -491,6 +604,7 @@ def allocate(
         return Verdict(True, notes=("the claim requests no devices",))
     notes: list[str] = []
     matched: dict[tuple[int, int], list[Device]] = {}
+    exprs_of: dict[tuple[int, int], tuple[str, ...]] = {}
     static: list[str] = []
     for i, alts in enumerate(choices):
         for j, ch in enumerate(alts):
@@ -515,10 +629,12 @@ def allocate(
             except ValueError as e:
                 # cel/syntax reports the selector; the scheduler would refuse the claim outright.
                 return Verdict(None, reasons=(f"request {ch.name!r}: a selector does not compile ({e})",))
+            orphans = _derived(inventory, "orphans", lambda: _orphans(inventory))
             unknown_sets = sorted(
                 {
                     f"{d.name} consumes counter set {u.counter_set} of pool {d.pool}"
-                    for d in found or ()
+                    for d in (found or () if orphans else ())
+                    if id(d) in orphans
                     for u in d.consumes_counters
                     if (d.driver, d.pool, u.counter_set) not in inventory.counter_sets
                 }
@@ -539,7 +655,8 @@ def allocate(
                     reasons=(f"request {ch.name!r}: a selector is beyond what can be evaluated offline",),
                 )
             matched[(i, j)] = found
-            if any(d.binding_conditions for d in found):
+            exprs_of[(i, j)] = tuple(exprs)
+            if _derived(inventory, ("index", tuple(exprs)), lambda f=found: _index(f))[2]:  # type: ignore[misc]
                 notes.append(f"request {ch.name!r}: some devices have binding conditions; "
                              "the pod waits for them after allocation")  # fmt: skip
     hopeless = [i for i, alts in enumerate(choices) if not any((i, j) in matched for j in range(len(alts)))]
@@ -547,7 +664,8 @@ def allocate(
         names = {choices[i][0].request for i in hopeless}
         mine = [r for r in static if r.split("'")[1].split("/")[0] in names]
         return Verdict(False, reasons=tuple(dict.fromkeys(mine)), notes=tuple(dict.fromkeys(notes)))
-    by_key = {d.key: d for d in inventory.devices}
+    by_key = _derived(inventory, "by-key", lambda: {d.key: d for d in inventory.devices})
+    contents = _derived(inventory, "contents", lambda: {id(d): _content(d) for d in inventory.devices})
     baseline = _Baseline(inventory, by_key, claim_key)
     budget = [max_steps]
     ok_nodes: list[str | None] = []
@@ -559,22 +677,18 @@ def allocate(
     unknown_nodes: list[str] = []  # nodes that failed while some device's reach there was unknown
     # Per choice: its devices on each named node, and those reachable from several nodes; so that a
     # node's candidates cost what it has, not the whole inventory (thousands of nodes).
-    indexed: dict[tuple[int, int], tuple[dict[str, list[Device]], list[Device]]] = {}
-    for ij, found in matched.items():
-        on_node: dict[str, list[Device]] = {}
-        roaming: list[Device] = []
-        for d in found:
-            if d.node is not None:
-                on_node.setdefault(d.node, []).append(d)
-            else:
-                roaming.append(d)
-        indexed[ij] = (on_node, roaming)
-    for node in _placements(inventory):
+    indexed: dict[tuple[int, int], tuple[dict[str, list[Device]], list[Device], bool]] = {
+        ij: _derived(inventory, ("index", exprs_of[ij]), lambda f=found: _index(f))  # type: ignore[misc]
+        for ij, found in matched.items()
+    }
+    # signature -> (outcome, nodes after the first, requests with no device there, said why)
+    outcomes: dict[Hashable, tuple[str, list[str], list[tuple[str, str | None]], bool]] = {}
+    for node in _derived(inventory, "placements", lambda: _placements(inventory)):
         where = node or "the cluster"
         candidates: dict[tuple[int, int], list[Device]] = {}
         node_reasons: list[str] = []
         unknown_reach = 0
-        for ij, (on_node, roaming) in indexed.items():
+        for ij, (on_node, roaming, _binding) in indexed.items():
             here = (
                 list(on_node.get(node, ()))
                 if node is not None
@@ -590,6 +704,22 @@ def allocate(
         if unknown_reach:
             notes.append(f"{unknown_reach} device(s) have a nodeSelector on labels the inventory has no "
                          f"Node objects for (e.g. {where}); add `kubectl get nodes -o yaml`")  # fmt: skip
+        sig = _signature(candidates, inventory, contents, baseline, unknown_reach)
+        prior = outcomes.get(sig)
+        if prior is not None:
+            # A node like one judged already (a homogeneous cluster): the same answer, no search.
+            outcome, alike, empties, _said = prior
+            alike.append(where)
+            for missing in empties:
+                nowhere.setdefault(missing, []).append(where)
+            if outcome == "ok":
+                ok_nodes.append(node)
+                if not every_node:
+                    break
+            elif outcome == "unknown":
+                unknown_nodes.append(where)
+            continue
+        node_empties: list[tuple[str, str | None]] = []
         # Requests that cannot be met even alone on this node: name the devices and why.
         search = _Search(inventory, spec, choices, candidates, baseline, budget)
         search._undo_stack = []
@@ -626,12 +756,14 @@ def allocate(
                 if per_choice or empty:
                     alone_ok = False
                     node_reasons.extend(per_choice)
+                    node_empties.extend(empty)
                     for missing in empty:
                         nowhere.setdefault(missing, []).append(where)
         if not alone_ok:
             if unknown_reach:
                 unknown_nodes.append(where)  # a device of unknown reach might have made it fit
             failures.extend(node_reasons)
+            outcomes[sig] = ("unknown" if unknown_reach else "fail", [], node_empties, bool(node_reasons))
             continue
         try:
             fits = search.run()
@@ -640,6 +772,7 @@ def allocate(
             break
         if fits:
             ok_nodes.append(node)
+            outcomes[sig] = ("ok", [], [], False)
             if not first_picks:
                 first_picks = tuple(search.picks)
             if not every_node:
@@ -648,6 +781,7 @@ def allocate(
         by_request = sorted(search.rejections.items(), key=lambda kv: -len(kv[1]))
         common = [f"request {req!r}: {_refusal(why, names)}" for (req, why), names in by_request]
         together.append(_summary(f"on {where} the requests cannot be satisfied together", common))
+        outcomes[sig] = ("unknown" if unknown_reach else "fail", [], [], True)
         if unknown_reach:
             unknown_nodes.append(where)
     notes = list(dict.fromkeys(notes))
@@ -671,6 +805,9 @@ def allocate(
             ),
             notes=tuple(notes),
         )
+    for outcome, alike, _empties, said in outcomes.values():
+        if outcome != "ok" and said and alike:
+            failures.append(f"{len(alike)} more node(s) with the same devices fail alike: {_devices(alike)}")
     for (name, class_name), nodes in nowhere.items():
         more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
         failures.append(f"request {name!r}: no device of class {class_name} on {', '.join(nodes[:3])}{more}")
