@@ -147,3 +147,13 @@ def test_interconnect_fixes_name_the_drivers_own_attribute(nv_inventory: Invento
     [f] = _structure([SourceObject(doc)], nv_inventory)
     assert f.mode is Mode.WARN and "matchAttribute: gpu.nvidia.com/partition2" in (f.fix or "")
     assert "nvlinkDomain" not in (f.fix or "")
+
+
+def test_nvidia_chart_classes_guard_the_driver_where_no_file_defines_them() -> None:
+    # As NVIDIA's own test specs write it: a selector without a driver check on the chart's class.
+    selector = 'device.attributes["gpu.nvidia.com"].productName == "NONEXISTENT-GPU-XYZ"'
+    findings = _run([_template(selector, "gpu.nvidia.com")])
+    assert [f for f in findings if f.rule == "cel/driver-guard"] == []
+    # A class no installation creates: nothing pins the driver.
+    findings = _run([_template(selector, "my-gpus")])
+    assert [f.rule for f in findings if f.rule == "cel/driver-guard"] == ["cel/driver-guard"]

@@ -43,6 +43,8 @@ class DriverSchema:
     device_types: Mapping[str, frozenset[str]] = field(repr=False)
     config_kinds: Mapping[str, Mapping[str, frozenset[str]]] = field(repr=False)
     validator: Validator = field(repr=False)
+    # DeviceClasses the driver's installation creates: name -> selector expression.
+    classes: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -153,6 +155,16 @@ def detect(
     for cname in sorted(set(requested) & _NVIDIA_REQUESTED):
         return Detection(nvidia.SCHEMA, f"claims request DeviceClass {cname} of NVIDIA's chart")
     return Detection(draguard.SCHEMA, "no evidence of another driver: the bundled driver")
+
+
+def installed_class(name: str) -> str | None:
+    """The selector of a DeviceClass some driver's installation creates under this name (NVIDIA's
+    chart's `gpu.nvidia.com`, `mig.nvidia.com`, ...), for claims naming a class no file defines."""
+    for schema_name in SCHEMA_NAMES:
+        selector = get(schema_name).classes.get(name)
+        if selector is not None:
+            return selector
+    return None
 
 
 def get(name: SchemaName) -> DriverSchema:

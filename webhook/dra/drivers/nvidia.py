@@ -123,6 +123,21 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _a("id", "int", _CD, "IMEX channel or daemon number.", domain=CD_DRIVER),
 )
 
+# The DeviceClasses NVIDIA's Helm chart installs (deployments/helm/dra-driver-nvidia-gpu/templates/
+# deviceclass-*.yaml): a claim naming one that the files reviewed do not define gets these selectors.
+def _chart_selector(driver: str, device_type: str, extra: str = "") -> str:
+    return f"device.driver == '{driver}' && device.attributes['{driver}'].type == '{device_type}'{extra}"
+
+
+CHART_CLASSES: dict[str, str] = {
+    "gpu.nvidia.com": _chart_selector(GPU_DRIVER, "gpu"),
+    "mig.nvidia.com": _chart_selector(GPU_DRIVER, "mig"),
+    "vfio.gpu.nvidia.com": _chart_selector(GPU_DRIVER, "vfio"),
+    "compute-domain-daemon.nvidia.com": _chart_selector(CD_DRIVER, "daemon"),
+    "compute-domain-default-channel.nvidia.com": _chart_selector(
+        CD_DRIVER, "channel", f" && device.attributes['{CD_DRIVER}'].id == 0"),
+}
+
 _FIELDS: dict[str, tuple[str, ...]] = {
     "GpuConfig": ("apiVersion", "kind", "sharing"),
     "MigDeviceConfig": ("apiVersion", "kind", "sharing"),
@@ -363,4 +378,5 @@ SCHEMA = DriverSchema(
     device_types={GPU_DRIVER: frozenset({"gpu", "mig", "vfio"}), CD_DRIVER: _CD},
     config_kinds=KINDS,
     validator=_validator,
+    classes=CHART_CLASSES,
 )

@@ -21,6 +21,7 @@ from webhook.cel.lint import lint_selector
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
+from webhook.dra.drivers import installed_class
 from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
 from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
 from webhook.engine.rules.opaque import calculator, dotted, driver_schema
@@ -93,7 +94,11 @@ def _class_guards_driver(rc: RuleContext, class_name: str | None, devices: Seque
     selectors only on devices the class selected, so such a class guards every request naming it."""
     cls = rc.index.classes.get(class_name or "") or rc.inventory.classes.get(class_name or "")
     if cls is None:
-        return False
+        # A class a driver's installation creates (NVIDIA's chart's `gpu.nvidia.com`): its selector
+        # is known even when no file defines it.
+        installed = installed_class(class_name or "")
+        return installed is not None and "cel/driver-guard" not in {
+            i.check for i in _issues(rc, installed, devices)}
     for sel in cls.selectors:
         checks = {i.check for i in _issues(rc, sel.expression, devices)}
         if "cel/driver-guard" not in checks and not checks & _BROKEN:
