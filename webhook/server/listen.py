@@ -232,8 +232,11 @@ class GuardedSite(web.TCPSite):
     def open_connections(self) -> int:
         if self._runner.server is None:
             return len(self.pending)
-        self._evicted.intersection_update(self._open())
-        return len(self.pending) + len(self._open()) - len(self._evicted)
+        established = self._open()
+        if self._evicted:
+            # Walks the few evicted handlers, not every connection (this runs on every accept).
+            self._evicted = {h for h in self._evicted if h in established}
+        return len(self.pending) + len(established) - len(self._evicted)
 
     def handler(self) -> asyncio.BaseProtocol:
         server = self._runner.server
