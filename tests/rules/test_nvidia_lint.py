@@ -157,3 +157,12 @@ def test_nvidia_chart_classes_guard_the_driver_where_no_file_defines_them() -> N
     # A class no installation creates: nothing pins the driver.
     findings = _run([_template(selector, "my-gpus")])
     assert [f.rule for f in findings if f.rule == "cel/driver-guard"] == ["cel/driver-guard"]
+
+
+def test_attributes_of_older_nvidia_releases_are_known() -> None:
+    # v25.3 published index/minor/parentIndex/pcieBusID in the driver domain (removed in v25.8).
+    classes = read_sources(NV / "deviceclasses.yaml")
+    for expression in ("device.attributes['gpu.nvidia.com'].index == 0",
+                       "device.attributes['gpu.nvidia.com'].parentIndex == 1"):
+        assert [f for f in _run([*classes, _template(expression, "mig.nvidia.com")])
+                if f.rule == "cel/unknown-attribute"] == []

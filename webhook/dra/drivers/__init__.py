@@ -73,7 +73,9 @@ class DriverSchema:
 
 
 # Attributes only one implementation publishes for `gpu.nvidia.com` devices: evidence of which runs.
-_NVIDIA_ONLY_ATTRS = re.compile(r"^(gpuModuleID|partition[0-9]+|deviceID|vendorID|iommuFDEnabled)$")
+_NVIDIA_ONLY_ATTRS = re.compile(
+    r"^(gpuModuleID|partition[0-9]+|deviceID|vendorID|iommuFDEnabled|index|minor|parentIndex|pcieBusID)$"
+)
 _DRAGUARD_ONLY_ATTRS = frozenset({"nvlinkDomain", "numaNode"})
 _NVIDIA_DRIVERS = frozenset({"compute-domain.nvidia.com"})
 # DeviceClass names NVIDIA's Helm chart installs (deployments/helm/.../templates/deviceclass-*.yaml).

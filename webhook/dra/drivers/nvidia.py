@@ -101,6 +101,12 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     # Up to v0.4 (and in site/content/docs/reference/resourceslice-attributes.md); later releases
     # publish resource.kubernetes.io/numaNode instead.
     _a("numa", "int", _V, "NUMA node of the VFIO device (older releases).", optional=True),
+    # Published up to v25.3 (cmd/gpu-kubelet-plugin/deviceinfo.go at v25.3.2), removed in v25.8:
+    # clusters still running those releases have them.
+    _a("index", "int", _GM, "NVML index of the GPU or MIG device (v25.3 and earlier).", optional=True),
+    _a("minor", "int", _G, "Device minor number of the GPU (v25.3 and earlier).", optional=True),
+    _a("parentIndex", "int", _M, "NVML index of the MIG device's GPU (v25.3 and earlier).", optional=True),
+    _a("pcieBusID", "string", _GM, "PCI bus id in the driver domain (v25.3 and earlier).", optional=True),
     # Fabric Manager partitions (gate FabricManagerPartitioning): on NVSwitch systems only.
     _a("gpuModuleID", "int", _GV, "Fabric Manager module id of the GPU.", optional=True),
     _a("partition<N>", "int", _GV, "Id of the Fabric Manager partition of N GPUs holding this GPU.",
