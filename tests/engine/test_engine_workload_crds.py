@@ -199,3 +199,25 @@ def test_admission_looks_up_the_templates_every_pod_template_names() -> None:
     ray = _obj("ray.io/v1", "RayCluster", groups, ns="ml")
     got = lookups_needed(ray, POLICIES.tier, Inventory.empty(), "ml", {})
     assert got == [("ResourceClaimTemplate", "ml", "h100-pair")]
+
+
+@pytest.mark.parametrize(
+    ("spec", "llm"),
+    [
+        # RayJob: the entrypoint is a command line; runtimeEnvYAML's pip block list names packages.
+        ({"entrypoint": "python -m verl.trainer.main_ppo data.train_files=x"}, True),
+        ({"entrypoint": "python train.py", "runtimeEnvYAML": "pip:\n  - sglang[all]>=0.4\n"}, True),
+        ({"entrypoint": "python t.py", "runtimeEnvYAML": "pip:\n  - torch\nenv_vars:\n  - vllm\n"}, False),
+        ({"entrypoint": "python train.py", "runtimeEnvYAML": "pip: [torch, 'vllm==0.8.5']\n"}, True),
+        # A tenant's many blank lines are read once, line by line.
+        ({"entrypoint": "python train.py", "runtimeEnvYAML": "\n" * 200_000 + "pip:\n  - torch\n"}, False),
+    ],
+)
+def test_what_a_rayjob_runs_beyond_its_containers(spec: dict[str, Any], llm: bool) -> None:
+    from webhook.engine.rules.tier import workload_facts
+
+    body = {**spec, "rayClusterSpec": {"headGroupSpec": {"template": _pod(image="rayproject/ray:2.46.0")}}}
+    facts = workload_facts(_obj("ray.io/v1", "RayJob", body))
+    assert facts is not None
+    found = POLICIES.tier[0].classify(facts)
+    assert (found is not None and found.tier.name == "llm") == llm, found

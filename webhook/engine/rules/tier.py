@@ -91,9 +91,9 @@ def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
 # `serveConfigV2` (Serve's config: `import_path: module:attr`, `runtime_env.pip`), RayJob's
 # `entrypoint` (a shell command) and `runtimeEnvYAML`. Read as text with bounded patterns: a
 # tenant's string is never parsed as YAML here.
-_IMPORT_PATH = re.compile(r"import_path:\s*['\"]?([A-Za-z0-9_.\-]{1,200})")
-_PIP_LIST = re.compile(r"pip:\s*\[([^\]\n]{0,2000})\]")
-_PIP_ITEM = re.compile(r"^\s*-\s*['\"]?([A-Za-z0-9_.\-]{1,100})\s*(?:[=<>~!\[;'\"]|$)", re.M)
+_IMPORT_PATH = re.compile(r"import_path:[ \t]*['\"]?([A-Za-z0-9_.\-]{1,200})")
+_KEY = re.compile(r"[ \t]*(?:-[ \t]+)?([A-Za-z0-9_]{1,100}):(.*)")
+_REQUIREMENT = re.compile(r"[ \t]*['\"]?([A-Za-z0-9_.\-]{1,100})")
 _MAX_APP_TEXT = 64 * 1024
 
 
@@ -105,17 +105,36 @@ def _ray_app(spec: Mapping[str, Any], tokens: list[str], modules: list[str]) -> 
         modules.extend(python_modules(words))
     for key in ("serveConfigV2", "runtimeEnvYAML"):
         text = (as_str(spec.get(key)) or "")[:_MAX_APP_TEXT]
-        if not text:
+        if text:
+            modules.extend(m.group(1).lower() for m in _IMPORT_PATH.finditer(text))
+            modules.extend(_pip_packages(text))
+
+
+def _pip_packages(text: str) -> list[str]:
+    """The packages of `pip:` lists (flow `[a, b]` or block `- a` lines), as module names: a
+    requirement such as `vllm==0.5.4` is a package the application imports. One pass over the lines."""
+    out: list[str] = []
+    in_pip = False
+    for line in text.splitlines():
+        item = line.lstrip(" \t")
+        keyed = _KEY.match(line)
+        if keyed is not None and not item.startswith(("- '", '- "')):
+            in_pip = keyed.group(1) == "pip"
+            rest = keyed.group(2).strip()
+            if in_pip and rest.startswith("["):
+                out.extend(_requirement(r) for r in rest.strip("[]").split(","))
+                in_pip = False
             continue
-        modules.extend(m.group(1).lower() for m in _IMPORT_PATH.finditer(text))
-        # A pip requirement (`vllm==0.5.4`) is a package the application imports.
-        for m in _PIP_LIST.finditer(text):
-            for item in m.group(1).split(","):
-                name = re.split(r"[=<>~!\[; ]", item.strip().strip("'\""), maxsplit=1)[0]
-                if name:
-                    modules.append(name.lower().replace("-", "_"))
-        modules.extend(m.group(1).lower().replace("-", "_") for m in _PIP_ITEM.finditer(text)
-                       if _in_pip_block(text, m.start()))  # fmt: skip
+        if in_pip and item.startswith("-"):
+            out.append(_requirement(item[1:]))
+        elif item and not item.startswith("#"):
+            in_pip = False
+    return [m for m in out if m]
+
+
+def _requirement(text: str) -> str:
+    m = _REQUIREMENT.match(text)
+    return m.group(1).lower().replace("-", "_") if m else ""
 
 
 # KServe's Hugging Face runtime (python/huggingfaceserver) serves generative tasks with vLLM unless
@@ -138,15 +157,6 @@ def _kserve_hf_generates(spec: Mapping[str, Any]) -> bool:
     if opts.get("--backend") == "huggingface" or "--disable_vllm" in args:
         return False
     return opts.get("--task") not in _HF_NOT_GENERATIVE
-
-
-def _in_pip_block(text: str, at: int) -> bool:
-    """Whether the `- item` line at `at` belongs to a `pip:` block list (the nearest key above it)."""
-    head = text.rfind(":", 0, at)
-    if head < 0:
-        return False
-    line_start = text.rfind("\n", 0, head) + 1
-    return text[line_start:head].strip() == "pip"
 
 
 def _is_python(word: str) -> bool:
