@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from webhook.core.source import SourceObject
-from webhook.review.inputs import InputError, Inputs, check_tree, display_path, objects_of, parse_text
+from webhook.review.inputs import InputError, Inputs, Tree, check_tree, display_path, objects_of, parse_text
 from webhook.review.kustomize import isolated, isolated_env
 
 CHART_FILE = "Chart.yaml"
@@ -40,11 +40,11 @@ def helm_command() -> str | None:
     return os.environ.get("DRAGUARD_HELM") or shutil.which("helm")
 
 
-def render(directory: Path, namespace: str = "default", *, tree: Path | None = None) -> Inputs:
+def render(directory: Path, namespace: str = "default", *, tree: Tree | None = None) -> Inputs:
     """Render one chart into review inputs; `InputError` says what to do when that is impossible.
     Nothing outside `tree` (default: the working directory) is read."""
     shown = display_path(directory)
-    check_tree(directory, tree or Path.cwd().resolve())
+    check_tree(directory, tree or Tree.of(Path.cwd()))
     helm = helm_command()
     if helm is None:
         raise InputError(

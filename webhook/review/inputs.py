@@ -472,7 +472,25 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def resolve_in_tree(path: Path, tree: Path, shown: str | None = None) -> Path:
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """The directories review may read below (resolved): the repository root, and a path named on
+    the command line that lies outside it."""
+
+    roots: tuple[Path, ...]
+
+    @classmethod
+    def of(cls, *roots: Path) -> Tree:
+        return cls(tuple(dict.fromkeys(r.resolve() for r in roots)))
+
+    def holds(self, path: Path) -> bool:
+        return any(_inside(path, root) for root in self.roots)
+
+    def __str__(self) -> str:
+        return " or ".join(str(r) for r in self.roots)
+
+
+def resolve_in_tree(path: Path, tree: Tree, shown: str | None = None) -> Path:
     """`path` with every symbolic link resolved; `InputError` when that leaves `tree`.
 
     The reviewed tree may come from an untrusted branch: a link to /dev/zero, a secret on the
@@ -483,7 +501,7 @@ def resolve_in_tree(path: Path, tree: Path, shown: str | None = None) -> Path:
         real = path.resolve()
     except (OSError, RuntimeError):  # RuntimeError: a link loop, before Python 3.13
         raise InputError(shown, "is a symbolic link loop: remove the link") from None
-    if not _inside(real, tree):
+    if not tree.holds(real):
         raise InputError(
             shown,
             f"is a symbolic link to {real}, outside the reviewed tree ({tree}); review never follows "
@@ -492,20 +510,20 @@ def resolve_in_tree(path: Path, tree: Path, shown: str | None = None) -> Path:
     return real
 
 
-def tree_for(path: Path, root: Path | str | None = None) -> Path:
-    """The directory a path named on the command line may reach: the repository root (`root`,
-    default the working directory) when the path lies below it, else the path itself (its
-    directory for a file). Only the last component is left unresolved, so a link named on the
-    command line that points out of the root is still caught."""
+def tree_for(path: Path, root: Path | str | None = None) -> Tree:
+    """The tree a path named on the command line may reach: the repository root (`root`, default
+    the working directory), plus the path itself (its directory for a file) when it lies outside
+    the root. Only the last component is left unresolved, so a link named on the command line that
+    points out of the tree is still caught."""
     top = Path(root or Path.cwd()).resolve()
     absolute = Path(os.path.abspath(path))
     lexical = absolute.parent.resolve() / absolute.name if absolute.name else absolute.resolve()
     if _inside(lexical, top):
-        return top
-    return lexical.resolve() if lexical.is_dir() else lexical.parent
+        return Tree.of(top)
+    return Tree.of(top, lexical if lexical.is_dir() else lexical.parent)
 
 
-def check_tree(directory: Path, tree: Path) -> None:
+def check_tree(directory: Path, tree: Tree) -> None:
     """Refuse a directory handed to an external tool (kustomize, helm) that holds a link out of
     `tree` or a special file: those tools would follow or read them."""
     for base, dirs, files in os.walk(directory, followlinks=False):
@@ -532,7 +550,7 @@ def is_kustomization_dir(path: Path) -> bool:
     return any((path / name).is_file() for name in KUSTOMIZATION_FILES)
 
 
-def walk(root: Path, exclude: Sequence[Path] = (), tree: Path | None = None) -> Iterator[Path]:
+def walk(root: Path, exclude: Sequence[Path] = (), tree: Tree | None = None) -> Iterator[Path]:
     """Files and kustomization directories under `root`, sorted, skipping hidden entries.
 
     A directory holding a kustomization is yielded itself and not descended into: its files are
@@ -540,7 +558,7 @@ def walk(root: Path, exclude: Sequence[Path] = (), tree: Path | None = None) -> 
     followed only within `tree` (default: `root`), and each directory is walked once, so a link to
     an ancestor cannot loop.
     """
-    tree = tree or root.resolve()
+    tree = tree or Tree.of(root)
     excluded = {p.resolve() for p in exclude}
     seen: set[Path] = set()
 

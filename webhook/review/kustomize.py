@@ -37,6 +37,7 @@ from webhook.review.inputs import (
     Document,
     InputError,
     Inputs,
+    Tree,
     check_tree,
     display_path,
     objects_of,
@@ -131,7 +132,7 @@ def _strings(data: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "openapi", openapi["path"]
 
 
-def check_kustomization(directory: Path, tree: Path) -> None:
+def check_kustomization(directory: Path, tree: Tree) -> None:
     """Refuse, before kustomize runs, anything that would make it reach the network or leave `tree`:
     remote resources and bases, local bases outside the tree, links out of it, special files."""
     pending = [directory]
@@ -169,7 +170,7 @@ def check_kustomization(directory: Path, tree: Path) -> None:
                     "network access: vendor it into the repository and refer to the local copy",
                 )
             target = Path(os.path.normpath(here / value))
-            if not (target == tree or tree in target.parents):
+            if not tree.holds(target.resolve()):
                 raise InputError(
                     shown,
                     f"{key} names {value}, outside the reviewed tree ({tree}); review builds only "
@@ -307,10 +308,10 @@ def _kustomization_file(directory: Path) -> Path:
     return directory
 
 
-def build(directory: Path, *, tree: Path | None = None) -> Inputs:
+def build(directory: Path, *, tree: Tree | None = None) -> Inputs:
     """Build one kustomization directory into review inputs; nothing outside `tree` (default: the
     working directory) is read, nothing on the network fetched."""
-    check_kustomization(directory, tree or Path.cwd().resolve())
+    check_kustomization(directory, tree or Tree.of(Path.cwd()))
     shown_dir = display_path(directory)
     kfile = display_path(_kustomization_file(directory))
     built = _build_with_origins(directory)
