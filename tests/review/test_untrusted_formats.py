@@ -139,3 +139,33 @@ def test_a_name_that_is_not_utf8_is_escaped_not_a_traceback(
         assert "\\ud800" in out or "&#92;ud800" in out, fmt  # Markdown writes the backslash as an entity
     doc = json.loads(_review(draguard, "json").out)
     assert doc["findings"][0]["object"]["name"] == "lone\ud800name"
+
+
+def test_base_impact_reports_escape_the_names_too(
+    draguard: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.review.test_base_diff import git
+
+    repo = tmp_path / "gitops"
+    (repo / "apps").mkdir(parents=True)
+    (repo / "apps" / "ok.yaml").write_text(CLAIM.replace(HOSTILE_NAME, "fine"), encoding="utf-8")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    # The pull request adds a hostile file: a new warning in the impact report.
+    (repo / "apps" / "::error::forged.yaml").write_text(CLAIM, encoding="utf-8")
+    monkeypatch.chdir(repo)
+    args = ("review", "apps", "--base", "HEAD", "--root", ".")
+
+    text = draguard(*args)
+    assert text.code == 0, text.err
+    assert "\033" not in text.out and "\r" not in text.out and "\\x1b[2J" in text.out
+    for line in text.out.splitlines():
+        assert not COMMAND.search(line), line
+
+    markdown = draguard(*args, "-f", "markdown").out
+    assert "<img" not in re.sub(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", "", markdown)
+
+    # --fail-on applies to what the change introduces: here one new warning.
+    assert draguard(*args, "--fail-on", "warning", "-f", "json").code == 1
+    assert draguard(*args, "--fail-on", "error", "-f", "json").code == 0
