@@ -102,7 +102,9 @@ def test_fail_on_never_still_fails_on_unreadable_input(draguard: Callable[..., R
     assert draguard("review", "bad.yaml", "--fail-on", "never", "--policies", POLICIES).code == 2
 
 
-def test_several_formats_from_one_run(draguard: Callable[..., Run], in_fixtures: Path, tmp_path: Path) -> None:
+def test_several_formats_from_one_run(
+    draguard: Callable[..., Run], in_fixtures: Path, tmp_path: Path
+) -> None:
     sarif, junit = tmp_path / "r.sarif", tmp_path / "r.xml"
     run = draguard(
         "review", "manifests", "--policies", "policies", "--inventory", "inventory.yaml",
