@@ -415,3 +415,32 @@ def test_nodes_with_the_same_devices_are_judged_once_and_all_named() -> None:
     assert v.allocatable is False
     assert "on node-a; 1 match there, 1 usable" in v.reasons[0]
     assert v.reasons[-1] == "2 more node(s) with the same devices fail alike: node-b, node-c"
+
+
+def test_hostile_claims_get_an_answer_not_a_traceback() -> None:
+    devs = [gpu(f"gpu-{i}", attributes={"type": {"string": "gpu"}, "d": {"int": i % 7}}) for i in range(64)]
+    inv = inventory(slice_("node-a", devs))
+    alike = [{"name": f"s{j}", "deviceClassName": "gpu.nvidia.com", "count": 2} for j in range(8)]
+    reqs = [{"name": f"r{i}", "firstAvailable": alike} for i in range(32)]
+    wide = read_claim_spec(
+        {"devices": {"requests": reqs, "constraints": [{"matchAttribute": "gpu.nvidia.com/d"}]}},
+        "resource.k8s.io/v1",
+    )
+    v = allocate(wide, inv, max_steps=2_000)
+    assert v.allocatable is None and v.reasons[0].startswith("too large to decide offline")
+    bad_quantity = claim("""
+devices:
+  requests:
+  - name: g
+    exactly: {deviceClassName: gpu.nvidia.com, count: 1000000000, capacity: {requests: {memory: 1e99999}}}
+""")
+    v = allocate(bad_quantity, inv)
+    assert v.allocatable is False and "needs 1000000000 device(s)" in v.reasons[0]
+    assert "capacity request memory: '1e99999' is not a quantity" in v.reasons[0]
+    policy = {"validRange": {"min": "-1", "step": "0"}}
+    odd_policy = gpu(
+        "gpu-0",
+        allowMultipleAllocations=True,
+        capacity={"memory": {"value": "80Gi", "requestPolicy": policy}},
+    )
+    assert allocate(shares(2, "10Gi"), inventory(slice_("node-a", [odd_policy]))).allocatable is True

@@ -578,6 +578,60 @@ def _summary(what: str, reasons: Sequence[str]) -> str:
     return f"{what}: {text}" if text else what
 
 
+def _alone(
+    search: _Search,
+    choices: Sequence[Sequence[Choice]],
+    matched: Mapping[tuple[int, int], Sequence[Device]],
+    candidates: Mapping[tuple[int, int], Sequence[Device]],
+    where: str,
+) -> list[tuple[list[str], list[tuple[str, str | None]]]]:
+    """Per request: why it cannot be met even alone on this node (naming the devices and why), and
+    the alternatives with no device there; both empty when some alternative can be met.
+
+    Each (device, alternative) check counts against the search's budget; alternatives that differ
+    only in name (32 requests of 8 alike subrequests) share one check per device."""
+    seen: dict[Hashable, str | None] = {}
+    out: list[tuple[list[str], list[tuple[str, str | None]]]] = []
+    for i, alts in enumerate(choices):
+        per_choice: list[str] = []
+        empty: list[tuple[str, str | None]] = []
+        for j, ch in enumerate(alts):
+            if (i, j) not in matched:
+                continue
+            here = candidates[(i, j)]
+            if not here:
+                empty.append((ch.name, ch.device_class))
+                continue
+            covers = tuple(not c or ch.request in c or ch.name in c for c, _a, _d in search.constraints)
+            shape = (ch.tolerations, tuple(sorted(ch.capacity_requests.items())), ch.admin_access, covers)
+            usable = []
+            refused: dict[str, list[str]] = {}
+            for d in here:
+                key = (id(d), shape)
+                if key in seen:
+                    w = seen[key]
+                else:
+                    search.budget[0] -= 1
+                    if search.budget[0] < 0:
+                        raise _TooLarge
+                    w = seen[key] = search.why_not(d, ch)
+                if w is None:
+                    usable.append(d)
+                else:
+                    refused.setdefault(_split(d, w)[1], []).append(d.name)
+            need = 1 if ch.mode == ALL else ch.count
+            if len(usable) < need or (ch.mode == ALL and refused):
+                amount = "every matching device" if ch.mode == ALL else f"{need} device(s)"
+                head = (f"request {ch.name!r} needs {amount} of class {ch.device_class} on {where}; "
+                        f"{len(here)} match there, {len(usable)} usable")  # fmt: skip
+                per_choice.append(_summary(head, _grouped(refused)))
+            else:
+                per_choice, empty = [], []
+                break
+        out.append((per_choice, empty))
+    return out
+
+
 def allocate(
     spec: ClaimSpec,
     inventory: Inventory,
@@ -724,41 +778,18 @@ def allocate(
         search = _Search(inventory, spec, choices, candidates, baseline, budget)
         search._undo_stack = []
         alone_ok = True
-        for i, alts in enumerate(choices):
-            per_choice: list[str] = []
-            empty: list[tuple[str, str | None]] = []
-            for j, ch in enumerate(alts):
-                if (i, j) not in matched:
-                    continue
-                here = candidates[(i, j)]
-                if not here:
-                    empty.append((ch.name, ch.device_class))
-                    continue
-                usable = []
-                refused: dict[str, list[str]] = {}
-                for d in here:
-                    w = search.why_not(d, ch)
-                    if w is None:
-                        usable.append(d)
-                    else:
-                        refused.setdefault(_split(d, w)[1], []).append(d.name)
-                need = 1 if ch.mode == ALL else ch.count
-                bad = ch.mode == ALL and refused
-                if len(usable) < need or bad:
-                    amount = "every matching device" if ch.mode == ALL else f"{need} device(s)"
-                    head = (f"request {ch.name!r} needs {amount} of class {ch.device_class} on {where}; "
-                            f"{len(here)} match there, {len(usable)} usable")  # fmt: skip
-                    per_choice.append(_summary(head, _grouped(refused)))
-                else:
-                    per_choice, empty = [], []
-                    break
-            else:
-                if per_choice or empty:
-                    alone_ok = False
-                    node_reasons.extend(per_choice)
-                    node_empties.extend(empty)
-                    for missing in empty:
-                        nowhere.setdefault(missing, []).append(where)
+        try:
+            per_node = _alone(search, choices, matched, candidates, where)
+        except _TooLarge:
+            undecided_nodes.append(where)
+            break
+        for per_choice, empty in per_node:
+            if per_choice or empty:
+                alone_ok = False
+                node_reasons.extend(per_choice)
+                node_empties.extend(empty)
+                for missing in empty:
+                    nowhere.setdefault(missing, []).append(where)
         if not alone_ok:
             if unknown_reach:
                 unknown_nodes.append(where)  # a device of unknown reach might have made it fit

@@ -330,6 +330,10 @@ def check_unsatisfiable(item: SourceObject, rc: RuleContext) -> Iterator[Finding
         yield from _unsatisfiable_together(item, rc, spec, spec_pointer)
 
 
+# Device tries per claim for structure/unsatisfiable (tens of microseconds each).
+RULE_MAX_STEPS = 5_000
+
+
 def _unsatisfiable_together(
     item: SourceObject, rc: RuleContext, spec: ClaimSpec, pointer: str
 ) -> Iterator[Finding]:
@@ -345,7 +349,11 @@ def _unsatisfiable_together(
     name = as_str(as_map(item.obj.get("metadata")).get("name"))
     ns = rc.namespace(item) or rc.ctx.default_namespace
     key = (ns, name) if item.obj.get("kind") == "ResourceClaim" and name else None
-    verdict = allocate(spec, rc.inventory, rc.index.classes, claim_key=key, every_node=False)
+    # On the request path a hostile claim must not buy seconds of search: a smaller bound, past
+    # which there is no verdict (and no finding); `draguard explain` searches further.
+    verdict = allocate(
+        spec, rc.inventory, rc.index.classes, claim_key=key, every_node=False, max_steps=RULE_MAX_STEPS
+    )
     if verdict.allocatable is not False:
         return
     yield rc.finding(
