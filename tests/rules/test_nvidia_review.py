@@ -35,3 +35,29 @@ def test_unknown_driver_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
         cli.main(["review", VFIO, "--driver", "amd"])
     assert exc.value.code == 2
     assert "invalid choice: 'amd'" in capsys.readouterr().err
+
+
+def test_review_base_judges_both_sides_by_the_driver_set(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "README").write_text("base\n")
+    git("add", "README")
+    git("commit", "-q", "-m", "base")
+    shutil.copy(VFIO, tmp_path / "vfio.yaml")  # the pull request adds NVIDIA's VFIO demo
+    git("add", "vfio.yaml")
+    monkeypatch.chdir(tmp_path)
+    codes = {}
+    for driver in ("nvidia", "draguard"):
+        capsys.readouterr()
+        codes[driver] = cli.main(["review", "vfio.yaml", "--base", "HEAD", "--policies", POLICIES,
+                                  "--driver", driver])
+    assert codes == {"nvidia": 0, "draguard": 1}
+    assert "VfioDeviceConfig" in capsys.readouterr().out

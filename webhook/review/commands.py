@@ -140,6 +140,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                 progress=progress,
                 cluster_state=args.cluster_state,
                 kubernetes_version=version,
+                driver_schema=args.driver,
             )
             for fmt, output in outputs:
                 color = fmt == "text" and not output and _use_color(sys.stdout)

@@ -361,6 +361,7 @@ def impact(
     progress: Progress | None = None,
     cluster_state: str | None = None,
     kubernetes_version: str | None = None,
+    driver_schema: str | None = None,
 ) -> Impact:
     from webhook.review.inputs import InputError, read_paths
     from webhook.review.pipeline import load_cluster_state
@@ -388,7 +389,7 @@ def impact(
     head = Reviewed(
         evaluate_inputs(
             head_inputs, head_policies, inv, namespace=namespace, progress=progress, namespace_labels=labels,
-            kubernetes_version=kubernetes_version,
+            kubernetes_version=kubernetes_version, driver_schema=driver_schema,
         ),
         head_inputs,
     )
@@ -418,7 +419,7 @@ def impact(
             base_rev = Reviewed(
                 evaluate_inputs(
                     base_inputs, base_policies, inv, namespace=namespace, namespace_labels=labels,
-                    kubernetes_version=kubernetes_version,
+                    kubernetes_version=kubernetes_version, driver_schema=driver_schema,
                 ),
                 base_inputs,
             )
