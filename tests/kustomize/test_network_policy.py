@@ -37,16 +37,13 @@ def test_policies_cover_every_pod_and_name_real_ports(overlay: str) -> None:
         ports = {p["name"]: p["containerPort"] for c in containers(workload) for p in c.get("ports", [])}
         for np in allowing:
             for rule in np["spec"].get("ingress", []):
+                # No rule admits every source; the admission port's sources per cloud are checked in
+                # test_cloud_callers.py.
+                assert rule.get("from"), (np["metadata"]["name"], rule)
                 for port in rule["ports"]:
-                    # A named port the pod does not declare opens nothing; only webhook metrics may be one.
-                    assert port["port"] in ports or port["port"] == "metrics", (
-                        workload["metadata"]["name"],
-                        port,
-                    )
-                    if rule.get("from") is None:
-                        # Open to every source: only the admission port the API server calls.
-                        assert workload["metadata"]["name"] == "draguard-webhook" and port["port"] == "https"
-                    else:
+                    # A named port the pod does not declare opens nothing.
+                    assert port["port"] in ports, (workload["metadata"]["name"], port)
+                    if port["port"] != "https":
                         assert rule["from"] == [
                             {
                                 "namespaceSelector": {
@@ -54,6 +51,11 @@ def test_policies_cover_every_pod_and_name_real_ports(overlay: str) -> None:
                                 }
                             }
                         ]
+                    else:
+                        assert workload["metadata"]["name"] == "draguard-webhook"
+                        assert np["metadata"]["name"] == "draguard-webhook-callers", (
+                            "admission callers per cloud"
+                        )
         if workload["kind"] in {"Job", "CronJob"}:
             assert not allowing, "the certificate Job takes no connections"
         else:
