@@ -113,7 +113,7 @@ class Grammar:
 
     # ---- lookups --------------------------------------------------------------------------------
     def domain(self) -> str:
-        return self.rng.choice(DOMAINS + (NV, NV))
+        return self.rng.choice((*DOMAINS, NV, NV))
 
     def attr(self, names: tuple[str, ...]) -> str:
         r = self.rng.random()
@@ -141,7 +141,8 @@ class Grammar:
         match kind:
             case "bool":
                 return r.choice(("true", "false", self.attr(BOOL_NAMES), "device.allowMultipleAllocations",
-                                 f"has({self.attr(STRING_NAMES)})", f"{_q(self.domain())} in device.attributes"))
+                                 f"has({self.attr(STRING_NAMES)})",
+                                 f"{_q(self.domain())} in device.attributes"))
             case "int":
                 return r.choice((str(r.randint(-5, 50)), "9223372036854775807", "-9223372036854775808",
                                  self.attr(INT_NAMES), f"size(device.attributes[{_q(self.domain())}])"))
@@ -160,7 +161,8 @@ class Grammar:
             case "quantity":
                 return r.choice((f"quantity({_q(r.choice(QUANTITIES))})", self.cap()))
             case "map":
-                return r.choice((f"device.attributes[{_q(self.domain())}]", f"device.capacity[{_q(self.domain())}]",
+                return r.choice((f"device.attributes[{_q(self.domain())}]",
+                                 f"device.capacity[{_q(self.domain())}]",
                                  "{'a': 1, 'b': 2}", "device.attributes"))
             case _:
                 return "dyn(1)"
@@ -182,8 +184,8 @@ class Grammar:
             return f"{e(a, d)} {op} {e(b, d)}"
         if n == 5:
             m = r.choice(("startsWith", "endsWith", "contains", "matches"))
-            arg = _q(r.choice(("NVIDIA", "100", "[0-9]+", "^gpu$", "(?i)nvidia", "a|b", ""))) if r.random() < 0.7 \
-                else e("string", d)
+            patterns = ("NVIDIA", "100", "[0-9]+", "^gpu$", "(?i)nvidia", "a|b", "")
+            arg = _q(r.choice(patterns)) if r.random() < 0.7 else e("string", d)
             return f"{e('string', d)}.{m}({arg})"
         if n == 6:
             return f"{e('string', d)} in {e('list_string', d)}" if r.random() < 0.5 \
@@ -192,8 +194,9 @@ class Grammar:
             return f"has({self.attr(STRING_NAMES + INT_NAMES)})" if r.random() < 0.7 \
                 else f"has(device.{r.choice(('attributes', 'capacity'))}.{r.choice(('gpu', 'nodots', 'x'))})"
         if n == 8:
-            return f"{_q(self.domain())} in device.{r.choice(('attributes', 'capacity'))}" if r.random() < 0.6 \
-                else f"{_q(r.choice(STRING_NAMES + CAPACITY_NAMES))} in {self.leaf('map')}"
+            if r.random() < 0.6:
+                return f"{_q(self.domain())} in device.{r.choice(('attributes', 'capacity'))}"
+            return f"{_q(r.choice(STRING_NAMES + CAPACITY_NAMES))} in {self.leaf('map')}"
         if n == 9:
             m = r.choice(("isGreaterThan", "isLessThan"))
             return f"{e('semver', d)}.{m}({e('semver', d)})" if r.random() < 0.5 \
@@ -235,7 +238,9 @@ class Grammar:
         if n == 18:
             return self.net_bool(d)
         if n == 19:
-            return f"{self.attr(BOOL_NAMES)}" if r.random() < 0.6 else f"{self.attr(BOOL_NAMES)} == {e('bool', d)}"
+            if r.random() < 0.6:
+                return f"{self.attr(BOOL_NAMES)}"
+            return f"{self.attr(BOOL_NAMES)} == {e('bool', d)}"
         if n == 20:
             return self.faulty(d)
         if n == 21:
@@ -248,7 +253,8 @@ class Grammar:
     def net_bool(self, d: int) -> str:
         r = self.rng
         return r.choice((
-            "ip('10.0.0.1').family() == 4", "ip('::1').isLoopback()", "cidr('10.0.0.0/8').containsIP(ip('10.1.2.3'))",
+            "ip('10.0.0.1').family() == 4", "ip('::1').isLoopback()",
+            "cidr('10.0.0.0/8').containsIP(ip('10.1.2.3'))",
             "cidr('10.0.0.0/8').containsCIDR('10.1.0.0/16')", "ip('fe80::1').isLinkLocalUnicast()",
             "url('https://example.com:8443/a?b=c').getPort() == '8443'", "ip.isCanonical('10.0.0.1')",
             f"isIP({self.expr('string', d)})", "cidr('10.0.0.0/8').prefixLength() == 8",
@@ -267,7 +273,8 @@ class Grammar:
             f"{self.attr(STRING_NAMES)} > 1", f"{self.attr(STRING_NAMES)}.isGreaterThan(semver('1.0.0'))",
             "dyn(1) + 'a' == 'b'", "device.attributes == 1", f"{self.attr(STRING_NAMES)}",
             f"device.attributes[{_q(self.domain())}] != null", f"{self.attr(INT_NAMES)} == 'x'",
-            f"'%s'.format([{self.attr(STRING_NAMES)}]) == 'x'", f"'%d'.format([{self.attr(INT_NAMES)}]) == '1'",
+            f"'%s'.format([{self.attr(STRING_NAMES)}]) == 'x'",
+            f"'%d'.format([{self.attr(INT_NAMES)}]) == '1'",
             f"{self.attr(STRING_NAMES)}.split(' ').all(w, w.size() > 0)",
             f"{self.attr(STRING_NAMES)}.split('').exists(c, c == 'x')",
             f"{e('bool', d)} || {self.attr(STRING_NAMES)} == 'x'", f"true || {self.attr(INT_NAMES)} > 0",
@@ -360,8 +367,9 @@ class Grammar:
         if n == 10:
             return f"-{e('int', d)}"
         if n == 11:
-            return f"math.{r.choice(('greatest', 'least'))}({e('int', d)}, {e('int', d)})" if r.random() < 0.5 \
-                else f"math.abs({e('int', d)})"
+            if r.random() < 0.5:
+                return f"math.{r.choice(('greatest', 'least'))}({e('int', d)}, {e('int', d)})"
+            return f"math.abs({e('int', d)})"
         if n == 12:
             return f"{e('semver', d)}.compareTo({e('semver', d)})"
         return self.attr(INT_NAMES)
@@ -418,7 +426,9 @@ class Grammar:
         if n == 10:
             return f"strings.quote({e('string', d)})"
         if n == 11:
-            return f"{e('semver', d)}.major() > 0 ? 'y' : 'n'" if r.random() < 0.3 else self.attr(STRING_NAMES)
+            if r.random() < 0.3:
+                return f"{e('semver', d)}.major() > 0 ? 'y' : 'n'"
+            return self.attr(STRING_NAMES)
         return self.leaf("string")
 
     def g_list_int(self, d: int) -> str:
@@ -470,7 +480,9 @@ class Grammar:
     def g_quantity(self, d: int) -> str:
         r = self.rng
         if r.random() < 0.3:
-            return f"{self.expr('quantity', d)}.{r.choice(('add', 'sub'))}({r.choice(('1', self.expr('quantity', d)))})"
+            target = self.expr("quantity", d)
+            method = r.choice(("add", "sub"))
+            return f"{target}.{method}({r.choice(('1', self.expr('quantity', d)))})"
         return self.leaf("quantity")
 
     def g_map(self, d: int) -> str:
@@ -587,7 +599,8 @@ def summary(pairs: list[GeneratedPair]) -> str:
     bad = [p for p in pairs if not p.agrees]
     kinds = Counter((p.kubernetes, p.draguard) for p in bad)
     false_rej = sum(p.draguard == "rejected" and p.kubernetes != "rejected" for p in pairs)
-    return (f"pairs {len(pairs)}, agree {len(pairs) - len(bad)} ({100 * (1 - len(bad) / max(len(pairs), 1)):.2f} %), "
+    rate = 100 * (1 - len(bad) / max(len(pairs), 1))
+    return (f"pairs {len(pairs)}, agree {len(pairs) - len(bad)} ({rate:.2f} %), "
             f"false rejections {false_rej}; by (kubernetes, draguard): {dict(kinds)}")
 
 

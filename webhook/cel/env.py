@@ -230,7 +230,8 @@ def _compile_uncached(expression: str, *, internal: bool = False) -> CompiledSel
                 return result
             bad_has = fold.invalid_has(expression)
             if bad_has is not None:
-                return _error("cel/syntax", f"ERROR: <input>:1:{bad_has + 1}: invalid argument to has() macro",
+                return _error("cel/syntax",
+                              f"ERROR: <input>:1:{bad_has + 1}: invalid argument to has() macro",
                               "has() takes a field selection: `has(device.attributes['d'].name)` or "
                               "`'name' in device.attributes['d']`", 1, bad_has + 1)
             hoisted = fold.hoist_deep(expression)

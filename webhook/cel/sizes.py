@@ -34,7 +34,8 @@ _UNSIZED_RESULT = frozenset({"format", "charAt", "getHost", "getHostname", "getP
 # Same size as the string they are called on.
 _SIZE_OF_TARGET = frozenset({"lowerAscii", "upperAscii", "trim", "substring", "find", "replace"})
 # Charged per character of the string they are called on.
-_SCAN_TARGET = frozenset({"contains", "lowerAscii", "upperAscii", "trim", "substring", "replace", "split", "format",
+_SCAN_TARGET = frozenset({"contains", "lowerAscii", "upperAscii", "trim", "substring", "replace", "split",
+                          "format",
                           "indexOf", "lastIndexOf"})
 # Charged per character of their (first) argument.
 _SCAN_ARGUMENT = frozenset({"startsWith", "endsWith", "contains", "quantity", "isQuantity", "semver",
@@ -98,7 +99,8 @@ class _Sizes:
         if node.kind == COMPREHENSION:
             inner = self.scope(node, env)
             if node.loop_step is not None and any(
-                    n.kind == LIST and any(self.text(e, inner) for e in n.elements) for n in node.loop_step.walk()):
+                    n.kind == LIST and any(self.text(e, inner) for e in n.elements)
+                    for n in node.loop_step.walk()):
                 return True
             return node.result is not None and self.items(node.result, inner)
         if node.kind != CALL:
@@ -218,7 +220,8 @@ class _Sizes:
             return f"{f}() on a string whose size is unknown"
         if f == "contains" and target is not None and args and (_empty(target) or _empty(args[0])):
             return None
-        if f in _SCAN_TARGET and target is not None and self.kind(target) == "string" and self.text(target, env):
+        if f in _SCAN_TARGET and target is not None and self.kind(target) == "string" \
+                and self.text(target, env):
             return f"{f}() on a string whose size is unknown"
         if f in ("contains", "replace") and target is not None and self.kind(target) == "string" \
                 and any(self.text(a, env) for a in args):

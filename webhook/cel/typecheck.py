@@ -68,6 +68,8 @@ class _Typer:
             return field_type
         if attribute_value(node):
             return "any"
+        if _list_aggregate(node):
+            return "int"
         if node.kind == LIST:
             if not node.elements:
                 return None
@@ -133,10 +135,11 @@ class _Typer:
                     if field_type is not None and field_type != "bool":
                         return self.message(arg, f"expected type 'bool' but found '{field_type}'")
             elif node.function in _EQUALITY and len(node.args) == 2 and any(
-                    (_device_map(a) or _domain_map(a)) and b.kind == CONST for a, b in (node.args, node.args[::-1])):
-                left, right = node.args
-                pair = ", ".join(self._shape(a) for a in (left, right))
-                return self.message(node, f"found no matching overload for '{node.function}' applied to '({pair})'")
+                    (_device_map(a) or _domain_map(a)) and b.kind == CONST
+                    for a, b in (node.args, node.args[::-1])):
+                pair = ", ".join(self._shape(a) for a in node.args)
+                return self.message(node, f"found no matching overload for '{node.function}' "
+                                          f"applied to '({pair})'")
             elif node.function == "@in" and len(node.args) == 2 and (
                     _device_map(node.args[1]) or _domain_map(node.args[1])) \
                     and self.ast.types.get(node.args[0].id) in ("bool", "int", "uint", "double"):
@@ -145,8 +148,10 @@ class _Typer:
             elif node.function in _EQUALITY and len(node.args) == 2 and any(
                     _list_aggregate(a) and _static_type(self, b) in ("uint", "double", "string", "bool")
                     for a, b in (node.args, node.args[::-1])):
-                pair = ", ".join("int" if _list_aggregate(a) else _static_type(self, a) or "dyn" for a in node.args)
-                return self.message(node, f"found no matching overload for '{node.function}' applied to '({pair})'")
+                pair = ", ".join("int" if _list_aggregate(a) else _static_type(self, a) or "dyn"
+                                 for a in node.args)
+                return self.message(node, f"found no matching overload for '{node.function}' "
+                                          f"applied to '({pair})'")
             elif node.function in _EQUALITY and len(node.args) == 2:
                 left, right = node.args
                 for a, b in ((left, right), (right, left)):
@@ -224,10 +229,11 @@ def _root_type(ast: CheckedAst) -> str | None:
     root = ast.expr
     while root.kind == COMPREHENSION and root.iter_range is not None and root.iter_range.kind == LIST \
             and not root.iter_range.elements and root.result is not None:  # cel.bind(x, v, body)
-        if root.result.kind == IDENT and root.result.name == root.accu_var and root.accu_init is not None:
+        body: Expr = root.result
+        if body.kind == IDENT and body.name == root.accu_var and root.accu_init is not None:
             root = root.accu_init
         else:
-            root = root.result
+            root = body
     if root.kind == CALL and root.function == "dyn" and root.target is None:
         return "dyn"
     if root.kind == CALL and root.function in ("sum", "min", "max") and root.target is not None \
@@ -275,13 +281,14 @@ def type_error(ast: CheckedAst) -> str | None:
             # An attribute's value is google.protobuf.Any to the format validator: no clause takes it.
             arg = next(e for e in node.args[0].elements if attribute_value(e))
             return typer.message(arg, "error during formatting: no formatting clause accepts "
-                                      "google.protobuf.Any (an attribute's value); convert it first, e.g. string(...)")
+                                      "google.protobuf.Any (an attribute's value); convert it first, "
+                                      "e.g. string(...)")
     for node in ast.nodes():
         found = _format_error(typer, node)
         if found:
             return found
         if node.kind == CALL and node.function == "reverse" and node.target is not None and not node.args \
-                and _static_type(typer, node.target) == "string":
+                and (_static_type(typer, node.target) == "string" or _device_field(node.target) == "string"):
             # Kubernetes' strings library is version 2; reverse() came with version 3.
             return typer.message(node, "found no matching overload for 'reverse' applied to 'string.()'")
     # cel-go exempts the argument list of the strings extension's format() from the rule.
