@@ -560,3 +560,13 @@ def test_a_partition_is_charged_by_the_counters_it_consumes() -> None:
     spec = read_claim_spec(_claim([_exact("p", "mig.nvidia.com")])["spec"], "resource.k8s.io/v1")
     # 40Gi of an 80Gi set and 60 of 132 multiprocessors: the larger share, 1/2.
     assert QuotaCalculator(inv).claim_gpu_equivalents(spec) == Fraction(1, 2)
+
+
+def test_admin_access_claims_are_charged_like_any_other() -> None:
+    # Kubernetes' ResourceQuota evaluator does not exempt adminAccess requests; neither does draguard.
+    inv = Inventory.from_objects(list(yaml.safe_load_all(SHARING_INVENTORY)))
+    admin = _claim([{"name": "g", "exactly": {"deviceClassName": "mig.nvidia.com", "adminAccess": True}}])
+    plain = _claim([_exact("g", "mig.nvidia.com")], name="p")
+    u = compute_usage([admin, plain], {}, PolicySet.empty(), inv)
+    assert u.devices[("ml", "mig.nvidia.com")] == 2
+    assert u.gpu_equivalents["ml"] == pytest.approx(1.0)  # 2 x 1/2 of the counter set
