@@ -256,3 +256,10 @@ def test_multi_gpu_templates_join_gpus_by_nvlink_where_the_inventory_allows(
     review = evaluate([SourceObject(rewritten), SourceObject(tmpl)], POLICIES, inventory, Context())
     interconnect = [x for x in review.findings if x.rule == "structure/interconnect"]
     assert bool(interconnect) == (not joined), [x.message for x in review.findings]
+
+
+def test_the_finding_offers_the_extended_resource_path_beside_the_rewrite() -> None:
+    src = SourceObject(_vllm_tp2())
+    warn = {"team-ml": {"draguard.io/migration-mode": "warn"}}
+    (f,) = _migrate([src], warn)
+    assert "spec.extendedResourceName: nvidia.com/gpu on DeviceClass gpu.nvidia.com-h100" in f.fix

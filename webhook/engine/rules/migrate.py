@@ -199,6 +199,14 @@ def _claim_template(
         "run `draguard migrate <file>` to rewrite the manifest and write the ResourceClaimTemplates "
         f"({templates}), or label the namespace draguard.io/migration-mode=migrate to have admission do it"
     )
+    whole = sorted({(e.use.resource, e.device_class) for e in plan.edits})
+    if len(whole) == 1 and len({r for r, _c in whole}) == 1:
+        # KEP-5004: the same devices through DRA with the pod left as it is.
+        resource, device_class = whole[0]
+        fix += (
+            f"; or keep the pod as it is and have DRA serve {resource}: set spec.extendedResourceName: "
+            f"{resource} on DeviceClass {device_class} (`draguard migrate --strategy extended-resource`)"
+        )
     if mmode is MigrationMode.MIGRATE:
         # Pods cannot change claims or extended resources after creation: only mutate on CREATE
         # or when the object is a controller whose template may change.
