@@ -169,3 +169,15 @@ def test_base_impact_reports_escape_the_names_too(
     # --fail-on applies to what the change introduces: here one new warning.
     assert draguard(*args, "--fail-on", "warning", "-f", "json").code == 1
     assert draguard(*args, "--fail-on", "error", "-f", "json").code == 0
+
+
+def test_error_messages_quoting_a_hostile_file_name_are_neutralised(
+    draguard: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "##[add-mask]x\033[2J.yaml").write_text("kind: [\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run = draguard("review", ".")
+    assert run.code == 2
+    line = run.err.strip().splitlines()[-1]
+    assert "invalid YAML" in line and "##\\[add-mask]x\\x1b[2J.yaml" in line
+    assert not COMMAND.search(line) and "\033" not in line

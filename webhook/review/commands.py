@@ -27,11 +27,10 @@ EXIT_USAGE = 2
 
 def _fail(command: str, message: str) -> int:
     # One line, never a traceback: the first line of the message is what the user needs. It may
-    # quote a name from the reviewed tree, so controls are written out.
-    from webhook.review.formats import terminal_safe
-
+    # quote a name from the reviewed tree, so controls are written out and `##[` cannot start a
+    # workflow command.
     first = message.strip().splitlines()[0] if message.strip() else "failed"
-    print(terminal_safe(f"draguard {command}: {first}"), file=sys.stderr)
+    print(neutralise_commands(terminal_safe(f"draguard {command}: {first}")), file=sys.stderr)
     return EXIT_USAGE
 
 
