@@ -263,3 +263,28 @@ def test_the_finding_offers_the_extended_resource_path_beside_the_rewrite() -> N
     warn = {"team-ml": {"draguard.io/migration-mode": "warn"}}
     (f,) = _migrate([src], warn)
     assert "spec.extendedResourceName: nvidia.com/gpu on DeviceClass gpu.nvidia.com-h100" in f.fix
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "device_class", "contradicts"),
+    [
+        # GKE's accelerator names leave out the form factor NVML reports (A100-SXM4-80GB).
+        ("cloud.google.com/gke-accelerator", "nvidia-a100-80gb", "gpu.nvidia.com-a100-80gb", False),
+        ("cloud.google.com/gke-accelerator", "nvidia-a100-80gb", "gpu.nvidia.com-a100-40gb", True),
+        ("cloud.google.com/gke-accelerator", "nvidia-tesla-a100", "gpu.nvidia.com-a100", False),
+        ("cloud.google.com/gke-accelerator", "nvidia-l4", "gpu.nvidia.com-h100", True),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3", "gpu.nvidia.com-h100", False),
+        ("nvidia.com/gpu.product", "Tesla-T4", "gpu.nvidia.com-a100", True),
+        ("karpenter.k8s.aws/instance-gpu-name", "a10g", "gpu.nvidia.com-a10g", False),
+        # A class whose name names no model contradicts nothing.
+        ("nvidia.com/gpu.product", "Tesla-T4", "gpu.nvidia.com", False),
+    ],
+)
+def test_a_pinned_gpu_model_and_a_class_name(
+    label: str, value: str, device_class: str, contradicts: bool
+) -> None:
+    from webhook.engine.migration import contradiction
+    from webhook.policy.model import ResourceMapping
+
+    found = contradiction({label: value}, ResourceMapping("nvidia.com/gpu", device_class), None)
+    assert (found is not None) == contradicts, found

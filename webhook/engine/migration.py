@@ -363,6 +363,7 @@ GPU_MODEL_LABELS = (
 SHARING_LABELS = ("nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.replicas")
 _PRODUCT_LITERAL = re.compile(r"productName\s*(?:==\s*|\.startsWith\(\s*)[\"']([^\"']{1,100})[\"']")
 _MODEL_TOKEN = re.compile(r"[a-z]{1,3}[0-9]{1,4}[a-z]?")
+_MEMORY = re.compile(r"[0-9]{1,4}gb")
 
 
 def _model_words(text: str) -> tuple[str, ...]:
@@ -376,10 +377,21 @@ def _model_words(text: str) -> tuple[str, ...]:
     return tuple(words)
 
 
+def _model_key(words: tuple[str, ...]) -> tuple[str, frozenset[str]]:
+    """(model, memory sizes): the first word with a digit (h100, l40s, t4, a6000, 4090), else the
+    first word; and the `<n>gb` words. Form factors and memory kinds (sxm4, pcie, hbm3) are left out:
+    GKE's `nvidia-a100-80gb` is NVML's `NVIDIA A100-SXM4-80GB`."""
+    model = next((w for w in words if any(ch.isdigit() for ch in w) and not _MEMORY.fullmatch(w)), words[0])
+    return model, frozenset(w for w in words if _MEMORY.fullmatch(w))
+
+
 def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """One model names the other: (a100,) and (a100, sxm4, 80gb) agree, (l4,) and (a100,) do not."""
-    n = min(len(a), len(b))
-    return n > 0 and a[:n] == b[:n]
+    """Both name the same GPU model: (a100,) and (a100, sxm4, 80gb) agree, (a100, 80gb) and
+    (a100, sxm4, 40gb) or (l4,) and (a100,) do not. Only a clear contradiction says no."""
+    if not a or not b:
+        return True
+    (ma, mem_a), (mb, mem_b) = _model_key(a), _model_key(b)
+    return ma == mb and (not mem_a or not mem_b or bool(mem_a & mem_b))
 
 
 def pinned_model(node_labels: Mapping[str, str]) -> tuple[str, str, tuple[str, ...]] | None:
@@ -406,8 +418,9 @@ def class_models(device_class: str, classes: Mapping[str, Any] | None) -> list[t
         lits = [m.group(1) for m in _PRODUCT_LITERAL.finditer(_selector_text(known))]
         if lits:
             return [_model_words(x) for x in lits]
-    tokens = [w for w in re.split(r"[^a-z0-9]+", device_class.lower()) if _MODEL_TOKEN.fullmatch(w)]
-    return [(t,) for t in tokens] or None
+    words = re.split(r"[^a-z0-9]+", device_class.lower())
+    memory = tuple(w for w in words if _MEMORY.fullmatch(w))
+    return [(w, *memory) for w in words if _MODEL_TOKEN.fullmatch(w)] or None
 
 
 def contradiction(
