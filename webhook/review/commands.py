@@ -316,8 +316,11 @@ def register(subparsers: Any) -> None:
         "review manifests against GPU policies offline (files, dirs, kustomizations, stdin)",
         "Review Kubernetes manifests with the webhook's engine, offline.\n\n"
         "PATH is a file, a directory (walked recursively; kustomization directories are built),\n"
-        "or - for stdin. Exit status: 0 no enforce-mode findings, 1 enforce-mode findings,\n"
-        "2 usage error or unreadable input. With --base REF, exit 1 only for newly denied objects.",
+        "or - for stdin. Exit status: 0 no enforce-mode findings, 1 enforce-mode findings (the level\n"
+        "is --fail-on), 2 usage error, unreadable input, or no Kubernetes object at all (unless\n"
+        "--allow-empty). With --base REF, exit 1 only for newly denied objects.\n\n"
+        "The tree may come from an untrusted branch: symbolic links out of it and special files are\n"
+        "refused, kustomize and helm run without network, and every name is escaped for its format.",
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="files, directories or - (default: .)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="DIR", help="policy directory or file")

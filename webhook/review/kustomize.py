@@ -311,7 +311,8 @@ def _kustomization_file(directory: Path) -> Path:
 def build(directory: Path, *, tree: Tree | None = None) -> Inputs:
     """Build one kustomization directory into review inputs; nothing outside `tree` (default: the
     working directory) is read, nothing on the network fetched."""
-    check_kustomization(directory, tree or Tree.of(Path.cwd()))
+    tree = tree or Tree.of(Path.cwd())
+    check_kustomization(directory, tree)
     shown_dir = display_path(directory)
     kfile = display_path(_kustomization_file(directory))
     built = _build_with_origins(directory)
@@ -336,6 +337,10 @@ def build(directory: Path, *, tree: Tree | None = None) -> Inputs:
         skipped_all.extend(skipped)
         for o in objs:
             data, origin = _strip_origin(o.obj, base)
+            if origin and not tree.holds(Path(origin).resolve()):
+                # An origin annotation the object carried itself: never a reason to read a file
+                # outside the tree.
+                origin = None
             src = index.find(origin, data) if origin else None
             if origin and src is not None:
                 shown = display_path(origin)
