@@ -374,7 +374,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--root",
         metavar="DIR",
-        help="repository root that SARIF, github and junit paths are relative to (default: git top-level)",
+        help="repository root (default: git top-level): SARIF, github and junit paths are relative to it, "
+        "and no symbolic link is followed out of it",
     )
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
