@@ -10,6 +10,7 @@ pods the Deployment makes, and only those.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,20 @@ def test_the_documented_cidr_patch_narrows_the_port_to_the_control_plane(cloud: 
     assert mine != patch
     admitted = _admitted(_user_overlay(cloud, mine), webhook, _port_numbers(webhook)["https"])
     assert {"ipBlock": {"cidr": "198.51.100.0/28"}} in admitted
+
+
+def test_the_install_guides_snippet_sets_the_control_plane_subnets(tmp_path: Path) -> None:
+    """docs/install.md's my-cluster example, built next to kustomize/: the port is the subnets' only."""
+    doc = (KUSTOMIZE.parent / "docs" / "install.md").read_text()
+    block = next(
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+        if b.startswith("# my-cluster/") and "draguard-webhook-callers" in b
+    )
+    (tmp_path / "kustomize").symlink_to(KUSTOMIZE, target_is_directory=True)
+    (tmp_path / "my-cluster").mkdir()
+    (tmp_path / "my-cluster" / "kustomization.yaml").write_text(block)
+    objs = tuple(run_build(tmp_path / "my-cluster"))
+    webhook = _webhook(objs)
+    admitted = _admitted(objs, webhook, _port_numbers(webhook)["https"])
+    assert admitted == [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.0.16/28"}}]
