@@ -349,6 +349,7 @@ async def run_driver(args: argparse.Namespace) -> int:
     from driver.registration import SocketPathError, check_socket_paths, socket_paths
     from driver.slices import SlicePublisher, SlicePublishError, SliceValidationError
     from driver.state import DeviceState, KubeClaimReader
+    from driver.status import ClaimStatusWriter
 
     metrics = DriverMetrics()
     plugin_dir = args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}"
@@ -379,10 +380,13 @@ async def run_driver(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
     if await _refused(publisher.api, args, version, stop):
         return 0
+    status = ClaimStatusWriter(publisher.api, version)
+    status.start()
     state = DeviceState(
         driver_name=args.driver_name, node_name=args.node_name, devices=devices,
         checkpoint=Checkpoint(plugin_dir), cdi=CdiWriter(args.cdi_root, layout),
         claims=KubeClaimReader(publisher.api, version), nvml=nvml, metrics=metrics, health=tracker,
+        status=status,
     )  # fmt: skip
     report = await asyncio.to_thread(state.recover)
     log.info("recovered checkpoint: kept %d claim(s), rolled back %d, dropped %d", len(report.kept),
@@ -458,6 +462,7 @@ async def run_driver(args: argparse.Namespace) -> int:
     if watcher is not None:
         await asyncio.to_thread(watcher.stop)
     await server.stop()
+    await asyncio.to_thread(status.stop)
     return 0
 
 

@@ -18,7 +18,15 @@ class KubeHTTPError(Exception):
         self.status = status
         self.reason = reason
         self.body = body
-        super().__init__(f"HTTP {status} {reason}: {body[:300]}")
+        # The API server's Status message says what was refused and why; the raw body is mostly noise.
+        detail = body
+        try:
+            parsed = json.loads(body)
+            if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+                detail = parsed["message"]
+        except ValueError:
+            pass
+        super().__init__(f"HTTP {status} {reason}: {detail[:1000]}")
 
 
 def request(
@@ -28,13 +36,17 @@ def request(
     body: Any = None,
     query: list[tuple[str, str]] | None = None,
     timeout: float = 30.0,
+    content_type: str = "application/json",
 ) -> Any:
-    """Send one request; the parsed JSON answer (None when empty). HTTP errors → KubeHTTPError."""
+    """Send one request; the parsed JSON answer (None when empty). HTTP errors → KubeHTTPError.
+
+    `content_type` names the body's patch kind for PATCH (a JSON body is valid for each, server-side
+    apply's application/apply-patch+yaml included)."""
     from kubernetes.client.exceptions import ApiException
 
     headers = {"Accept": "application/json"}
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     try:
         if hasattr(api, "param_serialize"):
             m, url, hdrs, ser_body, _post = api.param_serialize(

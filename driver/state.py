@@ -42,6 +42,7 @@ from driver.kube import KubeHTTPError
 from driver.kube import request as kube_request
 from driver.metrics import DriverMetrics
 from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
+from driver.status import ClaimStatusWriter, StatusWrite, device_entries
 
 log = logging.getLogger("draguard.driver.state")
 
@@ -156,6 +157,7 @@ class DeviceState:
         version: str = _pkg.__version__,
         fault: Callable[[str], None] | None = None,
         health: Any = None,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -168,6 +170,7 @@ class DeviceState:
         self.version = version
         self.fault = fault or env_fault
         self.health = health  # driver.health.HealthTracker: devices of lost GPUs are refused
+        self.status = status  # claim device status (KEP-4817), written in the background
 
     # --- prepare ---------------------------------------------------------------------------------
     def prepare(self, ref: ClaimRef) -> PrepareOutcome:
@@ -190,7 +193,24 @@ class DeviceState:
             log.warning("prepare %s failed after %.1f ms: %s", ref, took, outcome.error)
         else:
             log.info("prepared claim %s: devices %s in %.1f ms", ref, _names(outcome.devices), took)
+            self._publish_status(ref, outcome.devices)
         return outcome
+
+    def _publish_status(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        if self.status is None:
+            return
+        facts: dict[str, dict[str, str]] = {}
+        for d in devices:
+            dev = self.devices.get(d.device_name)
+            if dev is not None:
+                product = dev.attributes.get("productName")
+                facts[d.device_name] = {"uuid": dev.uuid, "type": dev.type}
+                if product is not None:
+                    facts[d.device_name]["productName"] = str(product[1])
+        entries = device_entries(self.driver_name, self.node_name, devices, facts)
+        self.status.submit(
+            StatusWrite(ref.namespace, ref.name, ref.uid, self.driver_name, self.node_name, entries)
+        )
 
     def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
         claims = self.checkpoint.load()
@@ -478,6 +498,10 @@ class DeviceState:
             log.info("unprepared claim %s: nothing was prepared for it (%.1f ms)", ref, took)
         else:
             log.info("unprepared claim %s: devices %s in %.1f ms", ref, _names(released), took)
+            if self.status is not None:  # an apply with no entries removes this driver's
+                self.status.submit(
+                    StatusWrite(ref.namespace, ref.name, ref.uid, self.driver_name, self.node_name, ())
+                )
         return error
 
     # --- start-up --------------------------------------------------------------------------------

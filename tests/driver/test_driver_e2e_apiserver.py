@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from driver_helpers import NODE, make_claim, make_state
@@ -235,3 +236,118 @@ async def test_driver_run_end_to_end(apiserver, short_dir):
     assert proc.returncode == 0, out
     assert "SIMULATED NVML" in out
     assert not reg.exists() and not (short_dir / "plugins" / "dra-pod-1.sock").exists()
+
+
+def _driver_client(server: ApiServer, node: str) -> Any:
+    """The API client the driver's pod would have: its ServiceAccount, its token bound to `node`
+    (impersonated here: no controller-manager mints pod-bound tokens on this bare API server)."""
+    api = publisher(server).api
+    api.set_default_header("Impersonate-User", "system:serviceaccount:draguard-driver:draguard-driver")
+    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2fnode-name", node)
+    return api
+
+
+def _put_compact(server: ApiServer, path: str, body: Any) -> None:
+    """PUT as Go clients write (compact JSON): the API server compares each status entry's `data` byte
+    for byte, so an entry written with spaces would differ from itself after any later patch."""
+    import json
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(server.ca))
+    ctx.load_cert_chain(str(server.cert), str(server.key))
+    req = urllib.request.Request(server.url + path, data=json.dumps(body, separators=(",", ":")).encode(),
+                                 method="PUT", headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
+        assert resp.status == 200
+
+
+def _get_raw(server: ApiServer, path: str) -> str:
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(server.ca))
+    ctx.load_cert_chain(str(server.cert), str(server.key))
+    with urllib.request.urlopen(urllib.request.Request(server.url + path), context=ctx, timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+def _bundle_driver_rbac(server: ApiServer) -> None:
+    import yaml
+
+    rbac = Path(__file__).resolve().parents[2] / "kustomize" / "base" / "driver" / "rbac.yaml"
+    for doc in yaml.safe_load_all(rbac.read_text()):
+        kind = doc["kind"]
+        path = f"/apis/rbac.authorization.k8s.io/v1/{kind.lower()}s"
+        try:
+            server.request("POST", path, doc)
+        except Exception as exc:  # already there from an earlier test of this module
+            assert "409" in str(exc) or "already exists" in str(exc), exc
+
+
+def test_prepared_devices_show_in_the_claims_status_and_leave_with_unprepare(apiserver, short_dir):
+    from driver.status import ClaimStatusWriter
+
+    ns = "status-ns"
+    apiserver.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": ns}})  # fmt: skip
+    _bundle_driver_rbac(apiserver)
+    base = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    claim = make_claim("shown", "x", [("gpu", "gpu-2")], namespace=ns)
+    created = apiserver.request("POST", base, {k: claim[k] for k in ("apiVersion", "kind", "spec")}
+                                | {"metadata": {"name": "shown", "namespace": ns}})  # fmt: skip
+    uid = created["metadata"]["uid"]
+    alloc = copy.deepcopy(created)
+    alloc["status"] = claim["status"]
+    # Another driver's device in the same claim, with its own status entry: never ours to touch.
+    alloc["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": "nic.example.com", "pool": NODE, "device": "nic-0"}
+    )
+    alloc["status"]["devices"] = [{"driver": "nic.example.com", "pool": NODE, "device": "nic-0",
+                                   "data": {"mac": "02:00:00:00:00:01"}}]  # fmt: skip
+    _put_compact(apiserver, f"{base}/shown/status", alloc)
+
+    api = _driver_client(apiserver, NODE)
+    writer = ClaimStatusWriter(api)
+    writer.start()
+    try:
+        state = make_state(short_dir, KubeClaimReader(api, "v1"))
+        state.status = writer
+        out = state.prepare(ClaimRef(ns, "shown", uid))
+        assert out.error == "", out.error
+        assert writer.drain(30)
+        entries = {e["driver"]: e for e in apiserver.request("GET", f"{base}/shown")["status"]["devices"]}
+        ours = entries["gpu.nvidia.com"]
+        assert (ours["pool"], ours["device"]) == (NODE, "gpu-2")
+        (ready,) = ours["conditions"]
+        assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+        assert ours["data"]["uuid"].startswith("GPU-")
+        assert ours["data"]["cdiDeviceIDs"] == out.devices[0].cdi_device_ids
+        assert "H100" in ours["data"]["productName"]
+        assert entries["nic.example.com"]["data"] == {"mac": "02:00:00:00:00:01"}
+        # Stored compact, as Go clients write: another driver's later patch must not see ours as changed.
+        raw = _get_raw(apiserver, f"{base}/shown")
+        assert '"data":{"' in raw and '"data": {' not in raw, raw
+
+        assert state.unprepare(ClaimRef(ns, "shown", uid)) == ""
+        assert writer.drain(30)
+        left = apiserver.request("GET", f"{base}/shown")["status"]["devices"]
+        assert [e["driver"] for e in left] == ["nic.example.com"]
+        assert writer.failed == 0
+    finally:
+        writer.stop()
+
+    # A driver on another node may not write this claim's status: prepare still succeeds, the status
+    # write is refused by the API server and counted.
+    other = ClaimStatusWriter(_driver_client(apiserver, "node-elsewhere"))
+    other.start()
+    try:
+        state = make_state(short_dir / "other", KubeClaimReader(api, "v1"))
+        state.status = other
+        assert state.prepare(ClaimRef(ns, "shown", uid)).error == ""
+        assert other.drain(30)
+        assert other.failed == 1 and other.written == 0
+        left = apiserver.request("GET", f"{base}/shown")["status"]["devices"]
+        assert [e["driver"] for e in left] == ["nic.example.com"]
+    finally:
+        other.stop()
