@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.gotool import ROOT, SCRIPT, _unavailable, run_tool
+from tests.gotool import ROOT, SCRIPT, run_tool
 from tests.rules.test_nvidia_config import CASES
 from webhook.dra.drivers import nvidia
 
@@ -37,14 +37,16 @@ JUNK: list[Any] = [None, "", "x", 0, -1, 101, 50, 12.5, True, [], {}, {"a": 1}, 
 @pytest.fixture(scope="module", autouse=True)
 def _nvidia_source() -> None:
     """The tool builds from NVIDIA's driver source, which comes from git, not the Go proxy: where it
-    cannot be fetched the comparison is skipped (a failure under CI, as for every reference tool)."""
+    cannot be fetched the comparison is skipped, under CI too. Unlike the other reference tools, whose
+    modules every machine that runs the suite can fetch, this source is reachable only where git can reach
+    its repository (or DRAGUARD_NVIDIA_SRC names a clone), so its absence says nothing about draguard."""
     built = Path(subprocess.run(["bash", str(SCRIPT), "--path", "nvconfig"], check=True, capture_output=True,
                                 text=True).stdout.strip())
     if built.is_file():
         return
     res = subprocess.run([str(ROOT / "tools" / "nvconfig" / "source.sh")], capture_output=True, text=True)
     if res.returncode != 0:
-        _unavailable("tools/nvconfig: NVIDIA's DRA driver source could not be fetched "
+        pytest.skip("tools/nvconfig: NVIDIA's DRA driver source could not be fetched "
                      f"({res.stderr.strip()}); set DRAGUARD_NVIDIA_SRC to a clone of "
                      "kubernetes-sigs/dra-driver-nvidia-gpu")
 
