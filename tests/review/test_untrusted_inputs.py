@@ -4,8 +4,10 @@ and kustomize and Helm reach neither the network nor files outside it."""
 from __future__ import annotations
 
 import http.server
+import io
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -217,3 +219,12 @@ def test_a_local_kustomization_still_builds(draguard: Callable[..., Run], tree: 
     run = draguard("review", "overlay", "-f", "junit")
     assert run.code in (0, 1), run.err
     assert 'name="ResourceClaim/ns/p-base-claim' in run.out
+
+
+def test_stdin_over_the_size_bound_is_a_clear_error(
+    draguard: Callable[..., Run], tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inputs, "MAX_FILE_BYTES", 4096)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(CLAIM.format(name="big") + "#" * 5000 + "\n"))
+    run = _review(draguard, "-")
+    assert run.code == 2 and "<stdin>: is larger than 4096 bytes" in run.err
