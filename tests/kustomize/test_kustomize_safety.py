@@ -192,11 +192,18 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
     assert _verbs(one(objs, "ClusterRole", "draguard-driver")) == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
+        # Claim device status: the API server allows associated-node writes only to claims allocated on
+        # the driver's own node, per driver name (below); arbitrary-node is never granted.
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch", "associated-node:update"},
         ("", "nodes"): {"get"},
         # A Warning Event on its own Node when another GPU driver serves it (the slice policy
         # allows no other Event).
         ("events.k8s.io", "events"): {"create"},
     }
+    driver_rules = one(objs, "ClusterRole", "draguard-driver")["rules"]
+    (status_rule,) = [r for r in driver_rules if r["resources"] == ["resourceclaims/driver"]]
+    assert status_rule["resourceNames"] == ["gpu.nvidia.com"], "only this driver's entries"
     # The audit lists and watches what it judges and consults (no get: a scan is paged lists; a
     # slice change asks for a full scan) and writes only reports.
     lw = {"list", "watch"}
