@@ -103,18 +103,31 @@ def test_a_file_over_the_size_bound_is_a_clear_error(
     assert "split it into smaller files" in run.err
 
 
+LEGACY = (
+    "apiVersion: v1\nkind: Pod\nmetadata:\n  name: legacy\nspec:\n  containers:\n  - name: c\n"
+    "    image: busybox\n    resources:\n      limits:\n        nvidia.com/gpu: 1\n"
+)
+
+
 def test_migrate_write_never_writes_through_a_link(draguard: Callable[..., Run], tree: Path) -> None:
-    target = tree.parent / "outside" / "legacy.yaml"
-    legacy = (
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: legacy\nspec:\n  containers:\n  - name: c\n"
-        "    image: busybox\n    resources:\n      limits:\n        nvidia.com/gpu: 1\n"
-    )
-    target.write_text(legacy, encoding="utf-8")
+    # Even a link inside the tree: the write would land on whatever it names.
+    target = tree / "shared" / "legacy.yaml"
+    target.parent.mkdir()
+    target.write_text(LEGACY, encoding="utf-8")
     (tree / "deploy" / "legacy.yaml").symlink_to(target)
     run = draguard("migrate", "--write", "deploy/legacy.yaml")  # no policies/: the default mapping
     assert run.code == 2
     assert "deploy/legacy.yaml: is a symbolic link" in run.err and "never writes through links" in run.err
-    assert target.read_text(encoding="utf-8") == legacy
+    assert target.read_text(encoding="utf-8") == LEGACY
+
+
+def test_migrate_never_reads_through_a_link_out_of_the_tree(draguard: Callable[..., Run], tree: Path) -> None:
+    target = tree.parent / "outside" / "legacy.yaml"
+    target.write_text(LEGACY, encoding="utf-8")
+    (tree / "deploy" / "legacy.yaml").symlink_to(target)
+    # The diff would print the target's text.
+    run = draguard("migrate", "deploy")
+    assert run.code == 2 and "deploy/legacy.yaml: is a symbolic link to" in run.err and run.out == ""
 
 
 # --------------------------------------------------------------------------- kustomize

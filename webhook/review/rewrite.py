@@ -26,7 +26,15 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError as RuamelError
 
 from webhook.dra import yamlload
-from webhook.review.inputs import YAML_SUFFIXES, InputError, display_path, parse_text, read_text
+from webhook.review.inputs import (
+    YAML_SUFFIXES,
+    InputError,
+    display_path,
+    parse_text,
+    read_text,
+    resolve_in_tree,
+    tree_for,
+)
 from webhook.review.pipeline import ReviewError, load_policy_set
 
 DEFAULT_GPU_CLASS = "gpu.nvidia.com"
@@ -218,19 +226,28 @@ def migration_policy(
 
 
 def _yaml_files(paths: Sequence[str]) -> Iterator[Path]:
+    # As review: no link is followed out of the tree (its target's text would be printed in the
+    # diff), and `read_text` refuses special files.
     for raw in paths:
         p = Path(raw)
         if not p.exists():
             raise RewriteError(f"{raw}: no such file or directory")
-        if p.is_file():
-            yield p
-            continue
-        for f in sorted(p.rglob("*")):
-            rel = f.relative_to(p)
-            if any(part.startswith(".") for part in rel.parts):
+        try:
+            tree = tree_for(p)
+            resolve_in_tree(p, tree, raw)
+            if p.is_file():
+                yield p
                 continue
-            if f.is_file() and f.name.endswith(YAML_SUFFIXES):
-                yield f
+            for f in sorted(p.rglob("*")):
+                rel = f.relative_to(p)
+                if any(part.startswith(".") for part in rel.parts):
+                    continue
+                if f.name.endswith(YAML_SUFFIXES) and f.is_symlink():
+                    resolve_in_tree(f, tree)
+                if f.is_file() and f.name.endswith(YAML_SUFFIXES):
+                    yield f
+        except InputError as exc:
+            raise RewriteError(str(exc)) from None
 
 
 def _plain(body: str) -> Any:
@@ -669,7 +686,7 @@ def _migrate_paths(
             if f.is_symlink():
                 # The tree may come from an untrusted branch: a link could aim the write anywhere.
                 raise RewriteError(
-                    f"{shown}: is a symbolic link (to {os.readlink(f)}); migrate --write never writes "
+                    f"{f}: is a symbolic link (to {os.readlink(f)}); migrate --write never writes "
                     "through links: run it on the file the link points to"
                 )
             try:
