@@ -102,6 +102,13 @@ CASES: list[tuple[str, str, str]] = [
     ('[1, 2, 3].slice(0, 0).exists(a, b, '
      'lists.range(400).exists(x, lists.range(400).exists(y, x + y == -1)))',
      'no', 'no'),
+    # Over an empty range a comprehension's body costs nothing, whatever it would cost.
+    ("[].exists_one(a, b, device.attributes['gpu.nvidia.com'].productName in "
+     "['gpu', 'mig'].join('').split(' '))",
+     'no', 'no'),
+    ("''.findAll('[0-9]+').join('').split(' ').map(w, w.size()).first().hasValue()", 'selects', 'selects'),
+    ("[].filter(x, isQuantity(device.driver.charAt(11))).size() == 3", 'no', 'no'),
+    ("[].map(x, string(x).matches('a')).size() == 0", 'selects', 'selects'),
     # Deeper than the runtime's 32 levels: bound in pieces where evaluated in any case.
     ("[" * 40 + "has(device.attributes['gpu.nvidia.com'].productName)" + "][0]" * 40,
      'selects', 'no'),
@@ -142,3 +149,12 @@ def test_expectations_are_kubernetes_outcomes() -> None:
         if seen != (on_h100, on_bare):
             drift.append(f"{selector[:100]}: recorded {(on_h100, on_bare)}, Kubernetes says {seen}")
     assert not drift, "\n".join(drift)
+
+
+def test_deep_part_behind_or_is_left_to_the_api_server() -> None:
+    # Kubernetes accepts it (selects the H100, not the bare device); binding the deep part ahead of
+    # `||` could raise an error the original absorbs, so draguard cannot tell, and never rejects.
+    deep = "(" + "[" * 40 + "has(device.attributes['gpu.nvidia.com'].uuid)" + "][0]" * 40
+    deep += " || device.driver == 'x')"
+    assert draguard_outcome(deep, H100)[0] == "unsupported"
+    assert draguard_outcome(deep, BARE)[0] == "unsupported"

@@ -234,7 +234,7 @@ def _compile_uncached(expression: str, *, internal: bool = False) -> CompiledSel
                               f"ERROR: <input>:1:{bad_has + 1}: invalid argument to has() macro",
                               "has() takes a field selection: `has(device.attributes['d'].name)` or "
                               "`'name' in device.attributes['d']`", 1, bad_has + 1)
-            hoisted = fold.hoist_deep(expression)
+            hoisted = None if internal else fold.hoist_deep(expression)  # one pass: no loop
             if hoisted is not None:
                 # Deep parts the whole evaluates anyway, bound by cel.bind: the same value, in pieces
                 # the runtime can nest.

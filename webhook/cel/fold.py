@@ -783,8 +783,8 @@ def hoist_deep(text: str) -> str | None:
         inner_reached = reached and strict(node)
         inner = _rebuild(text, node, lambda child: visit(child, inner_reached))
         depth[id(node)] = 1 + max((depth[id(c)] for c in node.children), default=0)
-        if reached and node.foldable and node.kind != "lit" and depth[id(node)] >= HOIST_DEPTH \
-                and node.free <= {"device"}:
+        if reached and node is not root and node.foldable and node.kind != "lit" \
+                and depth[id(node)] >= HOIST_DEPTH and node.free <= {"device"}:
             name = f"{RESERVED}b{len(bound)}"
             bound.append((name, inner))
             depth[id(node)] = 1

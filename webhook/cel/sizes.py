@@ -192,7 +192,9 @@ class _Sizes:
             if node.accu_init is not None:
                 self.visit(node.accu_init, env)
             inner = self.scope(node, env)
-            for part in (node.loop_condition, node.loop_step, node.result):
+            # Over an empty range the body is charged zero times, whatever it costs.
+            body = () if source is not None and _empty_list(source) else (node.loop_condition, node.loop_step)
+            for part in (*body, node.result):
                 if part is not None:
                     self.visit(part, inner)
             return
@@ -250,10 +252,22 @@ def _empty(node: Expr) -> bool:
 
 
 def _empty_list(node: Expr) -> bool:
+    """A list or string the estimator knows to be empty (size 0): `[]`, `''`, and what is made of
+    them (`''.split(' ')`, `[].sort()`, `[].map(x, ...)`, `[].join()`)."""
     if node.kind == LIST:
         return not node.elements
-    return node.kind == CALL and node.function == "split" and node.target is not None \
-        and node.target.kind == CONST and node.target.value == ""
+    if node.kind == CONST:
+        return node.value == ""
+    if node.kind == COMPREHENSION:
+        bind = node.iter_var.startswith("#")
+        return not bind and node.iter_range is not None and _empty_list(node.iter_range) \
+            and node.result is not None and node.result.kind == IDENT and node.result.name == node.accu_var \
+            and node.accu_init is not None and _empty_list(node.accu_init)
+    if node.kind != CALL or node.target is None:
+        return False
+    if node.function in ("split", "findAll", "join") or node.function in _REORDERING:
+        return _empty_list(node.target)
+    return False
 
 
 def unbounded(ast: CheckedAst) -> str | None:
