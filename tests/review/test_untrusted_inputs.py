@@ -171,6 +171,18 @@ def test_kustomize_links_out_of_the_tree_are_refused(draguard: Callable[..., Run
     assert run.code == 2 and "overlay/claim.yaml: is a symbolic link to" in run.err
 
 
+def test_kustomize_special_files_and_helm_charts_are_refused(
+    draguard: Callable[..., Run], tree: Path
+) -> None:
+    _kustomization(tree / "overlay", "resources:\n- pipe.yaml\n")
+    os.mkfifo(tree / "overlay" / "pipe.yaml")  # kustomize would block reading it
+    run = _review(draguard, "overlay")
+    assert run.code == 2 and "overlay/pipe.yaml: is a named pipe (FIFO)" in run.err
+    _kustomization(tree / "charts", "helmCharts:\n- name: x\n  repo: https://charts.example.com\n")
+    run = _review(draguard, "charts")
+    assert run.code == 2 and "charts/kustomization.yaml: uses helmCharts" in run.err
+
+
 def test_helm_chart_links_out_of_the_tree_are_refused(
     draguard: Callable[..., Run], tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
