@@ -269,3 +269,32 @@ def test_a_forged_storm_leaves_other_tenants_budgets_alone(api: ApiServer) -> No
         forge(r, f"nowhere-{i}", f"v{i}")  # a namespace that does not exist
     assert set(ledgers(api)) == before
     assert [admit_and_create(r, ns, f"c{i}") for i in range(BUDGET + 1)] == [True] * BUDGET + [False]
+
+
+def test_a_claim_sent_right_after_its_namespace_waits_for_the_watch_instead_of_being_refused(
+    api: ApiServer,
+) -> None:
+    """`kubectl apply` of a new namespace and its claim: the claim's review can arrive before the watch
+    shows the namespace. It waits for the watch (bounded) and is reserved once the namespace shows."""
+    ns = namespace(api, "team-fresh")
+    r = Replica(api, ns, Clock())
+    seen = r.snap
+    others = {k: v for k, v in seen.namespace_labels.items() if k != ns}
+    r.snap = seen.__class__(policies=seen.policies, inventory=seen.inventory, namespace_labels=others)
+    req = r.request(ns, "fresh-claim", 1)
+    first = admission.review("validate", req, seen)
+    group = r.ledger.group_for(req, seen)
+    assert group is not None
+
+    async def run() -> Outcome:
+        async def watch_catches_up() -> None:
+            await asyncio.sleep(0.2)
+            r.snap = seen  # the namespace event arrives
+        task = asyncio.create_task(watch_catches_up())
+        out = await r.ledger.admit(group, req, r.snap, first)
+        await task
+        return out
+
+    out = asyncio.run(run())
+    assert out.response["allowed"] is True, out.response
+    assert any("fresh-claim" in key for key in entries(api, group)), entries(api, group)

@@ -89,6 +89,11 @@ MAX_PENDING_BYTES = 128 * 1024
 # the number of namespaces.
 MAX_LEDGERS = 4096
 LOG_NAME = 80  # characters of a tenant-chosen name that reach a log line
+# A claim for a namespace the watch has not shown yet (created a moment ago) waits this long for it,
+# polling the cache; the wait holds only the request's own connection, and at most this many wait.
+NAMESPACE_WAIT_S = 2.0
+NAMESPACE_POLL_S = 0.05
+MAX_NAMESPACE_WAITERS = 64
 
 # As the API server validates them: a namespace is a DNS label, a ResourceClaim's name a DNS subdomain.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -227,6 +232,7 @@ class QuotaLedger:
         self.ttl = ttl
         self.claims = claims or (lambda: [])
         self.snapshot = snapshot
+        self._namespace_waiters = 0
         self.synced = synced or (lambda: True)
         self.clock = clock
         self._groups: dict[str, _Group] = {}
@@ -265,6 +271,14 @@ class QuotaLedger:
             # The watch sees every namespace: no need to ask the API server to learn it is missing.
             return _denied(first, request, self._missing())
         refused = self._refusal(request, meta, name, snap)
+        if refused is not None and self._unseen_namespace(request, snap):
+            # `kubectl apply` of a new namespace and its claims sends the claim right after the namespace
+            # is created: give the watch a moment to show it rather than refuse a real claim. A forged
+            # review for a namespace that does not exist waits too, holding only its own connection.
+            fresh = await self._wait_for_namespace(str(request.get("namespace")))
+            if fresh is not None:
+                snap = fresh
+                refused = self._refusal(request, meta, name, snap)
         if refused is not None:
             # Nothing is reserved for an object the API server could not persist: a forged review
             # changes its own answer and no shared state.
@@ -290,6 +304,28 @@ class QuotaLedger:
             if item in g.pending:
                 g.pending.remove(item)
             return _denied(first, request, self._late())
+
+    def _unseen_namespace(self, request: Mapping[str, Any], snap: Snapshot) -> bool:
+        ns = request.get("namespace")
+        return isinstance(ns, str) and is_namespace(ns) and ns not in snap.namespace_labels
+
+    async def _wait_for_namespace(self, ns: str) -> Snapshot | None:
+        """A snapshot whose namespace watch shows `ns`, polled for up to NAMESPACE_WAIT_S; None if not.
+
+        At most MAX_NAMESPACE_WAITERS requests wait at once: past that a request is refused at once."""
+        if self.snapshot is None or self._namespace_waiters >= MAX_NAMESPACE_WAITERS:
+            return None
+        self._namespace_waiters += 1
+        try:
+            deadline = time.monotonic() + NAMESPACE_WAIT_S
+            while time.monotonic() < deadline:
+                await asyncio.sleep(NAMESPACE_POLL_S)  # the cache is memory: polling it costs nothing
+                snap = self.snapshot()
+                if ns in snap.namespace_labels:
+                    return snap
+            return None
+        finally:
+            self._namespace_waiters -= 1
 
     def _refusal(
         self, request: Mapping[str, Any], meta: Mapping[str, Any], name: str, snap: Snapshot
