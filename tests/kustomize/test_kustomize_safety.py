@@ -170,6 +170,9 @@ def test_webhook_and_driver_permissions_are_exactly_what_they_need() -> None:
         ("", "pods"): {"get", "list"},
         ("", "namespaces"): {"list", "watch"},
         ("", "resourcequotas"): {"list", "watch"},
+        # The admission inventory: taints DeviceTaintRules add, labels per-device node selectors read.
+        ("resource.k8s.io", "devicetaintrules"): {"list", "watch"},
+        ("", "nodes"): {"list", "watch"},
         # caBundle injection only, by name (the ValidatingAdmissionPolicy limits it to caBundle).
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): INJECTOR_VERBS,
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): INJECTOR_VERBS,

@@ -27,6 +27,9 @@ log = logging.getLogger("draguard.caches")
 
 DRA_GROUP = "resource.k8s.io"
 PREFERRED_DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+# DeviceTaintRule moved v1alpha3 -> v1beta2 -> v1 (GA in 1.37); it is served in none of them unless
+# the cluster enables it (before 1.37 behind DRADeviceTaintRules).
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 WATCH_SECONDS = 240
 
 
@@ -145,11 +148,51 @@ def discover_dra_versions(http: KubeHttp) -> tuple[str | None, frozenset[str]]:
     return None, served
 
 
+def discover_taint_rule_version(http: KubeHttp, served: frozenset[str]) -> str | None:
+    """The resource.k8s.io version serving DeviceTaintRules, newest first; None when none does (the
+    caches then carry on without them, as offline review does without any in its inventory)."""
+    for v in TAINT_RULE_VERSIONS:
+        if v not in served:
+            continue
+        try:
+            doc = http.get_json(f"/apis/{DRA_GROUP}/{v}")
+        except ApiError as e:
+            log.warning(
+                "cannot read the resources of resource.k8s.io",
+                extra={"version": v, "reason": str(e)[:300]},
+            )
+            continue
+        names = {str(r.get("name")) for r in doc.get("resources") or [] if isinstance(r, dict)}
+        if "devicetaintrules" in names:
+            return v
+    return None
+
+
+def labels_only(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Node cut down to what the inventory reads of it (name and labels). Whole Nodes carry
+    status, images and conditions, tens of kilobytes each on a large cluster, none of it used."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {
+            "name": meta.get("name"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)},
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Resource:
     name: str  # plural, used as the metric label
     kind: str
     api_version: str  # "v1" or "resource.k8s.io/v1"
+    # Keep only metadata.name and metadata.labels (see labels_only).
+    labels_only: bool = False
 
     @property
     def path(self) -> str:
@@ -206,6 +249,8 @@ class Reflector:
     def _prepare(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj.setdefault("apiVersion", self.res.api_version)
         obj.setdefault("kind", self.res.kind)
+        if self.res.labels_only:
+            return labels_only(obj)
         meta = obj.get("metadata")
         if isinstance(meta, dict):
             meta.pop("managedFields", None)  # half the bytes, none of the meaning
@@ -360,7 +405,14 @@ def allocation_seconds(obj: Mapping[str, Any], now: dt.datetime | None = None) -
 class ClusterCache:
     """The reflectors plus change tracking; `usage.Rebuilder` turns their contents into snapshots."""
 
-    def __init__(self, http: KubeHttp, metrics: Metrics, dra_version: str, served: frozenset[str]) -> None:
+    def __init__(
+        self,
+        http: KubeHttp,
+        metrics: Metrics,
+        dra_version: str,
+        served: frozenset[str],
+        taint_rule_version: str | None = None,
+    ) -> None:
         self.http = http
         self.metrics = metrics
         self.dra_version = dra_version
@@ -378,7 +430,14 @@ class ClusterCache:
             "resourceclaimtemplates": Resource("resourceclaimtemplates", "ResourceClaimTemplate", dra),
             "namespaces": Resource("namespaces", "Namespace", "v1"),
             "resourcequotas": Resource("resourcequotas", "ResourceQuota", "v1"),
+            # Per-device node selectors are judged against node labels.
+            "nodes": Resource("nodes", "Node", "v1", labels_only=True),
         }
+        self.taint_rule_version = taint_rule_version
+        if taint_rule_version is not None:
+            self.resources["devicetaintrules"] = Resource(
+                "devicetaintrules", "DeviceTaintRule", f"{DRA_GROUP}/{taint_rule_version}"
+            )
         self.reflectors = {n: Reflector(http, r, self._on_event, metrics) for n, r in self.resources.items()}
 
     @classmethod
@@ -388,8 +447,12 @@ class ClusterCache:
             raise ApiError(
                 404, "the API server serves no resource.k8s.io version draguard knows (v1, v1beta2, v1beta1)"
             )
-        log.info("watching resource.k8s.io", extra={"version": version, "served": sorted(served)})
-        return cls(http, metrics, version, served)
+        taint_rules = discover_taint_rule_version(http, served)
+        log.info(
+            "watching resource.k8s.io",
+            extra={"version": version, "served": sorted(served), "device_taint_rules": taint_rules},
+        )
+        return cls(http, metrics, version, served, taint_rules)
 
     def _on_event(
         self, res: Resource, typ: str, obj: dict[str, Any] | None, prev: dict[str, Any] | None
@@ -411,6 +474,14 @@ class ClusterCache:
                 log.exception("cache event listener failed", extra={"resource": res.name})
         if typ != "SYNCED" and prev is not None and obj is not None and _rv(prev) == _rv(obj):
             return
+        if (
+            res.labels_only
+            and typ == "MODIFIED"
+            and prev is not None
+            and obj is not None
+            and (prev.get("metadata") or {}).get("labels") == (obj.get("metadata") or {}).get("labels")
+        ):
+            return  # a Node's status heartbeat: nothing the inventory reads changed
         self.generation += 1
         self.changed.set()
 

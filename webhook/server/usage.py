@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from webhook.dra.device import Device
 from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
-from webhook.dra.objects import DeviceClassSpec, read_device_class, read_slice_devices
+from webhook.dra.objects import DeviceClassSpec, read_device_class
+from webhook.dra.taints import DeviceTaintRule
 from webhook.engine.context import QuotaUsage
 from webhook.engine.quota import (
     ClaimCharge,
@@ -141,6 +142,20 @@ def _class_of_result(rec: ClaimRecord | None, request: str) -> str | None:
                 return s.device_class
         return None
     return req.device_class
+
+
+SliceFacts = tuple[tuple[Device, ...], Mapping[tuple[str, str, str], Mapping[str, str]]]
+
+
+def read_slice(obj: Mapping[str, Any]) -> SliceFacts:
+    """A slice's devices and shared counter sets, read by the same function offline review reads
+    its inventory file with, so admission and review judge the same facts (counter-only slices too)."""
+    inv = Inventory.from_objects([obj])
+    return inv.devices, inv.counter_sets
+
+
+def read_taint_rule_object(obj: Mapping[str, Any]) -> tuple[DeviceTaintRule, ...]:
+    return Inventory.from_objects([obj]).taint_rules
 
 
 _REPLAYED_SELECTORS = 16  # bounds the rebuild's extra work: each is one pass over the devices
@@ -330,8 +345,9 @@ def apply_overlay(
     labels = view.namespace_labels
     inventory = inv
     if classes or claims or templates:
-        inventory = Inventory(
-            devices=inv.devices,
+        # replace(): counters, DeviceTaintRules and node labels stay the watched inventory's.
+        inventory = replace(
+            inv,
             classes=_over(inv.classes, classes),
             claims=_over(inv.claims, claims),
             templates=_over(inv.templates, templates),
@@ -377,7 +393,8 @@ class Rebuilder:
         # scope -> (overlay version, base view, view with that scope's entries)
         self._scoped: dict[str, tuple[int, CacheView, CacheView]] = {}
         self._stop = threading.Event()
-        self._slices = _Parsed(read_slice_devices)
+        self._slices = _Parsed(read_slice)
+        self._taint_rules = _Parsed(read_taint_rule_object)
         self._classes = _Parsed(read_device_class)
         self._claims = _Parsed(claim_record)
         self._templates = _Parsed(claim_record)
@@ -440,8 +457,20 @@ class Rebuilder:
     def build_base(self) -> CacheView:
         c = self.cache
         devices: list[Device] = []
-        for devs in self._slices.update(c.objects("resourceslices")).values():
+        counter_sets: dict[tuple[str, str, str], Mapping[str, str]] = {}
+        for devs, sets in self._slices.update(c.objects("resourceslices")).values():
             devices.extend(devs)
+            counter_sets.update(sets)
+        taint_rules: list[DeviceTaintRule] = []
+        if "devicetaintrules" in c.reflectors:
+            for rules in self._taint_rules.update(c.objects("devicetaintrules")).values():
+                taint_rules.extend(rules)
+        else:
+            self._taint_rules.changed = False
+        # Node objects are cached cut to name and labels (caches.labels_only): cheap to read whole.
+        node_labels = (
+            Inventory.from_objects(c.objects("nodes")).node_labels if "nodes" in c.reflectors else {}
+        )
         classes: dict[str, DeviceClassSpec] = {
             spec.name: spec for spec in self._classes.update(c.objects("deviceclasses")).values() if spec.name
         }
@@ -451,10 +480,14 @@ class Rebuilder:
         templates = {
             (r.namespace, r.name): r for r in self._templates.update(tmpl_objs).values() if r is not None
         }
-        parsed = (self._slices, self._classes, self._claims, self._templates)
-        devices_changed = self._slices.changed or self._classes.changed
         previous = self._inventory
-        if previous is not None and not any(p.changed for p in parsed):
+        nodes_changed = previous is None or dict(previous.node_labels) != dict(node_labels)
+        parsed = (self._slices, self._classes, self._claims, self._templates, self._taint_rules)
+        # Taints and node labels decide which devices a claim can have, like the devices themselves.
+        devices_changed = (
+            self._slices.changed or self._classes.changed or self._taint_rules.changed or nodes_changed
+        )
+        if previous is not None and not nodes_changed and not any(p.changed for p in parsed):
             inventory = previous  # same facts: keep the object and what it has memoised
             self.last_change = "none"
         elif previous is not None and not devices_changed:
@@ -462,11 +495,8 @@ class Rebuilder:
             # Only claims or templates changed (a stream of pod creates): everything the engine
             # memoises on an inventory (class matches, per-node capacity, lint results) depends on
             # devices and classes alone, so the new inventory keeps the old memo and needs no warm-up.
-            inventory = Inventory(
-                devices=previous.devices,
-                classes=previous.classes,
-                claims=MappingProxyType(claims),
-                templates=MappingProxyType(templates),
+            inventory = replace(
+                previous, claims=MappingProxyType(claims), templates=MappingProxyType(templates)
             )
             object.__setattr__(inventory, "_memo", previous._memo)
         else:
@@ -475,6 +505,9 @@ class Rebuilder:
                 classes=MappingProxyType(classes),
                 claims=MappingProxyType(claims),
                 templates=MappingProxyType(templates),
+                counter_sets=MappingProxyType(counter_sets),
+                taint_rules=tuple(taint_rules),
+                node_labels=node_labels,
             )
             # Also match again what recent claims selected, so their next review does not pay.
             warm(inventory, self.policies(), seen_selectors(previous, inventory))
