@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
     "webhook.review.preflight",  # preflight
     "webhook.review.vap",  # vap
+    "webhook.review.rules",  # rules, completion
     "webhook.server.commands",  # serve, certs, quota
     "webhook.audit.commands",  # audit run|once
     "webhook.assess.commands",  # assess
