@@ -7,15 +7,18 @@ The one harness for the tests that need a bare API server: the driver's (tests/d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,3 +223,23 @@ def start(
                 raise RuntimeError("kube-apiserver not ready after 180 s") from None
             time.sleep(1)
     return server
+
+
+@contextlib.contextmanager
+def running(prefix: str, runtime_config: str | None = None, **kw: Any) -> Iterator[ApiServer]:
+    """A bare API server for one test module: skipped without the binaries (a failure under CI, where
+    they are built), stopped and its directory removed afterwards."""
+    import pytest
+
+    bin_dir = find_bin()
+    if bin_dir is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)", pytrace=False)
+        pytest.skip("kube-apiserver/etcd binaries not built (see DRAGUARD_K8S_BIN)")
+    base = Path(tempfile.mkdtemp(prefix=f"dg-{prefix}-", dir="/tmp"))
+    server = start(bin_dir, base, runtime_config=runtime_config, **kw)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -12,16 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.apiserver import ApiServer, find_bin, start
+from tests.apiserver import ApiServer, running
 from tests.server.test_ledger_replicas import (
     A100,
     BUDGET,
@@ -44,19 +40,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[ApiServer]:
-    bin_dir = find_bin()
-    if bin_dir is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)", pytrace=False)
-        pytest.skip("kube-apiserver/etcd binaries not built (see DRAGUARD_K8S_BIN)")
-    base = Path(tempfile.mkdtemp(prefix="dg-forged-ledger-", dir="/tmp"))
-    server = start(bin_dir, base, runtime_config=None)
-    try:
+    with running("forged-ledger") as server:
         namespace(server, LEDGERS)
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def ledgers(server: ApiServer) -> dict[str, dict[str, Any]]:

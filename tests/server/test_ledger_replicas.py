@@ -8,9 +8,6 @@ run by hand, so every step happens in a known order and nothing waits on time.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.apiserver import ApiServer, find_bin, start
+from tests.apiserver import ApiServer, running
 from tests.server.conftest import review, seed_inventory
 from webhook.policy.load import load_policies
 from webhook.server import admission, ledger
@@ -39,19 +36,9 @@ INVENTORY = seed_inventory()
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[ApiServer]:
-    bin_dir = find_bin()
-    if bin_dir is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("kube-apiserver/etcd binaries not built (scripts/build-k8s.sh)", pytrace=False)
-        pytest.skip("kube-apiserver/etcd binaries not built (see DRAGUARD_K8S_BIN)")
-    base = Path(tempfile.mkdtemp(prefix="dg-ledger-", dir="/tmp"))
-    server = start(bin_dir, base, runtime_config=None)
-    try:
+    with running("ledger") as server:
         namespace(server, LEDGERS)
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def namespace(server: ApiServer, name: str) -> str:
