@@ -67,6 +67,10 @@ class Finding:
     patch: JsonPatch | None = None
     # Extra objects the fix needs (e.g. a ResourceClaimTemplate for a migrated pod).
     generated: tuple[dict[str, Any], ...] = ()
+    # The PolicyException that turned this finding into an audit record, and its reason (SARIF
+    # reports such findings as suppressed rather than open).
+    excepted_by: str | None = None
+    exception_reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {

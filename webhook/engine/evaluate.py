@@ -343,6 +343,8 @@ def apply_exceptions(
                 message=f"{f.message} [excepted by PolicyException {exc.name} until {until}]",
                 patch=None,
                 generated=(),
+                excepted_by=exc.name,
+                exception_reason=exc.reason,
             )
         )
     for e in expired:

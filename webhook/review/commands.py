@@ -17,7 +17,14 @@ from typing import Any, TextIO
 
 from webhook.cel import versions
 from webhook.core.findings import Mode
-from webhook.review.formats import FORMATS, ReviewResult, neutralise_commands, renderers, terminal_safe
+from webhook.review.formats import (
+    FORMATS,
+    RULES_URL,
+    ReviewResult,
+    neutralise_commands,
+    renderers,
+    terminal_safe,
+)
 from webhook.review.pipeline import DEFAULT_POLICIES, Progress, ReviewError
 
 EXIT_OK = 0
@@ -182,6 +189,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     result = reviewed.result
     result.root = root
     result.elapsed = time.monotonic() - t0
+    result.rules_url = args.rules_url
     for fmt, output in outputs:
         text = render(result, fmt, color=fmt == "text" and not output and _use_color(sys.stdout))
         err = _write(text, output, "review")
@@ -376,6 +384,13 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="repository root (default: git top-level): SARIF, github and junit paths are relative to it, "
         "and no symbolic link is followed out of it",
+    )
+    p.add_argument(
+        "--rules-url",
+        default=RULES_URL,
+        metavar="URL",
+        help="where docs/rules.md is published, for SARIF help links (URL#<rule anchor>); default: "
+        "the project's repository",
     )
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a TTY")
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)

@@ -10,6 +10,9 @@ from pathlib import PurePosixPath
 
 from webhook.core.findings import Finding, Mode, ObjectRef, Report
 
+RULES_URL = "https://github.com/draguard/draguard/blob/main/docs/rules.md"
+"""Where docs/rules.md is published: the default base of SARIF help links (`review --rules-url`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReviewedObject:
@@ -38,6 +41,8 @@ class ReviewResult:
     elapsed: float = 0.0
     # The Kubernetes release selectors were judged for (`--kubernetes-version`); None: not said.
     kubernetes_version: str | None = None
+    # Where docs/rules.md is published: SARIF help links are this plus `#<rule anchor>`.
+    rules_url: str = RULES_URL
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.report.findings, key=finding_sort_key)
@@ -142,7 +147,7 @@ Renderer = Callable[[ReviewResult], str]
 
 
 def renderers() -> dict[str, Renderer]:
-    from webhook.review.formats import github, json, junit, markdown, sarif, text
+    from webhook.review.formats import github, gitlab, json, junit, markdown, sarif, text
 
     return {
         "text": text.render,
@@ -151,7 +156,8 @@ def renderers() -> dict[str, Renderer]:
         "sarif": sarif.render,
         "junit": junit.render,
         "github": github.render,
+        "gitlab": gitlab.render,
     }
 
 
-FORMATS = ("text", "json", "markdown", "sarif", "junit", "github")
+FORMATS = ("text", "json", "markdown", "sarif", "junit", "github", "gitlab")
