@@ -102,6 +102,15 @@ CASES: list[tuple[str, str, str]] = [
     ('[1, 2, 3].slice(0, 0).exists(a, b, '
      'lists.range(400).exists(x, lists.range(400).exists(y, x + y == -1)))',
      'no', 'no'),
+    # The result's type as the API server's checker sees it: bool or an attribute's `any` only.
+    ("-device.attributes['gpu.nvidia.com'].index", 'rejected', 'rejected'),
+    ("device.attributes['gpu.nvidia.com'].index + 1", 'rejected', 'rejected'),
+    ("[device.attributes['gpu.nvidia.com'].index].max()", 'rejected', 'rejected'),
+    ("[true, false].max()", 'selects', 'selects'),
+    ("(lists.range(4) + lists.range(4)).sum()", 'rejected', 'rejected'),
+    ("'a b'.split(' ').map(w, w.size()).max()", 'rejected', 'rejected'),
+    ("device.attributes['gpu.nvidia.com'].map(k, k)[1]", 'rejected', 'rejected'),
+    ("[device.attributes['gpu.nvidia.com'].migEnabled][0]", 'no', 'no'),
     # Over an empty range a comprehension's body costs nothing, whatever it would cost.
     ("[].exists_one(a, b, device.attributes['gpu.nvidia.com'].productName in "
      "['gpu', 'mig'].join('').split(' '))",
@@ -109,6 +118,10 @@ CASES: list[tuple[str, str, str]] = [
     ("''.findAll('[0-9]+').join('').split(' ').map(w, w.size()).first().hasValue()", 'selects', 'selects'),
     ("[].filter(x, isQuantity(device.driver.charAt(11))).size() == 3", 'no', 'no'),
     ("[].map(x, string(x).matches('a')).size() == 0", 'selects', 'selects'),
+    ("[][2].split('-').transformList(i, v, sets.contains(v.split(''), v.findAll('[0-9]+'))).size() >= 0",
+     'no', 'no'),
+    ("lists.range(4).slice(0, 0).exists(i, v, (string(3.0) + 'gpu').endsWith('a|b'))", 'no', 'no'),
+    ("string(1).contains(''.replace('NVIDIA ', 'x').split('').join(''))", 'selects', 'selects'),
     # Deeper than the runtime's 32 levels: bound in pieces where evaluated in any case.
     ("[" * 40 + "has(device.attributes['gpu.nvidia.com'].productName)" + "][0]" * 40,
      'selects', 'no'),

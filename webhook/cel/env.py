@@ -275,7 +275,8 @@ def _compile_uncached(expression: str, *, internal: bool = False) -> CompiledSel
             "device has only driver, attributes and capacity (and allowMultipleAllocations)",
             line, None if column is None else column + 1,
         )
-    mistyped = typecheck.type_error(ast) or typecheck.regex_error(ast) or _constant_call_error(ast)
+    mistyped = typecheck.type_error(ast) or typecheck.root_error(ast) or typecheck.regex_error(ast) \
+        or _constant_call_error(ast)
     if mistyped is not None:
         line, column = _location(mistyped)
         return _error("cel/type", mistyped, "", line, column)

@@ -248,7 +248,7 @@ class _Sizes:
 
 
 def _empty(node: Expr) -> bool:
-    return node.kind == CONST and node.value == ""
+    return _empty_list(node)
 
 
 def _empty_list(node: Expr) -> bool:
@@ -263,9 +263,16 @@ def _empty_list(node: Expr) -> bool:
         return not bind and node.iter_range is not None and _empty_list(node.iter_range) \
             and node.result is not None and node.result.kind == IDENT and node.result.name == node.accu_var \
             and node.accu_init is not None and _empty_list(node.accu_init)
+    if node.kind == CALL and node.function == "_[_]" and node.args:
+        return node.args[0].kind == LIST and not node.args[0].elements  # `[][i]` has size 0 there
     if node.kind != CALL or node.target is None:
         return False
-    if node.function in ("split", "findAll", "join") or node.function in _REORDERING:
+    if node.function == "slice" and len(node.args) == 2 and all(
+            a.kind == CONST and type(a.value) is int for a in node.args) \
+            and node.args[0].value == node.args[1].value:
+        return True
+    if node.function in ("split", "findAll", "join", "replace", "lowerAscii", "upperAscii", "trim",
+                         "substring") or node.function in _REORDERING:
         return _empty_list(node.target)
     return False
 

@@ -224,6 +224,13 @@ def _format_error(typer: _Typer, node: Expr) -> str | None:
     return None
 
 
+def root_error(ast: CheckedAst) -> str | None:
+    """A whole selector whose result type the API server refuses where the native checker says dyn
+    (not applied to the pieces draguard evaluates on its own, which need not be bool)."""
+    found = _root_type(ast)
+    return None if found is None else f"must evaluate to bool or the unknown type, not {found}"
+
+
 def _root_type(ast: CheckedAst) -> str | None:
     """The result type where the native checker says dyn but Kubernetes' checker knows better."""
     root = ast.expr
@@ -236,10 +243,66 @@ def _root_type(ast: CheckedAst) -> str | None:
             root = body
     if root.kind == CALL and root.function == "dyn" and root.target is None:
         return "dyn"
-    if root.kind == CALL and root.function in ("sum", "min", "max") and root.target is not None \
-            and not any(attribute_value(n) for n in root.target.walk()):
-        known = ast.types.get(root.id)
-        return known if known not in (None, "dyn", "bool") else "int" if _int_list(root.target) else None
+    if root.kind == CALL and root.function in ("sum", "min", "max") and root.target is not None:
+        # Only a list of bools has a bool maximum; a list of attribute values gives dyn.
+        kind = _element_kind(ast, root.target)
+        return None if kind in (None, "bool") else "dyn" if kind == "any" else kind
+    if root.kind == CALL and root.function == "_[_]" and len(root.args) == 2 and ast.types.get(
+            root.args[0].id) == "list":
+        kind = _element_kind(ast, root.args[0])  # an element of a list of strings is a string
+        return None if kind in (None, "bool", "any") else kind
+    if root.kind == CALL and root.function in _ARITHMETIC and root.target is None:
+        known = ast.types.get(root.id)  # arithmetic never yields a bool, nor an attribute's `any`
+        return known if known in ("int", "uint", "double", "string", "bytes", "list") else "dyn"
+    return None
+
+
+_ARITHMETIC = frozenset({"_+_", "_-_", "_*_", "_/_", "_%_", "-_"})
+_KINDS = {"bool", "int", "uint", "double", "string", "bytes"}
+
+
+def _element_kind(ast: CheckedAst, node: Expr) -> str | None:
+    """The element type of a list expression as the API server's checker sees it, where the tree
+    shows it: a primitive, "any" (attribute values), or None (unknown: no verdict drawn)."""
+    def kind_of(e: Expr) -> str | None:
+        if attribute_value(e):
+            return "any"
+        if e.kind == CONST:
+            return _CONST_TYPES.get(type(e.value))
+        found = ast.types.get(e.id)
+        return found if found in _KINDS else None
+
+    if node.kind == LIST:
+        if not node.elements:
+            return "int"  # cel-go resolves the overload for an empty literal to the int one
+        kinds = {kind_of(e) for e in node.elements}
+        return kinds.pop() if len(kinds) == 1 else None
+    if node.kind == COMPREHENSION and node.loop_step is not None and node.iter_range is not None:
+        for step in node.loop_step.walk():
+            if step.kind == LIST and len(step.elements) == 1:
+                element = step.elements[0]
+                if element.kind == IDENT and element.name in (node.iter_var, node.iter_var2):
+                    if _device_map(node.iter_range) or _domain_map(node.iter_range):
+                        # over a device map: its keys are strings, attribute values `any`
+                        key = element.name == node.iter_var
+                        if key:
+                            return "string"
+                        return "any" if _domain_map(node.iter_range) == "attributes" else None
+                    # filter(), or map(x, x): the variable's own type where the checker knows it
+                    return kind_of(element) or _element_kind(ast, node.iter_range)
+                return kind_of(element)  # map()
+        return None
+    if node.kind != CALL:
+        return None
+    if node.function == "lists.range":
+        return "int"
+    if node.function in ("split", "findAll"):
+        return "string"
+    if node.function in ("sort", "distinct", "reverse", "slice") and node.target is not None:
+        return _element_kind(ast, node.target)
+    if node.function == "_+_" and len(node.args) == 2:
+        kinds = {_element_kind(ast, a) for a in node.args}
+        return kinds.pop() if len(kinds) == 1 else None
     return None
 
 
@@ -271,7 +334,7 @@ def _list_aggregate(node: Expr) -> bool:
 def type_error(ast: CheckedAst) -> str | None:
     """The first error Kubernetes' checker reports that the native one does not, in cel-go's words."""
     typer = _Typer(ast)
-    root_type = _device_field(ast.expr) or _root_type(ast)
+    root_type = _device_field(ast.expr)
     if root_type is not None and root_type != "bool":
         return f"must evaluate to bool or the unknown type, not {root_type}"
     for node in ast.nodes():
