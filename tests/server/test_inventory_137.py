@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import yaml
 
 from tests.apiserver import ApiServer, find_bin, start
 from tests.server.conftest import review
+from webhook.dra.inventory import Inventory
 from webhook.policy.load import load_policies
 from webhook.server import admission
 from webhook.server.admission import Snapshot
@@ -269,27 +271,56 @@ def offline(tmp_path: Path, api: ApiServer) -> dict[str, list[str]]:
     return {name: unsatisfiable(fs) for name, fs in verdicts.items()}
 
 
-def test_admission_judges_partitions_taint_rules_and_node_labels_as_offline_review(
-    api: ApiServer, tmp_path: Path
-) -> None:
+@dataclass
+class Judged:
+    taint_rule_version: str | None
+    inventory: Inventory
+    admission: dict[str, list[str]]  # claim -> structure/unsatisfiable messages at admission
+    review: dict[str, list[str]]  # the same from `draguard review`
+
+
+@pytest.fixture(scope="module")
+def judged(api: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Judged:
     with watched_view(api) as (cache, view):
-        assert cache.taint_rule_version == "v1"
-        inv = view.inventory
-        assert inv.counter_sets == {("gpu.nvidia.com", "node-a", "gpu-0-counters"): {"memory": "80Gi"}}
-        assert [r.name for r in inv.taint_rules] == ["drain-b-1"]
-        assert inv.node_labels["node-c"] == {"rack": "r1"}
-        policies = load_policies(ROOT / "policies")
-        snap = Snapshot(policies=policies, inventory=inv, namespace_labels=view.namespace_labels)
+        snap = Snapshot(
+            policies=load_policies(ROOT / "policies"),
+            inventory=view.inventory,
+            namespace_labels=view.namespace_labels,
+        )
         at_admission: dict[str, list[str]] = {}
         for obj, _ in CLAIMS:
             req = review(obj, group="resource.k8s.io", kind="ResourceClaim", namespace=NS)["request"]
             out = admission.review("validate", req, snap)
             at_admission[obj["metadata"]["name"]] = unsatisfiable([(f.rule, f.message) for f in out.findings])
-        judged = {name: not msgs for name, msgs in at_admission.items()}
-        assert judged == {obj["metadata"]["name"]: ok for obj, ok in CLAIMS}, at_admission
-        for name, msgs in at_admission.items():
-            assert all("cannot be allocated as a whole" in m for m in msgs), (name, msgs)
-        assert offline(tmp_path, api) == at_admission
+        return Judged(
+            getattr(cache, "taint_rule_version", None),
+            view.inventory,
+            at_admission,
+            offline(tmp_path_factory.mktemp("review"), api),
+        )
+
+
+def test_the_watched_inventory_has_counters_taint_rules_and_node_labels(judged: Judged) -> None:
+    assert judged.taint_rule_version == "v1"
+    inv = judged.inventory
+    assert inv.counter_sets == {("gpu.nvidia.com", "node-a", "gpu-0-counters"): {"memory": "80Gi"}}
+    assert [r.name for r in inv.taint_rules] == ["drain-b-1"]
+    assert {n: dict(labels) for n, labels in inv.node_labels.items()} == {
+        n: {"rack": "r1"} for n in ("node-a", "node-b", "node-c")
+    }
+
+
+@pytest.mark.parametrize(("obj", "allocatable"), CLAIMS, ids=[c["metadata"]["name"] for c, _ in CLAIMS])
+def test_admission_and_review_agree_on_the_claim(
+    judged: Judged, obj: dict[str, Any], allocatable: bool
+) -> None:
+    name = obj["metadata"]["name"]
+    messages = judged.admission[name]
+    if allocatable:
+        assert messages == []
+    else:
+        assert messages and all("cannot be allocated as a whole" in m for m in messages), messages
+    assert judged.review[name] == messages
 
 
 def test_node_heartbeats_do_not_rebuild_but_label_changes_do(api: ApiServer) -> None:
