@@ -315,3 +315,23 @@ def test_completion_rejects_other_shells(draguard: Callable[..., Run]) -> None:
     run = draguard("completion", "fish")
     assert run.code == 2
     assert "bash" in run.err and "zsh" in run.err
+
+
+def test_gitlab_report_is_json_whatever_the_names(
+    draguard: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone surrogate in an object name and a file name that is a workflow command: the report is
+    # still one valid JSON array naming both as they are.
+    claim = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "lone\ud800name", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com"}]}},
+    }
+    (tmp_path / "::error::forged.json").write_text(json.dumps(claim), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run = draguard("review", ".", "--root", ".", "-f", "gitlab")
+    assert run.code in (0, 1), run.err
+    issues = json.loads(run.out)
+    assert issues and {i["location"]["path"] for i in issues} == {"::error::forged.json"}
+    assert all("lone\ud800name" in i["description"] for i in issues)

@@ -268,6 +268,12 @@ def catalog() -> tuple[RuleDoc, ...]:
     return tuple(docs[i] for i in ids)
 
 
+def documented() -> tuple[RuleDoc, ...]:
+    """Every entry of the reference, without consulting the engine: report formats use this, so a
+    rule module that fails to import (reported as `internal/<module>`) cannot break a report."""
+    return _DOCS
+
+
 def lookup(rule: str) -> RuleDoc | None:
     """The entry a finding's rule id belongs to (`tier/llm-h100` -> `tier/<policy>`)."""
     for doc in _DOCS:

@@ -31,7 +31,9 @@ def fingerprint(f: Finding, path: str) -> str:
     """Stable across runs and line moves (GitLab matches issues between branches by it): the rule,
     file, object and message, each length-prefixed so no two different tuples hash alike."""
     parts = (f.rule, path, str(f.object), f.message)
-    data = "".join(f"{len(p)}:{p}" for p in parts).encode("utf-8", "surrogateescape")
+    # surrogatepass: an undecodable file-name byte or a lone surrogate from a JSON escape still
+    # hashes, to the same bytes every run.
+    data = "".join(f"{len(p)}:{p}" for p in parts).encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()
 
 

@@ -11,7 +11,7 @@ from urllib.parse import quote
 from webhook import __version__
 from webhook.core.findings import Mode
 from webhook.review.formats import ReviewResult, rule_help
-from webhook.review.rules import catalog, lookup
+from webhook.review.rules import documented, lookup
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Mode.ENFORCE: "error", Mode.WARN: "warning", Mode.AUDIT: "note"}
@@ -66,7 +66,7 @@ def render(result: ReviewResult) -> str:
     findings = result.sorted_findings()
     # Every rule of the reference (so a code-scanning UI can show any rule's help), plus each id a
     # family produced (`tier/llm-h100`): one descriptor per id a result may name.
-    known = [d.id for d in catalog() if not d.family]
+    known = [d.id for d in documented() if not d.family]
     rule_ids = sorted({*known, *(f.rule for f in findings)})
     index = {rule: i for i, rule in enumerate(rule_ids)}
     # The most severe mode a rule fired with is its level here; a rule that did not fire gets its
