@@ -34,7 +34,8 @@ from webhook.server import admission
 from webhook.server.admission import Snapshot
 from webhook.server.caches import ClusterCache, KubeHttp
 from webhook.server.metrics import Metrics
-from webhook.server.usage import CacheView, Rebuilder
+from webhook.server.overlay import Entry
+from webhook.server.usage import CacheView, Rebuilder, apply_overlay
 
 pytestmark = pytest.mark.e2e
 
@@ -346,3 +347,20 @@ def test_node_heartbeats_do_not_rebuild_but_label_changes_do(api: ApiServer) -> 
 def _stored_rv(cache: ClusterCache, name: str) -> str | None:
     stored = cache.reflectors["nodes"].store.get(("", name))
     return None if stored is None else str(stored["metadata"].get("resourceVersion"))
+
+
+def test_a_claim_admitted_before_the_watch_shows_it_keeps_the_137_facts(judged: Judged) -> None:
+    """The per-identity view (claims admitted, not yet watched) is laid over the watched inventory:
+    counters, DeviceTaintRules and node labels must survive it, or the next review would be judged
+    without them."""
+    held = claim("held", request("part", "part-mig"))
+    entry = Entry("resourceclaims", (NS, "held"), held, "CREATE", "", "", time.monotonic() + 60)
+    view = apply_overlay(
+        CacheView(inventory=judged.inventory), {"resourceclaims": {(NS, "held"): entry}}, None, 1
+    )
+    inv = view.inventory
+    assert (NS, "held") in inv.claims
+    assert inv.counter_sets and inv.taint_rules and inv.node_labels
+    assert inv.counter_sets == judged.inventory.counter_sets
+    assert inv.taint_rules == judged.inventory.taint_rules
+    assert inv.node_labels == judged.inventory.node_labels
