@@ -186,6 +186,28 @@ def test_excepted_findings_are_sarif_suppressions_with_the_reason(
     assert [r for r in results if "suppressions" in r] == tier
 
 
+def test_sarif_rules_url_holds_for_base_reviews_too(
+    draguard: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.review import test_base_diff as base
+
+    repo = tmp_path / "gitops"
+    (repo / "policies").mkdir(parents=True)
+    (repo / "apps").mkdir()
+    (repo / "apps" / "finetune.yaml").write_text(base.JOB)
+    shutil.copy(FIXTURES / "inventory.yaml", repo / "inventory.yaml")
+    base.git(repo, "init", "-q", "-b", "main")
+    base.commit_tier(repo, "gpu.nvidia.com-a100, gpu.nvidia.com-h100", "training may use A100 and H100")
+    base.commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    monkeypatch.chdir(repo)
+    url = "https://git.example.com/draguard/docs/rules.md"
+    run = draguard(*base.ARGS, "--base", "HEAD~1", "-f", "sarif", "--rules-url", url)
+    doc = json.loads(run.out)
+    descriptors = {r["id"]: r for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert [r["ruleId"] for r in doc["runs"][0]["results"]] == ["tier/gpu-tiers"]
+    assert descriptors["tier/gpu-tiers"]["helpUri"] == f"{url}#tierpolicy"
+
+
 def test_unexcepted_findings_have_no_suppressions(draguard: Callable[..., Run], tree: Path) -> None:
     results = _sarif(draguard)["runs"][0]["results"]
     assert results and not any("suppressions" in r for r in results)

@@ -148,6 +148,8 @@ def cmd_review(args: argparse.Namespace) -> int:
                 kubernetes_version=version,
                 driver_schema=args.driver,
             )
+            if impact.head is not None:
+                impact.head.rules_url = args.rules_url
             for fmt, output in outputs:
                 color = fmt == "text" and not output and _use_color(sys.stdout)
                 text = diff.render(impact, fmt, color=color, root=root)

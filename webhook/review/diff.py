@@ -550,5 +550,6 @@ def render(imp: Impact, fmt: str, *, color: bool = False, root: str | None = Non
         title=f"draguard review (changes since {imp.base_ref})",
         root=root,
         elapsed=head.elapsed,
+        rules_url=head.rules_url,
     )
     return renderers()[fmt](sub)
