@@ -122,6 +122,7 @@ CASES: list[tuple[str, str, str]] = [
      'no', 'no'),
     ("lists.range(4).slice(0, 0).exists(i, v, (string(3.0) + 'gpu').endsWith('a|b'))", 'no', 'no'),
     ("string(1).contains(''.replace('NVIDIA ', 'x').split('').join(''))", 'selects', 'selects'),
+    ("isIP(''.find('[0-9]+').findAll('[0-9]+').join(''))", 'no', 'no'),
     # Deeper than the runtime's 32 levels: bound in pieces where evaluated in any case.
     ("[" * 40 + "has(device.attributes['gpu.nvidia.com'].productName)" + "][0]" * 40,
      'selects', 'no'),

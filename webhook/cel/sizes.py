@@ -271,7 +271,7 @@ def _empty_list(node: Expr) -> bool:
             a.kind == CONST and type(a.value) is int for a in node.args) \
             and node.args[0].value == node.args[1].value:
         return True
-    if node.function in ("split", "findAll", "join", "replace", "lowerAscii", "upperAscii", "trim",
+    if node.function in ("split", "find", "findAll", "join", "replace", "lowerAscii", "upperAscii", "trim",
                          "substring") or node.function in _REORDERING:
         return _empty_list(node.target)
     return False
