@@ -45,7 +45,7 @@ def test_a_missing_library_names_the_package_and_the_command(tmp_path: Path) -> 
     r = _run([tmp_path / "bin"])
     assert r.returncode == 1, r.stdout + r.stderr
     assert "libseccomp-dev" in r.stdout
-    # As root the script tries apt-get (which fails here) and then prints the exact command; otherwise it prints it.
+    # As root the script tries apt-get (failing here), then prints the exact command; else only prints it.
     assert "apt-get install -y libseccomp-dev" in r.stdout
 
 
