@@ -49,10 +49,6 @@ REASONS: dict[str, Callable[[GeneratedPair], bool]] = {
     # draguard's estimate is lower (an accepted selector is never called rejected).
     "sort-cost": lambda p: p.kubernetes == "rejected" and p.draguard != "rejected"
     and "exceeds cost limit" in p.k8s_detail and _has(".sort()")(p),
-    # A conversion of a conversion of a literal (uint(double(...))) that fails while the API
-    # server folds constants; draguard folds one level.
-    "nested-conversion": lambda p: p.kubernetes == "rejected"
-    and "program instantiation failed" in p.k8s_detail,
     # ''.split('') is [] in Go and [''] in the runtime.
     "split-empty": lambda p: p.kubernetes == "selects" and p.draguard == "no" and _has("split('')")(p),
     # A comprehension over more elements than the runtime's iteration budget, reading the device.

@@ -102,6 +102,11 @@ CASES: list[tuple[str, str, str]] = [
     ('[1, 2, 3].slice(0, 0).exists(a, b, '
      'lists.range(400).exists(x, lists.range(400).exists(y, x + y == -1)))',
      'no', 'no'),
+    # Conversions of conversions of literals are folded (and fail) while the program is built.
+    ("uint(double(18446744073709551615u)) == 1u", 'rejected', 'rejected'),
+    ("int(string(1.5)) == 1", 'rejected', 'rejected'),
+    ("size(string(int('x'))) == 1", 'rejected', 'rejected'),
+    ("int(double(1)) == 1", 'selects', 'selects'),
     # The result's type as the API server's checker sees it: bool or an attribute's `any` only.
     ("-device.attributes['gpu.nvidia.com'].index", 'rejected', 'rejected'),
     ("device.attributes['gpu.nvidia.com'].index + 1", 'rejected', 'rejected'),

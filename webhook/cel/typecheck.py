@@ -393,6 +393,10 @@ def literal(node: Expr, types: dict[int, str]) -> str | None:
         if isinstance(value, bytes):
             return 'b"' + "".join(f"\\x{b:02x}" for b in value) + '"'
         return None
+    if node.kind == CALL and node.function in _CONVERSIONS and node.target is None and len(node.args) == 1:
+        # cel-go folds a conversion of a conversion of a literal too (`uint(double(1e30))`).
+        inner = literal(node.args[0], types)
+        return None if inner is None else f"{node.function}({inner})"
     if node.kind == LIST:
         parts = [literal(e, types) for e in node.elements]
         if any(p is None for p in parts):
