@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cloud_gpus import CLOUDS, Product, cloud_slices, node_slices
+from cloud_gpus import CLOUDS, Mig, Product, cloud_slices, node_slices
 from kbundle import REPO, build, find
 
 from webhook.cel.lint import lint_selector
@@ -29,21 +29,17 @@ def _classes() -> dict[str, list[str]]:
     }
 
 
-def _family(product: Product) -> str:
-    return product.name.split()[1].split("-")[0].lower()  # "NVIDIA A100-SXM4-40GB" -> "a100"
-
-
 def expected_full(product: Product) -> set[str]:
-    fam = _family(product)
+    fam = product.family
     out = {f"gpu.nvidia.com-{fam}"}
     if fam == "a100":
         out.add(f"gpu.nvidia.com-a100-{product.memory_gib}gb")
     return out
 
 
-def expected_mig(product: Product, profile: str) -> set[str]:
-    out = {f"gpu.nvidia.com-{_family(product)}-mig-{profile.replace('.', '')}"}
-    generic = f"mig-{profile.replace('.', '')}.nvidia.com"
+def expected_mig(product: Product, mig: Mig) -> set[str]:
+    out = {f"gpu.nvidia.com-{product.family}-mig-{mig.class_suffix}"}
+    generic = f"mig-{mig.profile.replace('.', '')}.nvidia.com"
     return out | ({generic} if generic in _classes() else set())
 
 
@@ -67,7 +63,7 @@ def test_each_board_and_profile_is_selected_by_exactly_its_classes(product: str)
         devices = Inventory.from_objects(node_slices(p, 1, m, "carved")).devices
         assert len(devices) == m.count
         picked = _selecting(list(devices))
-        assert set(map(frozenset, picked.values())) == {frozenset(expected_mig(p, m.profile))}, m.profile
+        assert set(map(frozenset, picked.values())) == {frozenset(expected_mig(p, m))}, m.profile
 
 
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
@@ -77,7 +73,7 @@ def test_linter_finds_every_class_meant_for_the_cloud_on_its_gpus(cloud: str) ->
     for product, _n in CLOUDS[cloud].values():
         meant |= expected_full(product)
         for m in product.mig:
-            meant |= expected_mig(product, m.profile)
+            meant |= expected_mig(product, m)
     for name, exprs in _classes().items():
         issues = [i for e in exprs for i in lint_selector(e, devices=devices, driver="gpu.nvidia.com")]
         if name in meant:
@@ -110,12 +106,22 @@ def test_tier_policy_and_classes_agree() -> None:
             assert _allowed([pattern]), f"tier {tier}: {pattern} names no DeviceClass of the bundle"
     for cloud, instances in CLOUDS.items():
         for itype, (p, _n) in instances.items():
-            hopper = p.architecture == "Hopper"
-            # LLM workloads may use every Hopper board the cloud sells, and nothing older.
+            llm_grade = p.grade == "llm"
+            # LLM workloads may use the Hopper and Blackwell datacenter boards (H100, H200, B200,
+            # GB200), whole or sliced, and nothing older or inference-grade.
             llm_ok = bool(_allowed(tiers["llm"]) & expected_full(p))
-            assert llm_ok == hopper, (cloud, itype, "llm")
-            # Training runs on every whole board; notebooks (dev) on MIG slices of every board.
-            assert _allowed(tiers["training"]) & expected_full(p), (cloud, itype, "training")
+            assert llm_ok == llm_grade, (cloud, itype, "llm")
             for m in p.mig:
-                assert _allowed(tiers["dev"]) & expected_mig(p, m.profile), (cloud, itype, m.profile)
-            assert not _allowed(tiers["dev"]) & expected_full(p), (cloud, itype, "dev gets no whole GPU")
+                sliced_ok = bool(_allowed(tiers["llm"]) & expected_mig(p, m))
+                assert sliced_ok == llm_grade, (cloud, itype, m.profile)
+            # Training runs on every whole datacenter training board, not on inference cards.
+            training_ok = bool(_allowed(tiers["training"]) & expected_full(p))
+            assert training_ok == (p.grade in ("llm", "training")), (cloud, itype, "training")
+            # Inference may use every board and slice.
+            assert _allowed(tiers["inference"]) >= expected_full(p), (cloud, itype, "inference")
+            # Notebooks (dev) share boards through MIG slices of every board; an inference card
+            # without MIG (L4, L40S, A10G, T4) is given whole, a big board never.
+            for m in p.mig:
+                assert _allowed(tiers["dev"]) & expected_mig(p, m), (cloud, itype, m.profile)
+            dev_whole = bool(_allowed(tiers["dev"]) & expected_full(p))
+            assert dev_whole == (p.grade == "inference" and not p.mig), (cloud, itype, "dev whole GPU")

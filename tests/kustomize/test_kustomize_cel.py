@@ -210,9 +210,10 @@ def test_device_class_names_cover_the_seed_table() -> None:
     names = set(_classes())
     assert {"gpu.nvidia.com-a100", "gpu.nvidia.com-h100", "gpu.nvidia.com-a100-mig-3g20gb"} <= names
     assert {f"mig-{p.replace('.', '')}.nvidia.com" for p in MIG_PROFILES} <= names
-    # 5 whole-GPU classes (a100, a100-40gb, a100-80gb, h100, h200), a class per MIG profile of each
-    # family (A100 11, H100 12, H200 6) and the article's model-independent MIG classes.
-    assert len(names) == 5 + 11 + 12 + 6 + len(MIG_PROFILES)
+    # 12 whole-GPU classes (a100, a100-40gb, a100-80gb, h100, h200, b200, gb200, rtxpro6000, l40s, l4,
+    # a10g, t4), a class per MIG profile of each family (A100 11, H100 12, H200 6, B200 6, GB200 6,
+    # RTX PRO 6000 3) and the article's model-independent MIG classes.
+    assert len(names) == 12 + 11 + 12 + 6 + 6 + 6 + 3 + len(MIG_PROFILES)
     dns_subdomain = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     assert all(dns_subdomain.match(n) and len(n) <= 253 for n in names)
 
@@ -297,7 +298,7 @@ def test_selectors_use_only_published_attributes_and_guard_the_driver() -> None:
                 used += 1
             assert "migProfile" not in expr
     # 2 per whole-GPU class (3 for a100-40gb/-80gb), 3 per family MIG class, 2 per MIG-table class.
-    assert used == 2 * 3 + 3 * 2 + 3 * (11 + 12 + 6) + 2 * len(MIG_PROFILES)
+    assert used == 2 * (3 + 7) + 3 * 2 + 3 * (11 + 12 + 6 + 6 + 6 + 3) + 2 * len(MIG_PROFILES)
 
 
 def test_opaque_configs_pass_the_driver_validator_for_the_devices_they_select() -> None:
@@ -313,7 +314,7 @@ def test_opaque_configs_pass_the_driver_validator_for_the_devices_they_select() 
             assert validate_opaque_config(params, {dtype}) == [], name
             configs += 1
     # Long slices on the A100 classes, Short on H100 and H200 (as in the seed); none on MIG classes.
-    assert configs == 5
+    assert configs == 12
 
 
 def test_deviceclass_file_mentions_no_seed_only_names() -> None:
