@@ -107,6 +107,11 @@ CASES: list[tuple[str, str, str]] = [
     ("int(string(1.5)) == 1", 'rejected', 'rejected'),
     ("size(string(int('x'))) == 1", 'rejected', 'rejected'),
     ("int(double(1)) == 1", 'selects', 'selects'),
+    # Sums and differences with a quantity apimachinery holds as a decimal stay decimals.
+    ("quantity('1.5Gi').add(1).isInteger()", 'no', 'no'),
+    ("quantity('0').add(quantity('1Pi').sub(1)).isInteger()", 'no', 'no'),
+    ("quantity('1.5Gi').sub(quantity('-1')).asInteger() > 0", 'no', 'no'),
+    ("quantity('1Gi').add(1).isInteger()", 'selects', 'selects'),
     # The result's type as the API server's checker sees it: bool or an attribute's `any` only.
     ("-device.attributes['gpu.nvidia.com'].index", 'rejected', 'rejected'),
     ("device.attributes['gpu.nvidia.com'].index + 1", 'rejected', 'rejected'),

@@ -645,14 +645,7 @@ def pin_literals(text: str) -> str | None:
         if node.kind != "call" or node.name not in _HELD_AS_DECIMAL or len(node.children) != 1:
             continue
         target = node.children[0]
-        if target.kind != "call" or target.name != "quantity" or len(target.children) != 1:
-            continue
-        arg = target.children[0]
-        found = _SIMPLE_STRING.match(text[arg.start:arg.end])
-        if found is None:
-            continue
-        valid, as_int = library.int64_form(found.group(1) if found.group(1) is not None else found.group(2))
-        if not valid or as_int is not None:
+        if not _held_as_decimal(text, target):
             continue
         name_at = text.find(node.name, target.end, node.end)
         if name_at >= 0:
@@ -663,6 +656,21 @@ def pin_literals(text: str) -> str | None:
     for start, end, new in sorted(edits, reverse=True):
         out = out[:start] + new + out[end:]
     return out
+
+
+def _held_as_decimal(text: str, node: Node) -> bool:
+    """A quantity apimachinery holds as a decimal: a literal it parses off its int64 fast path, or
+    a sum or difference with one (Add and Sub keep the decimal form once an operand has it)."""
+    if node.kind == "call" and node.name == "quantity" and len(node.children) == 1:
+        arg = node.children[0]
+        found = _SIMPLE_STRING.match(text[arg.start:arg.end])
+        if found is None:
+            return False
+        valid, as_int = library.int64_form(found.group(1) if found.group(1) is not None else found.group(2))
+        return valid and as_int is None
+    if node.kind == "call" and node.name in ("add", "sub") and node.children:
+        return any(_held_as_decimal(text, child) for child in node.children)
+    return False
 
 
 def _duplicate_keys(text: str, node: Node) -> list[tuple[int, int, str]]:
