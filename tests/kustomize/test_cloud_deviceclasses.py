@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from kbundle import REPO, build, find
 from webhook.cel.lint import lint_selector
 from webhook.cel.match import match_devices
 from webhook.dra.inventory import Inventory
+from webhook.engine.quota import QuotaCalculator, mig_fraction
 
 PRODUCTS = {p.name: p for c in CLOUDS.values() for p, _ in c.values()}
 
@@ -64,6 +66,39 @@ def test_each_board_and_profile_is_selected_by_exactly_its_classes(product: str)
         assert len(devices) == m.count
         picked = _selecting(list(devices))
         assert set(map(frozenset, picked.values())) == {frozenset(expected_mig(p, m))}, m.profile
+
+
+@functools.cache
+def _class_objects() -> tuple[dict[str, Any], ...]:
+    return tuple(find(build("base"), "DeviceClass"))
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS), ids=str)
+def test_gpu_equivalents_are_the_compute_share_with_or_without_an_inventory(product: str) -> None:
+    """Quota charges a MIG class its compute slices over the board's (3g on a 7-slice GPU: 3/7; 1g on
+    the 4-slice RTX PRO 6000: 1/4) whether or not the cluster's devices are known, and a whole GPU 1."""
+    p = PRODUCTS[product]
+    bare = QuotaCalculator(Inventory.from_objects(_class_objects()))
+    whole = QuotaCalculator(Inventory.from_objects([*_class_objects(), *node_slices(p, 1, None, "whole")]))
+    assert bare.class_fraction(f"gpu.nvidia.com-{p.family}") == 1
+    assert whole.class_fraction(f"gpu.nvidia.com-{p.family}") == 1
+    for m in p.mig:
+        want = Fraction(m.compute_slices, p.mig_slices)
+        carved = Inventory.from_objects([*_class_objects(), *node_slices(p, 1, m, "carved")])
+        for cls in expected_mig(p, m):
+            assert bare.class_fraction(cls) == want, (cls, "no inventory")
+            assert QuotaCalculator(carved).class_fraction(cls) == want, (cls, "inventory")
+
+
+def test_legacy_mig_resources_are_charged_by_the_board_their_mapped_class_names() -> None:
+    """`nvidia.com/mig-<profile>` is charged through the class the MigrationPolicy maps it to: the
+    RTX PRO 6000's 2g.48gb is half a board, the H100 NVL's 1g.24gb a seventh; a name that merely
+    contains "a30" is no A30."""
+    assert mig_fraction("2g.48gb", "gpu.nvidia.com-rtxpro6000-mig-2g48gb") == Fraction(1, 2)
+    assert mig_fraction("1g.24gb", "NVIDIA RTX PRO 6000 Blackwell Server Edition") == Fraction(1, 4)
+    assert mig_fraction("1g.24gb", "gpu.nvidia.com-h100-mig-1g24gb") == Fraction(1, 7)
+    assert mig_fraction("2g.12gb", "NVIDIA A30") == Fraction(1, 2)
+    assert mig_fraction("3g.20gb", "data300-mig-3g20gb") == Fraction(3, 7)
 
 
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))

@@ -61,6 +61,10 @@ QUOTA_CLAIMS_KEY = "count/resourceclaims.resource.k8s.io"
 _MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
 # Class names cannot contain '.' inside the profile in every spelling: "mig-3g20gb", "mig-3g.20gb".
 _MIG_IN_NAME = re.compile(r"(?:^|[^0-9])([1-8])g\.?(\d+)gb")
+# Boards whose MIG geometry has 4 compute slices, named in an NVML product name, a selector or a
+# class name (where the spaces are gone): "NVIDIA A30", "NVIDIA RTX PRO 6000 Blackwell ...",
+# "gpu.nvidia.com-rtxpro6000-mig-1g24gb".
+_FOUR_SLICE_BOARD = re.compile(r"(?<![a-z0-9])a30(?![0-9])|rtx[ _-]?pro[ _-]?6000", re.IGNORECASE)
 
 
 def team_scope(team: str) -> str:
@@ -71,12 +75,14 @@ def team_scope(team: str) -> str:
 def mig_fraction(profile: str, product: str | None = None) -> Fraction | None:
     """Share of the parent GPU a MIG profile gets: compute slices / slices of the parent.
 
-    A30 GPUs have 4 slices; every other MIG-capable GPU (A100, H100, H200, B200, GH200) has 7.
+    A30 and RTX PRO 6000 Blackwell GPUs have 4 slices; every other MIG-capable GPU (A100, H100, H200,
+    B200, GB200, GH200) has 7. `product` is whatever names the board: its NVML name, or the selector
+    or class name that picks it (so a class's share is right before any device is known).
     """
     m = _MIG_PROFILE.search(profile)
     if m is None:
         return None
-    total = 4 if product and "A30" in product else 7
+    total = 4 if product and _FOUR_SLICE_BOARD.search(product) else 7
     return min(Fraction(int(m.group(1)), total), Fraction(1))
 
 
@@ -312,12 +318,12 @@ class QuotaCalculator:
             for sel in cls.selectors if cls else ():
                 m = _MIG_PROFILE.search(sel.expression)
                 if m:
-                    frac = mig_fraction(m.group(0))
+                    frac = mig_fraction(m.group(0), f"{class_name} {sel.expression}")
                     break
         if frac is None:
             m2 = _MIG_IN_NAME.search(class_name.lower())
             if m2:
-                frac = mig_fraction(f"{m2.group(1)}g.{m2.group(2)}gb")
+                frac = mig_fraction(f"{m2.group(1)}g.{m2.group(2)}gb", class_name)
         return frac if frac is not None else Fraction(1)
 
     def gpu_equivalents(self, demand: Mapping[str, int]) -> Fraction:

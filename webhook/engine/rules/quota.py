@@ -170,7 +170,7 @@ def _legacy_class(rc: RuleContext, resource: str, podspec: Mapping[str, Any],
         m = pol.mapping_for(resource, labels)
         if m is not None:
             profile = mig_profile_of(resource)
-            frac = mig_fraction(profile) if profile else None
+            frac = mig_fraction(profile, m.device_class) if profile else None
             return m.device_class, frac if frac is not None else calc.class_fraction(m.device_class)
     profile = mig_profile_of(resource)
     frac = mig_fraction(profile) if profile else None
