@@ -18,6 +18,7 @@ from kbundle import REPO, build, find
 from webhook.cel.lint import lint_selector
 from webhook.cel.match import match_devices
 from webhook.dra.inventory import Inventory
+from webhook.dra.objects import claim_spec_of
 from webhook.engine.quota import QuotaCalculator, mig_fraction
 
 PRODUCTS = {p.name: p for c in CLOUDS.values() for p, _ in c.values()}
@@ -99,6 +100,42 @@ def test_legacy_mig_resources_are_charged_by_the_board_their_mapped_class_names(
     assert mig_fraction("1g.24gb", "gpu.nvidia.com-h100-mig-1g24gb") == Fraction(1, 7)
     assert mig_fraction("2g.12gb", "NVIDIA A30") == Fraction(1, 2)
     assert mig_fraction("3g.20gb", "data300-mig-3g20gb") == Fraction(3, 7)
+
+
+def _mig_claim(profiles: list[str], op: str = "==") -> Any:
+    """A claim in the form of NVIDIA's MIG examples: class mig.nvidia.com, the profile in the request."""
+    expr = " || ".join(f"device.attributes['gpu.nvidia.com'].profile {op} '{p}'" for p in profiles)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mig", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": "mig.nvidia.com", "count": 2, "selectors": [{"cel": {"expression": expr}}],
+        }}]}},
+    }  # fmt: skip
+    found = claim_spec_of(claim)
+    assert found is not None
+    return found[0]
+
+
+def test_a_mig_profile_selected_in_the_claim_is_charged_as_that_slice_without_an_inventory() -> None:
+    mig_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "mig.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                                      "device.attributes['gpu.nvidia.com'].type == 'mig'"}}]},
+    }  # fmt: skip
+    for objs in ([], [mig_class]):  # the class unknown to review, or known with no device
+        calc = QuotaCalculator(Inventory.from_objects(objs))
+        assert calc.claim_gpu_equivalents(_mig_claim(["1g.10gb"])) == Fraction(2, 7)
+        assert calc.claim_gpu_equivalents(_mig_claim(["1g.10gb", "3g.40gb"])) == Fraction(6, 7)
+        # A profile the request excludes says nothing of what it gets: a whole GPU each, as before.
+        assert calc.claim_gpu_equivalents(_mig_claim(["1g.10gb"], "!=")) == 2
+    # Known devices decide: a carved H100 node's 1g.10gb slices.
+    carved = node_slices(PRODUCTS["NVIDIA H100 80GB HBM3"], 1, PRODUCTS["NVIDIA H100 80GB HBM3"].mig[0], "n")
+    calc = QuotaCalculator(Inventory.from_objects([mig_class, *carved]))
+    assert calc.claim_gpu_equivalents(_mig_claim(["1g.10gb"])) == Fraction(2, 7)
 
 
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))

@@ -59,6 +59,7 @@ QUOTA_CLAIMS_KEY = "count/resourceclaims.resource.k8s.io"
 
 # "<compute slices>g.<memory>gb", optionally with a suffix like "+me" or "-me".
 _MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
+_MIG_PROFILE_ALL = re.compile(r"\d+g\.\d+gb")
 # Class names cannot contain '.' inside the profile in every spelling: "mig-3g20gb", "mig-3g.20gb".
 _MIG_IN_NAME = re.compile(r"(?:^|[^0-9])([1-8])g\.?(\d+)gb")
 # Boards whose MIG geometry has 4 compute slices, named in an NVML product name, a selector or a
@@ -259,6 +260,18 @@ class QuotaCalculator:
         """GPU-equivalents per device one request gets: the class's fraction, unless the devices it
         can get are shared (multi-allocatable), where the share it consumes counts instead."""
         frac = self.class_fraction(class_name)
+        if frac == 1 and selectors and not self.matching(class_name):
+            # No device of the class is known: the MIG profile the request itself selects is what
+            # it gets, not a whole GPU (NVIDIA's MIG examples name the profile in the claim, under
+            # the profile-less class mig.nvidia.com). Several named: the largest; a `!=` names none.
+            named = [
+                mig_fraction(p, f"{class_name} {s.expression}")
+                for s in selectors
+                if "!=" not in s.expression
+                for p in _MIG_PROFILE_ALL.findall(s.expression)
+            ]
+            if named and None not in named:
+                return max(f for f in named if f is not None)
         if not self._is_shared(class_name):
             return frac  # the common case: no shared device anywhere in the class
         key = (class_name, tuple(s.expression for s in selectors), tuple(sorted(capacity_requests.items())))
