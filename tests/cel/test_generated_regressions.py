@@ -133,6 +133,10 @@ CASES: list[tuple[str, str, str]] = [
     ("lists.range(4).slice(0, 0).exists(i, v, (string(3.0) + 'gpu').endsWith('a|b'))", 'no', 'no'),
     ("string(1).contains(''.replace('NVIDIA ', 'x').split('').join(''))", 'selects', 'selects'),
     ("isIP(''.find('[0-9]+').findAll('[0-9]+').join(''))", 'no', 'no'),
+    ("lists.range(0).exists(x, '3g.40gb'.charAt(1).contains('[0-9]+'))", 'no', 'no'),
+    # (The estimator takes ''.split(' ') as empty; at run time it is [''].)
+    ("(''.split(' ') + [].slice(0, 0)).map(x, sets.intersects(string(x).split(' '), ['a'])).size() == 0",
+     'no', 'no'),
     # Deeper than the runtime's 32 levels: bound in pieces where evaluated in any case.
     ("[" * 40 + "has(device.attributes['gpu.nvidia.com'].productName)" + "][0]" * 40,
      'selects', 'no'),

@@ -265,6 +265,10 @@ def _empty_list(node: Expr) -> bool:
             and node.accu_init is not None and _empty_list(node.accu_init)
     if node.kind == CALL and node.function == "_[_]" and node.args:
         return node.args[0].kind == LIST and not node.args[0].elements  # `[][i]` has size 0 there
+    if node.kind == CALL and node.function == "_+_" and len(node.args) == 2:
+        return all(_empty_list(a) for a in node.args)
+    if node.kind == CALL and node.function == "lists.range" and len(node.args) == 1:
+        return node.args[0].kind == CONST and node.args[0].value == 0
     if node.kind != CALL or node.target is None:
         return False
     if node.function == "slice" and len(node.args) == 2 and all(
