@@ -148,11 +148,12 @@ def test_every_shipped_class_serves_some_workload_class_and_back() -> None:
 
 
 def test_the_lint_has_teeth() -> None:
-    """vLLM is kept off every shipped class but H100 and H200, so the checks above could fail."""
+    """vLLM is kept off every shipped class but H100, H200, B200 and GB200, so the checks above could
+    fail."""
     for o in device_classes():
         dc = o["metadata"]["name"]
         findings = [
             f for f in review(workload("vllm/vllm-openai:v0.6.3", dc)).findings if f.rule.startswith("tier/")
         ]
-        llm_class = "h100" in dc or "h200" in dc
+        llm_class = any(f"gpu.nvidia.com-{fam}" in dc for fam in ("h100", "h200", "b200", "gb200"))
         assert bool(findings) == (not llm_class), dc
