@@ -162,6 +162,29 @@ def test_the_articles_class_names_are_kept() -> None:
     assert article <= names
 
 
+def test_migration_mappings_name_the_class_of_the_board_they_stand_for() -> None:
+    """Every MIG resource maps to a class that selects that profile on a board that has it; a pod pinned
+    by GPU feature discovery's product label (the NVML name, spaces as dashes) maps to that board's
+    class; every mapped class is in the bundle."""
+    doc = yaml.safe_load((REPO / "policies" / "migration.yaml").read_text())
+    mappings = doc["spec"]["mappings"]
+    profiles_seen: set[str] = set()
+    for mp in mappings:
+        cls, res = mp["deviceClass"], mp["resource"]
+        assert cls in _classes(), mp
+        if res.startswith("nvidia.com/mig-"):
+            profile = res.removeprefix("nvidia.com/mig-")
+            boards = [(p, m) for p in PRODUCTS.values() for m in p.mig if m.profile == profile]
+            assert boards and any(cls in expected_mig(p, m) for p, m in boards), mp
+            profiles_seen.add(profile)
+        product = (mp.get("nodeSelector") or {}).get("nvidia.com/gpu.product")
+        if product:
+            boards = [p for p in PRODUCTS.values() if p.name.replace(" ", "-") == product]
+            assert boards and all(cls in expected_full(p) for p in boards), mp
+    # Every profile of every board the catalogue models has a mapping.
+    assert {m.profile for p in PRODUCTS.values() for m in p.mig} <= profiles_seen
+
+
 def _tier() -> dict[str, list[str]]:
     doc = yaml.safe_load((REPO / "policies" / "tier.yaml").read_text())
     return {c["name"]: c["deviceClasses"] for c in doc["spec"]["classes"]}
