@@ -1,8 +1,10 @@
 """The GPUs of the clouds' GPU instances, as simulated NVML topologies for the bundled driver.
 
 Product names are the strings NVML returns on those instances; MIG profiles (name, GPU-instance profile
-id, memory slices, SMs) are those of NVIDIA's MIG user guide for each board. A node per instance type
-with whole GPUs, and for every profile a node whose GPUs are carved into as many instances of it as fit.
+id, memory slices, SMs) are those of NVIDIA's MIG user guide or of `nvidia-smi mig -lgip` listings for
+each board (each source is cited where the board is defined; a figure no source gives says so). A node
+per instance type with whole GPUs, and for every profile a node whose GPUs are carved into as many
+instances of it as fit.
 """
 
 from __future__ import annotations
@@ -144,8 +146,8 @@ RTX_PRO_6000 = Product(
     "rtxpro6000", "inference", 4,
 )  # fmt: skip
 # Boards without MIG. nvidia-smi "Product Name" lines in public reports: "NVIDIA L4" and "NVIDIA L40S"
-# (nvidia-smi -q logs; NVIDIA's NVML mock profiles/l40s.yaml), "NVIDIA A10G" (AWS g5 instances:
-# nvidia-smi in public issues), "Tesla T4" (nvidia-smi -q in NVIDIA/nvidia-docker#1628; NVIDIA's
+# (nvidia-smi -q logs; NVIDIA's NVML mock profiles/l40s.yaml), "NVIDIA A10G" (`nvidia-smi -L` on AWS
+# g5 instances in public run logs), "Tesla T4" (nvidia-smi -q in NVIDIA/nvidia-docker#1628; NVIDIA's
 # NVML mock profiles/t4.yaml). The T4 class also accepts "NVIDIA T4" in case a driver renames it.
 L4 = Product("NVIDIA L4", "Ada Lovelace", "8.9", 24, (), "l4", "inference")
 L40S = Product("NVIDIA L40S", "Ada Lovelace", "8.9", 48, (), "l40s", "inference")
