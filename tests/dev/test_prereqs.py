@@ -27,7 +27,7 @@ def _fake(bin_dir: Path, name: str, body: str) -> None:
 
 
 def test_an_old_go_is_refused_with_the_version_needed(tmp_path: Path) -> None:
-    _fake(tmp_path / "bin", "go", 'echo go1.19.8')
+    _fake(tmp_path / "bin", "go", "echo go1.19.8")
     r = _run([tmp_path / "bin"])
     assert r.returncode == 1, r.stdout + r.stderr
     assert "go is go1.19.8" in r.stdout
@@ -59,7 +59,13 @@ def test_this_machine_has_every_prerequisite() -> None:
 
 def test_make_demo_and_test_check_prerequisites_before_building() -> None:
     for goal, mode in (("test", "test"), ("demo", "demo")):
-        r = subprocess.run(["make", "-n", goal], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["make", "-s", "-n", "--no-print-directory", goal],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         first = r.stdout.splitlines()[0]
         assert first == f"bash scripts/prereqs.sh {mode}", r.stdout[:500]
 
