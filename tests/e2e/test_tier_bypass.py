@@ -20,15 +20,14 @@ from typing import Any
 
 import pytest
 
-LOOKUP_REGRESSION = (
-    "known regression: the lookup hardening changes how a claim's owner pod is read; fix next"
-)
-
 from tests.e2e.helpers import Kubectl, wait_for
 from webhook.dev import scenarios
 from webhook.dev.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
+LOOKUP_REGRESSION = (
+    "known regression: the lookup hardening changes how a claim's owner pod is read; fix next"
+)
 VLLM = "vllm/vllm-openai:v0.6.3"
 IMPLICIT = "deviceclass.resource.kubernetes.io/"
 
