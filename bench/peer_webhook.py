@@ -13,9 +13,9 @@ arm, the namespaces differing only in one label, `bench.draguard.io/arm`:
 - `bench-kyverno`: Kyverno's admission controller, run out of cluster (`-kubeconfig`, `-serverIP`),
   its CRDs from its Go module's config/crds, its own self-signed TLS, and its webhooks narrowed to
   this label through its `webhooks` ConfigMap setting. Its ClusterPolicy says "LLM workloads (vLLM
-  images) must use H100/H200 classes": for each claim template a pod uses, it reads the template
+  images) must use the LLM tier's classes": for each claim template a pod uses, it reads the template
   from the API server (an `apiCall` context) and denies when the template's deviceClassName is not
-  an H100/H200 class. Kyverno generates the same rule for Deployments. `--kyverno-policy validating`
+  one of those classes. Kyverno generates the same rule for Deployments. `--kyverno-policy validating`
   gives Kyverno the same policy as a CEL ValidatingPolicy (policies.kyverno.io/v1: the templates read
   with `resource.Get`, a matchCondition on the vLLM image, autogen for Deployments).
 
@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -58,12 +60,17 @@ KINDS = ("all", "Pod", "Deployment", "vLLM")
 JUDGES = ("draguard", "kyverno")  # the arms whose webhook applies the policy
 ARM_LABEL = "bench.draguard.io/arm"
 KYVERNO_NS = "kyverno"
-H100_CLASSES = [
-    "gpu.nvidia.com-h100",
-    "gpu.nvidia.com-h100-*",
-    "gpu.nvidia.com-h200",
-    "gpu.nvidia.com-h200-*",
-]
+
+
+def _llm_classes() -> list[str]:
+    """The device classes the shipped tier policy allows LLM workloads, so each peer enforces the
+    same rule draguard does (a class added to the policy must not turn into a peer's denial)."""
+    docs = yaml.safe_load_all((ROOT / "policies" / "tier.yaml").read_text())
+    tier = next(d for d in docs if d)
+    return list(next(c for c in tier["spec"]["classes"] if c["name"] == "llm")["deviceClasses"])
+
+
+LLM_CLASSES = _llm_classes()
 LLM_IMAGE = "vllm/vllm-openai:v0.6.3"
 BATCH_IMAGE = "registry.example.com/batch/worker:1"
 TEMPLATES = {"one-h100": "gpu.nvidia.com-h100", "one-a100": "gpu.nvidia.com-a100"}
@@ -89,7 +96,7 @@ KYVERNO_POLICY: dict[str, Any] = {
                 },
                 "validate": {
                     "failureAction": "Enforce",
-                    "message": "LLM workloads (vLLM images) must use H100 or H200 device classes",
+                    "message": "LLM workloads (vLLM images) must use the LLM tier's device classes",
                     "foreach": [
                         {
                             "list": "request.object.spec.resourceClaims[?resourceClaimTemplateName] || `[]`",
@@ -110,7 +117,7 @@ KYVERNO_POLICY: dict[str, Any] = {
                                         {
                                             "key": "{{ classes }}",
                                             "operator": "AnyNotIn",
-                                            "value": H100_CLASSES,
+                                            "value": LLM_CLASSES,
                                         }
                                     ]
                                 }
@@ -124,10 +131,10 @@ KYVERNO_POLICY: dict[str, Any] = {
 }
 
 
-def _h100_class(var: str) -> str:
-    """CEL: `var` is one of H100_CLASSES (a trailing `*` is a prefix)."""
+def _llm_class(var: str) -> str:
+    """CEL: `var` is one of LLM_CLASSES (a trailing `*` is a prefix)."""
     terms = [
-        f"{var}.startsWith('{c[:-1]}')" if c.endswith("*") else f"{var} == '{c}'" for c in H100_CLASSES
+        f"{var}.startsWith('{c[:-1]}')" if c.endswith("*") else f"{var} == '{c}'" for c in LLM_CLASSES
     ]
     return " || ".join(terms)
 
@@ -169,8 +176,8 @@ KYVERNO_VALIDATING_POLICY: dict[str, Any] = {
         ],
         "validations": [
             {
-                "expression": f"variables.classes.all(l, l.all(c, {_h100_class('c')}))",
-                "message": "LLM workloads (vLLM images) must use H100 or H200 device classes",
+                "expression": f"variables.classes.all(l, l.all(c, {_llm_class('c')}))",
+                "message": "LLM workloads (vLLM images) must use the LLM tier's device classes",
             }
         ],
     },

@@ -75,7 +75,7 @@ def test_stream_is_the_same_in_every_namespace_and_forbids_one_llm_object_in_ten
         _p, obj, _b = pw.workload(i, "x")
         spec = obj["spec"].get("template", {}).get("spec") or obj["spec"]
         assert "vllm" in spec["containers"][0]["image"]
-        assert pw.TEMPLATES[spec["resourceClaims"][0]["resourceClaimTemplateName"]] not in pw.H100_CLASSES
+        assert pw.TEMPLATES[spec["resourceClaims"][0]["resourceClaimTemplateName"]] not in pw.LLM_CLASSES
 
 
 def test_arm_selector_keeps_the_shipped_exclusions_and_adds_the_arm() -> None:
@@ -117,7 +117,7 @@ def test_kyverno_validating_policy_says_the_same_as_the_cluster_policy() -> None
     assert "resource.Get('resource.k8s.io/v1', 'resourceclaimtemplates'" in classes
     check = spec["validations"][0]["expression"]
     terms = check.removeprefix("variables.classes.all(l, l.all(c, ").removesuffix("))").split(" || ")
-    want = [f"c.startsWith('{c[:-1]}')" if c.endswith("*") else f"c == '{c}'" for c in pw.H100_CLASSES]
+    want = [f"c.startsWith('{c[:-1]}')" if c.endswith("*") else f"c == '{c}'" for c in pw.LLM_CLASSES]
     assert terms == want
     deny = pw.KYVERNO_POLICY["spec"]["rules"][0]["validate"]["foreach"][0]["deny"]
-    assert deny["conditions"]["any"][0]["value"] == pw.H100_CLASSES
+    assert deny["conditions"]["any"][0]["value"] == pw.LLM_CLASSES
