@@ -154,9 +154,17 @@ def test_nvidia_chart_classes_guard_the_driver_where_no_file_defines_them() -> N
     selector = 'device.attributes["gpu.nvidia.com"].productName == "NONEXISTENT-GPU-XYZ"'
     findings = _run([_template(selector, "gpu.nvidia.com")])
     assert [f for f in findings if f.rule == "cel/driver-guard"] == []
-    # A class no installation creates: nothing pins the driver.
+    # A class no installation creates, reviewed with its definition: it pins nothing, so the claim's
+    # selector is warned about (on the claim; the class gets its own warning).
+    loose = SourceObject({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                          "metadata": {"name": "my-gpus"},
+                          "spec": {"selectors": [{"cel": {"expression": selector}}]}})
+    findings = _run([loose, _template(selector, "my-gpus")])
+    guards = [f.object.kind for f in findings if f.rule == "cel/driver-guard"]
+    assert guards == ["DeviceClass", "ResourceClaimTemplate"]
+    # The same class where review cannot see it: whether it pins the driver is unknown, no advice.
     findings = _run([_template(selector, "my-gpus")])
-    assert [f.rule for f in findings if f.rule == "cel/driver-guard"] == ["cel/driver-guard"]
+    assert [f for f in findings if f.rule == "cel/driver-guard"] == []
 
 
 def test_attributes_of_older_nvidia_releases_are_known() -> None:

@@ -181,6 +181,10 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
             known = bool(cls) and (cls in rc.index.classes or cls in rc.inventory.classes)
             if cls and not known and (rc.inventory.classes or rc.index.classes):
                 skip = _UNKNOWN_CLASS_SKIPS  # structure/unsatisfiable says the class does not exist
+            elif cls and not known and installed_class(cls) is None:
+                # A class review cannot see (no file, no inventory, no known driver installs it):
+                # whether it pins device.driver is unknown, so no guard advice is given for it.
+                skip = frozenset({"cel/driver-guard"})
             elif selectors and _class_guards_driver(rc, cls, all_devices):
                 skip = frozenset({"cel/driver-guard"})
             scoped = _class_devices(rc, cls) if selectors and all_devices else None
