@@ -67,6 +67,42 @@ def register(sub: Any) -> None:
     )
     r.add_argument("--metrics-port", type=int, default=8082, help="0: no metrics server (default 8082)")
     r.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    e = r.add_argument_group(
+        "leader election", "for two or more replicas: only the holder of a coordination.k8s.io Lease scans"
+    )
+    e.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="scan only while holding the Lease; the other replicas wait and take over",
+    )
+    e.add_argument(
+        "--leader-elect-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: the pod's, from POD_NAMESPACE or its service account)",
+    )
+    e.add_argument("--leader-elect-lease", default="draguard-audit", metavar="NAME", help="the Lease's name")
+    e.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="a follower takes over a lease not renewed for S seconds (default 15)",
+    )
+    e.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="the leader stops scanning when it could not renew for S seconds; shorter than the lease "
+        "duration (default 10)",
+    )
+    e.add_argument(
+        "--retry-period",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between attempts to acquire or renew (default 2)",
+    )
     r.set_defaults(func=cmd_run)
     o = asub.add_parser("once", help="one scan: write the reports (or print them with --dry-run)")
     _limits_args(o)
@@ -147,6 +183,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from webhook.audit.controller import AuditController, AuditOptions
+    from webhook.audit.leader import LeaderElector, LeaseConfig, default_namespace
     from webhook.audit.metrics import serve_http
     from webhook.audit.scan import Limits
     from webhook.server import logs
@@ -154,6 +191,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     bad = _check(args)
     if bad:
         return _err(bad)
+    lease: LeaseConfig | None = None
+    if args.leader_elect:
+        lease = LeaseConfig(
+            namespace=args.leader_elect_namespace or default_namespace(),
+            name=args.leader_elect_lease,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+        bad = lease.problem()
+        if bad:
+            return _err(f"leader election: {bad}")
     logs.setup(args.log_level)
     try:
         http = _http(args.kubeconfig)
@@ -167,10 +216,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         watch=not args.no_watch,
         debounce=args.debounce,
     )
-    ctl = AuditController(http, opts)
+    elector = LeaderElector(http, lease) if lease is not None else None
+    ctl = AuditController(http, opts, elector=elector)
     if args.metrics_port:
         try:
-            serve_http(args.metrics_host, args.metrics_port, ctl.metrics, lambda: ctl.scans_ok > 0)
+            serve_http(args.metrics_host, args.metrics_port, ctl.metrics, ctl.ready)
         except OSError as e:
             return _err(f"cannot listen on {args.metrics_host or '*'}:{args.metrics_port}: {e.strerror or e}")
     signal.signal(signal.SIGTERM, lambda *_: ctl.stop())

@@ -1,6 +1,11 @@
 """`draguard audit run`: a full scan at start, every `interval` and whenever the policy files change;
 in between, watches re-judge each namespace whose objects changed (debounced), and a class, a
-ResourceSlice or a workload CRD installed or removed (found by discovery) asks for a full scan."""
+ResourceSlice or a workload CRD installed or removed (found by discovery) asks for a full scan.
+
+With replicas, each runs a `LeaderElector` (webhook/audit/leader.py): only the leader watches, scans
+and writes; the others wait, ready, and the first to see the lease free or expired takes over. A
+leader that loses the lease stops writing at once (the writer asks before every request), drops its
+watches and state, and waits as a follower again; on shutdown it stops, then releases the lease."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.audit.leader import LeaderElector
 from webhook.audit.metrics import AuditMetrics
 from webhook.audit.report import RESULTS
 from webhook.audit.scan import Limits, ScanOutcome, scan_cluster, scan_namespace
@@ -24,7 +30,7 @@ from webhook.audit.watch import (
     wait_ready,
     watched_resources,
 )
-from webhook.audit.writer import ReportWriter, WriteResult
+from webhook.audit.writer import NotLeading, ReportWriter, WriteResult
 from webhook.policy.load import PolicyError
 from webhook.server.app import PolicyWatcher
 from webhook.server.caches import KubeHttp
@@ -53,11 +59,23 @@ class AuditOptions:
 
 
 class AuditController:
-    def __init__(self, http: KubeHttp, opts: AuditOptions, metrics: AuditMetrics | None = None) -> None:
+    def __init__(
+        self,
+        http: KubeHttp,
+        opts: AuditOptions,
+        metrics: AuditMetrics | None = None,
+        elector: LeaderElector | None = None,
+    ) -> None:
         self.http = http
         self.opts = opts
         self.metrics = metrics or AuditMetrics()
-        self.writer = ReportWriter(http)
+        self.elector = elector
+        self.writer = ReportWriter(http, allowed=self.leading)
+        # Woken when leadership changes, so a follower starts scanning as soon as it is elected.
+        self.lead_wake = threading.Event()
+        self.metrics.leader.set_function(lambda: 1.0 if self.leading() else 0.0)
+        if elector is not None:
+            elector.on_change = self._leadership
         self.watcher = PolicyWatcher(opts.policies)
         self.policies: Any = None
         self.stop_event = threading.Event()
@@ -75,6 +93,25 @@ class AuditController:
         self._violations: dict[str | None, dict[tuple[str, str], int]] = {}
         self._counts: dict[str | None, dict[str, int]] = {}
         self._omitted: dict[str | None, int] = {}
+
+    def leading(self) -> bool:
+        """Whether this replica may scan and write now: not stopping, and (with leader election) the
+        leader within its renew deadline."""
+        return not self.stop_event.is_set() and (self.elector is None or self.elector.is_leader())
+
+    def ready(self) -> bool:
+        """/readyz: a leader (or the only replica) once a full scan is written; a follower while it
+        can reach the API server, so that it can take over."""
+        if self.elector is None:
+            return self.scans_ok > 0
+        if self.elector.is_leader():
+            return self.state is not None
+        return self.elector.healthy()
+
+    def _leadership(self, leading: bool) -> None:
+        self.metrics.leader_changes.labels("leader" if leading else "follower").inc()
+        self.lead_wake.set()
+        self.changes.wake.set()
 
     def load_policies(self) -> bool:
         """Load a changed policy set; a broken change keeps the last good one. True when a new set
@@ -99,6 +136,9 @@ class AuditController:
             last = self.state.owners if self.state is not None else None
             out = scan_cluster(self.http, self.policies, self.opts.limits, last)
             written = self.writer.sync(out.reports)
+        except NotLeading as e:
+            self._abandoned(e)
+            return None
         except Exception as e:  # ScanError, ApiError, and the client's connection errors (not OSErrors)
             self._failed(e)
             return None
@@ -119,6 +159,9 @@ class AuditController:
         try:
             out = scan_namespace(self.http, self.policies, self.state, namespace, self.opts.limits)
             written = self.writer.sync(out.reports, namespace=namespace)
+        except NotLeading as e:
+            self._abandoned(e)
+            return None
         except Exception as e:
             self.metrics.namespace_scans.labels("error").inc()
             log.warning(
@@ -167,6 +210,10 @@ class AuditController:
         for res in RESULTS:
             self.metrics.results.labels(res).set(totals.get(res, 0))
         self.metrics.omitted.set(sum(self._omitted.values()))
+
+    def _abandoned(self, e: NotLeading) -> None:
+        self.metrics.scans.labels("abandoned").inc()
+        log.warning("scan abandoned: no longer the leader", extra={"reason": str(e)[:300]})
 
     def _failed(self, e: Exception) -> None:
         self.metrics.scans.labels("error").inc()
@@ -269,6 +316,47 @@ class AuditController:
                 self._watch(Watched(c.path(), c.group_version, c.kind), late=True)
 
     def run(self) -> None:
+        """Until stop(): scan as the only replica, or, with an elector, whenever this one leads."""
+        if self.elector is None:
+            self._lead()
+            return
+        self.elector.start()
+        try:
+            while not self.stop_event.is_set():
+                self.lead_wake.clear()
+                if not self.leading():
+                    self.lead_wake.wait(self.elector.cfg.retry_period)
+                    continue
+                self._lead()
+                self._step_down()
+        finally:
+            self._stop_watches()
+            self.elector.stop()
+            # Only now, with nothing written any more, may another replica take over at once.
+            self.elector.release()
+
+    def _step_down(self) -> None:
+        """After losing the lease: forget what the last scans saw (the next leadership starts with a
+        full scan), and stop exporting their results, which the new leader's now stand for."""
+        self._stop_watches()
+        self.state = None
+        self.changes = Changes(self.opts.debounce, self.opts.max_delay)
+        self.fingerprints = Fingerprints()
+        self.scope = Scope()
+        self.last_full_start = float("-inf")
+        self.last_full_seconds = 0.0
+        self._violations.clear()
+        self._counts.clear()
+        self._omitted.clear()
+        self._publish()
+        self.metrics.objects.set(0)
+
+    def _stop_watches(self) -> None:
+        for w in self.watches:
+            w.stop()
+        self.watches = []
+
+    def _lead(self) -> None:
         self.load_policies()
         try:
             self.start_watches()
@@ -276,7 +364,7 @@ class AuditController:
             log.error("watches not started", extra={"reason": f"{type(e).__name__}: {e}"[:300]})
         next_scan = 0.0
         next_discovery = time.monotonic() + self.opts.discovery_interval
-        while not self.stop_event.is_set():
+        while self.leading():
             changed = self.watcher.changed() and self.load_policies()
             now = time.monotonic()
             if now >= next_discovery:
@@ -292,7 +380,7 @@ class AuditController:
                 )
             due, wait = self.changes.due()
             for ns in due:
-                if self.stop_event.is_set():
+                if not self.leading():
                     return
                 self.scan_namespace(ns)
             timeout = self.opts.poll_interval
@@ -334,6 +422,7 @@ class AuditController:
     def stop(self) -> None:
         self.stop_event.set()
         self.changes.wake.set()
+        self.lead_wake.set()
         for w in self.watches:
             w.stop()
 

@@ -33,7 +33,25 @@ class AuditMetrics:
             "Results left out of the reports at the last scan to keep them under the size limit",
             registry=r,
         )
-        self.scans = Counter("draguard_audit_scans_total", "Scans, by outcome", ["outcome"], registry=r)
+        self.scans = Counter(
+            "draguard_audit_scans_total",
+            "Scans, by outcome (ok, error, write-failed; abandoned: leadership lost before the reports "
+            "were all written)",
+            ["outcome"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "draguard_audit_leader",
+            "1 while this replica is the one that scans and writes reports (the leader, or the only "
+            "replica without leader election), else 0",
+            registry=r,
+        )
+        self.leader_changes = Counter(
+            "draguard_audit_leader_changes_total",
+            "Times this replica became the leader (to=leader) or stopped being it (to=follower)",
+            ["to"],
+            registry=r,
+        )
         self.duration = Histogram(
             "draguard_audit_scan_duration_seconds",
             "Time of one scan (read, judge, write)",

@@ -44,17 +44,30 @@ def _namespace_gone(e: ApiError) -> bool:
     return e.status == 404 or (e.status == 403 and "being terminated" in str(e))
 
 
+class NotLeading(Exception):
+    """The replica stopped being the audit's leader (or is shutting down): it writes nothing more."""
+
+
 class ReportWriter:
     def __init__(
-        self, http: KubeHttp, attempts: int = 4, sleep: Callable[[float], None] = time.sleep
+        self,
+        http: KubeHttp,
+        attempts: int = 4,
+        sleep: Callable[[float], None] = time.sleep,
+        allowed: Callable[[], bool] | None = None,
     ) -> None:
         self.http = http
         self.attempts = attempts
         self.sleep = sleep
+        # Asked before every request: with replicas, only the leader writes, and a leader whose lease
+        # lapsed mid-sync stops before the next write rather than at the end of the scan.
+        self.allowed = allowed
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         delay = 0.2
         for attempt in range(self.attempts):
+            if self.allowed is not None and not self.allowed():
+                raise NotLeading(f"{method} {path} not sent: no longer the audit leader")
             try:
                 return self.http.request_json(method, path, **kw)
             except ApiError as e:
