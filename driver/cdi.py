@@ -49,10 +49,20 @@ class CdiError(RuntimeError):
 
 @dataclass(frozen=True)
 class CdiDevice:
-    """A device of one claim, with the request names it serves."""
+    """A device of one claim, with the request names it serves.
+
+    A share of a GPU (consumable capacity) names its `share_id` and the memory it holds: each share
+    is a CDI device of its own, so two shares of one GPU in one claim never collide.
+    """
 
     device: DriverDevice
     requests: tuple[str, ...]
+    share_id: str | None = None
+    memory_limit: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.device.name if self.share_id is None else f"{self.device.name}-{self.share_id}"
 
 
 @dataclass
@@ -184,18 +194,38 @@ def driver_edits(files: DriverFiles) -> dict[str, Any]:
     return out
 
 
+def share_env(devices: Sequence[CdiDevice]) -> list[str]:
+    """What a container sees of its shares' limits (empty when the claim holds no share).
+
+    `DRAGUARD_GPU_MEMORY_LIMITS` lists `<GPU UUID>=<bytes>` for every shared GPU of the claim (two
+    shares of one GPU add up); `DRAGUARD_GPU_MEMORY_LIMIT` is the bytes alone when there is one
+    GPU. The driver runs no MPS control daemon, so nothing enforces the limit on the GPU: the
+    application reads it (docs/driver-sharing.md says how) and the scheduler keeps the sum of the
+    shares within the GPU's memory.
+    """
+    limits: dict[str, int] = {}
+    for d in devices:
+        if d.memory_limit is not None:
+            limits[d.device.uuid] = limits.get(d.device.uuid, 0) + d.memory_limit
+    if not limits:
+        return []
+    env = ["DRAGUARD_GPU_MEMORY_LIMITS=" + ",".join(f"{u}={n}" for u, n in limits.items())]
+    if len(limits) == 1:
+        env.append(f"DRAGUARD_GPU_MEMORY_LIMIT={next(iter(limits.values()))}")
+    return env
+
+
 def build_spec(
     claim_uid: str, devices: Sequence[CdiDevice], layout: HostLayout | None = None
 ) -> dict[str, Any]:
     layout = layout or HostLayout()
     visible = ",".join(dict.fromkeys(d.device.uuid for d in devices))
+    # The same values on every device of the claim, so the order the runtime applies them in is moot.
+    env = [f"NVIDIA_VISIBLE_DEVICES={visible}", *share_env(devices)]
     out_devices = [
         {
-            "name": f"{claim_uid}-{d.device.name}",
-            "containerEdits": {
-                "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
-                "deviceNodes": device_nodes(d.device, layout),
-            },
+            "name": f"{claim_uid}-{d.name}",
+            "containerEdits": {"env": list(env), "deviceNodes": device_nodes(d.device, layout)},
         }
         for d in devices
     ]
@@ -227,7 +257,7 @@ class CdiWriter:
         """Write the claim's spec atomically; return the CDI ids, in `devices` order."""
         data = self.render(claim_uid, devices)
         atomic_write(spec_path(self.root, claim_uid), data, mode=SPEC_MODE)
-        return [device_id(claim_uid, d.device.name) for d in devices]
+        return [device_id(claim_uid, d.name) for d in devices]
 
     def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec; False when it was already gone (idempotent)."""

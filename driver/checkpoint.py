@@ -43,6 +43,7 @@ class PreparedDevice:
     share_id: str | None = None
     sharing: str | None = None  # the claim's sharing strategy for this device (TimeSlicing), if any
     admin_access: bool = False
+    consumed_memory: int | None = None  # bytes of the GPU's memory this share holds (consumedCapacity)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +58,8 @@ class PreparedDevice:
             out["sharing"] = self.sharing
         if self.admin_access:
             out["adminAccess"] = True
+        if self.consumed_memory is not None:
+            out["consumedCapacity"] = {"memory": str(self.consumed_memory)}
         return out
 
     @classmethod
@@ -69,7 +72,16 @@ class PreparedDevice:
             share_id=d.get("shareID") or d.get("ShareID"),
             sharing=d.get("sharing") if isinstance(d.get("sharing"), str) else None,
             admin_access=d.get("adminAccess") is True,
+            consumed_memory=_bytes(d.get("consumedCapacity")),
         )
+
+
+def _bytes(consumed: Any) -> int | None:
+    """The recorded memory of a share; None when absent or not a plain byte count."""
+    raw = consumed.get("memory") if isinstance(consumed, dict) else None
+    if isinstance(raw, str) and raw.isdigit() and len(raw) <= 24:
+        return int(raw)
+    return None
 
 
 @dataclass

@@ -54,6 +54,21 @@ def _add_host(p: argparse.ArgumentParser) -> None:
                         "graphics,ngx or all)")  # fmt: skip
 
 
+def _add_sharing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--share-by-capacity", default=None, metavar="all|PRODUCT,...",
+                   help="share full GPUs by consumable capacity (memory): `all`, or NVML product names "
+                        "separated by commas (see docs/driver-sharing.md); default: off")  # fmt: skip
+    p.add_argument("--share-memory-step", default=None, metavar="QUANTITY",
+                   help="memory shares are whole multiples of this (default 1Gi)")  # fmt: skip
+
+
+def sharing(args: argparse.Namespace) -> Any:
+    """The capacity-sharing setting of the command line (None: off); ValueError naming the flag."""
+    from driver.sharing import parse_capacity_sharing
+
+    return parse_capacity_sharing(args.share_by_capacity, args.share_memory_step)
+
+
 def driver_root(args: argparse.Namespace) -> Any:
     """--driver-root, else env DRIVER_ROOT, else `/`; seen at --driver-root-mount."""
     from driver.driverroot import Root
@@ -90,6 +105,7 @@ def register(subparsers: Any) -> None:
     inv.add_argument("--driver-name", default=DRIVER_NAME)
     inv.add_argument("--api-version", choices=("v1", "v1beta2", "v1beta1"), default="v1")
     inv.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    _add_sharing(inv)
     inv.set_defaults(func=cmd_inventory)
 
     spec = sub.add_parser("cdi-spec", help="print the CDI spec prepare would write for these devices")
@@ -133,6 +149,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--api-version", choices=("v1", "v1beta2", "v1beta1"), default=None,
                      help="resource.k8s.io version to write (default: newest the server offers)")  # fmt: skip
     _add_host(run)
+    _add_sharing(run)
     run.add_argument("--resync-seconds", type=float, default=300.0,
                      help="re-read NVML and republish slices this often")  # fmt: skip
     run.set_defaults(func=cmd_run)
@@ -165,9 +182,10 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     try:
+        policy = sharing(args)
         nvml = _open(args)
         node = nvml.enumerate()
-        devices = build_devices(node, args.driver_name)
+        devices = build_devices(node, args.driver_name, policy)
         slices = build_slices(devices, node_name=node_name, driver_name=args.driver_name, generation=0,
                               version=args.api_version,
                               simulated_source=node.source if node.simulated else None)  # fmt: skip
@@ -295,6 +313,10 @@ def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple
     from driver.sim.driverroot import make_driver_root
 
     try:
+        policy = sharing(args)
+    except ValueError as exc:
+        raise DriverStartError(str(exc)) from None
+    try:
         nvml = _open(args, metrics.nvml_error)
         node = nvml.enumerate()
     except (NvmlUnavailable, NvmlCallError) as exc:
@@ -306,7 +328,7 @@ def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple
     except TopologyError as exc:
         raise DriverStartError(str(exc)) from None
     try:
-        devices = build_devices(node, args.driver_name)
+        devices = build_devices(node, args.driver_name, policy)
         root = None
         if node.simulated and not args.driver_root:
             # The plugin directory has the same path on the host and in the pod.
@@ -437,7 +459,7 @@ async def run_driver(args: argparse.Namespace) -> int:
                 continue  # a health change: publish the taints now, read NVML at the next turn
             try:
                 fresh_node = await asyncio.to_thread(nvml.enumerate)
-                fresh = build_devices(fresh_node, args.driver_name)
+                fresh = build_devices(fresh_node, args.driver_name, sharing(args))
                 probes.nvml_ok = True
             except (NvmlCallError, NvmlUnavailable, ValueError) as exc:
                 probes.nvml_ok = False

@@ -19,6 +19,7 @@ from typing import Literal
 
 from driver.nvml import GpuInfo, MigInfo, NodeGpus
 from driver.schema import DRIVER_NAME, K8S_DOMAIN
+from driver.sharing import CapacitySharing
 
 AttrKind = Literal["string", "int", "bool", "version"]
 AttrValue = str | int | bool
@@ -96,6 +97,13 @@ class DriverDevice:
     ci_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
     taints: tuple[dict[str, str], ...] = ()  # spec.devices[].taints (driver/health.py)
+    shared: CapacitySharing | None = None  # shared by consumable capacity (driver/sharing.py)
+
+    def memory_policy(self) -> dict[str, int | dict[str, int]] | None:
+        """The `memory` capacity's request policy when the device is shared by capacity."""
+        if self.shared is None or "memory" not in self.capacity:
+            return None
+        return self.shared.request_policy(self.capacity["memory"])
 
 
 def nvlink_domains(gpus: Iterable[GpuInfo]) -> dict[str, str]:
@@ -152,13 +160,18 @@ def _common(node: NodeGpus, gpu: GpuInfo) -> dict[str, tuple[AttrKind, AttrValue
     return attrs
 
 
-def _gpu_device(node: NodeGpus, gpu: GpuInfo, domain: str | None) -> DriverDevice:
+def _gpu_device(
+    node: NodeGpus, gpu: GpuInfo, domain: str | None, sharing: CapacitySharing | None
+) -> DriverDevice:
     attrs: dict[str, tuple[AttrKind, AttrValue]] = {"type": ("string", "gpu"), "uuid": ("string", gpu.uuid)}
     attrs.update(_common(node, gpu))
     if domain:
         attrs["nvlinkDomain"] = ("string", domain)
     cap = {"memory": gpu.memory_bytes} if gpu.memory_bytes is not None else {}
-    return DriverDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu.minor, attrs, cap)
+    shared = None
+    if sharing is not None and sharing.applies(gpu.name) and sharing.eligible(gpu.memory_bytes):
+        shared = sharing
+    return DriverDevice(f"gpu-{gpu.minor}", "gpu", gpu.uuid, gpu.minor, attrs, cap, shared=shared)
 
 
 def _mig_device(node: NodeGpus, gpu: GpuInfo, mig: MigInfo) -> DriverDevice:
@@ -186,10 +199,14 @@ def _mig_device(node: NodeGpus, gpu: GpuInfo, mig: MigInfo) -> DriverDevice:
     return DriverDevice(name, "mig", mig.uuid, gpu.minor, attrs, cap, gpu.uuid, mig.gi_id, mig.ci_id)
 
 
-def build_devices(node: NodeGpus, driver_name: str = DRIVER_NAME) -> list[DriverDevice]:
+def build_devices(
+    node: NodeGpus, driver_name: str = DRIVER_NAME, sharing: CapacitySharing | None = None
+) -> list[DriverDevice]:
     """All allocatable devices of the node, sorted by name.
 
-    Keys without a domain belong to `driver_name`'s domain when published.
+    Keys without a domain belong to `driver_name`'s domain when published. With `sharing`, the full
+    GPUs it names (not those in MIG mode, nor those whose memory NVML does not report) are published
+    for sharing by consumable capacity.
     """
     domains = nvlink_domains(node.gpus)
     out: list[DriverDevice] = []
@@ -197,7 +214,7 @@ def build_devices(node: NodeGpus, driver_name: str = DRIVER_NAME) -> list[Driver
         if gpu.mig_enabled:
             out.extend(_mig_device(node, gpu, m) for m in gpu.migs)
         else:
-            out.append(_gpu_device(node, gpu, domains.get(gpu.uuid)))
+            out.append(_gpu_device(node, gpu, domains.get(gpu.uuid), sharing))
     names = [d.name for d in out]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:

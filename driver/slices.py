@@ -57,11 +57,20 @@ def device_to_api(dev: DriverDevice, version: str) -> dict[str, Any]:
         "attributes": {k: _attr_value(kind, v) for k, (kind, v) in sorted(dev.attributes.items())},
         "capacity": {k: {"value": format_quantity(v)} for k, v in sorted(dev.capacity.items())},
     }
+    policy = dev.memory_policy()
+    if policy is not None:  # shared by consumable capacity (KEP-5075): several claims, each its share
+        body["allowMultipleAllocations"] = True
+        body["capacity"]["memory"]["requestPolicy"] = _quantities(policy)
     if dev.taints:
         body["taints"] = [dict(t) for t in dev.taints]
     if version == "v1beta1":
         return {"name": dev.name, "basic": body}
     return {"name": dev.name, **body}
+
+
+def _quantities(policy: dict[str, Any]) -> dict[str, Any]:
+    """A request policy with its byte counts written as quantities (nested maps kept)."""
+    return {k: _quantities(v) if isinstance(v, dict) else format_quantity(int(v)) for k, v in policy.items()}
 
 
 def slice_devices(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -193,7 +202,36 @@ def validate_slice(obj: dict[str, Any]) -> list[str]:
             q = val.get("value") if isinstance(val, dict) else None
             if not isinstance(q, str) or not _QUANTITY.match(q):
                 errs.append(f"{cw}: value must be a quantity string, got {q!r}")
+            elif isinstance(val, dict) and "requestPolicy" in val:
+                if dev.get("allowMultipleAllocations") is not True:
+                    errs.append(f"{cw}.requestPolicy: only allowed with allowMultipleAllocations: true")
+                _check_policy(val["requestPolicy"], q, cw, errs)
     return errs
+
+
+def _check_policy(policy: Any, value: str, where: str, errs: list[str]) -> None:
+    """The API server's rules for a capacity's request policy (a default within a valid range)."""
+    from driver.sharing import QuantityError, parse_quantity
+
+    pw = f"{where}.requestPolicy"
+    rng = policy.get("validRange") if isinstance(policy, dict) else None
+    if not isinstance(rng, dict) or "default" not in policy:
+        errs.append(f"{pw}: this driver publishes a default and a validRange")
+        return
+    try:
+        total = parse_quantity(value)
+        default, low = parse_quantity(policy["default"]), parse_quantity(rng.get("min"))
+        high = parse_quantity(rng["max"]) if "max" in rng else total
+        step = parse_quantity(rng["step"]) if "step" in rng else None
+    except QuantityError as exc:
+        errs.append(f"{pw}: {exc}")
+        return
+    if not low <= high <= total:
+        errs.append(f"{pw}.validRange: needs min <= max <= the capacity's value ({value})")
+    if not low <= default <= high:
+        errs.append(f"{pw}.default: must lie within validRange")
+    if step is not None and (step <= 0 or (default - low) % step):
+        errs.append(f"{pw}.default: must be validRange.min plus a whole number of steps")
 
 
 def validate_slices(slices: Sequence[dict[str, Any]]) -> None:

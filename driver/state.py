@@ -42,6 +42,8 @@ from driver.kube import KubeHTTPError
 from driver.kube import request as kube_request
 from driver.metrics import DriverMetrics
 from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
+from driver.sharing import MODE_CAPACITY, check_share_id, consumed_memory
+from driver.slices import format_quantity
 from driver.status import ClaimStatusWriter, StatusWrite, device_entries
 
 log = logging.getLogger("draguard.driver.state")
@@ -98,6 +100,27 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One device (or one share of it) of a claim, as prepare will set it up."""
+
+    dev: DriverDevice
+    requests: tuple[str, ...]
+    share: str | None
+    cfg: DeviceConfig
+    memory: int | None = None  # bytes of a share's memory (consumedCapacity)
+
+    def cdi(self) -> CdiDevice:
+        return CdiDevice(self.dev, self.requests, self.share, self.memory)
+
+
+def _mode(share: str | None, admin: bool, strategy: str | None) -> str | None:
+    """How a prepared device is shared: 'adminAccess', a strategy, or None when it is exclusive."""
+    if admin:
+        return "adminAccess"
+    return MODE_CAPACITY if share else strategy
 
 
 @dataclass
@@ -231,23 +254,24 @@ class DeviceState:
         self.fault("before-prepare-checkpoint")
         prepared = [
             PreparedDevice(
-                list(reqs),
+                list(item.requests),
                 self.node_name,
-                dev.name,
+                item.dev.name,
                 [],
-                share,
-                sharing=_strategy(cfg),
-                admin_access=dev.name in admin,
+                item.share,
+                sharing=_strategy(item.cfg),
+                admin_access=item.dev.name in admin,
+                consumed_memory=item.memory,
             )
-            for dev, reqs, share, cfg in plan
+            for item in plan
         ]
         claims[ref.uid] = ClaimEntry(PREPARE_STARTED, ref.name, ref.namespace, prepared, self.version)
         self.checkpoint.save(claims)
         self.fault("after-prepare-started")
         try:
-            for dev, _reqs, _share, cfg in plan:
-                self._apply(dev, cfg)
-            ids = self.cdi.write(ref.uid, [CdiDevice(dev, reqs) for dev, reqs, _s, _c in plan])
+            for item in plan:
+                self._apply(item.dev, item.cfg)
+            ids = self.cdi.write(ref.uid, [item.cdi() for item in plan])
             self.fault("after-cdi-written")
         except (SharingUnsupported, NvmlCallError, CdiError, OSError) as exc:
             self._rollback(ref.uid)
@@ -262,34 +286,54 @@ class DeviceState:
         return prepared
 
     def _check_exclusive(
-        self,
-        ref: ClaimRef,
-        plan: list[tuple[DriverDevice, tuple[str, ...], str | None, DeviceConfig]],
-        claims: dict[str, ClaimEntry],
-        admin: set[str],
+        self, ref: ClaimRef, plan: list[Planned], claims: dict[str, ClaimEntry], admin: set[str]
     ) -> None:
-        """Refuse a device another prepared claim holds, unless both sides share it on purpose.
+        """Refuse a device another prepared claim holds, unless both sides share it the same way.
 
         Shared on purpose: a sharing strategy in the claim's config (TimeSlicing), a shareID from the
-        scheduler (consumable capacity), or adminAccess. Anything else is an allocation this node
-        must not honour twice: two pods would silently get the same GPU.
+        scheduler (consumable capacity), or adminAccess (which goes beside anything). Anything else is
+        an allocation this node must not honour twice: two pods would silently get the same GPU. Two
+        ways of sharing never meet on one GPU (one strategy per GPU at a time), and the shares of a
+        GPU never hold more memory than it has, whatever the allocation says.
         """
         errors = []
-        for dev, _reqs, share, cfg in plan:
-            mine = share is not None or dev.name in admin or _strategy(cfg) is not None
+        held: dict[str, int] = {}  # memory the shares of each device hold, this claim's included
+        for mine in plan:
+            dev = mine.dev
+            my_mode = _mode(mine.share, dev.name in admin, _strategy(mine.cfg))
+            if mine.memory is not None:
+                held[dev.name] = held.get(dev.name, 0) + mine.memory
             for uid, entry in claims.items():
                 if uid == ref.uid:
                     continue
                 for p in entry.devices:
                     if p.device_name != dev.name:
                         continue
-                    if mine and (p.share_id or p.admin_access or p.sharing):
+                    theirs = _mode(p.share_id, p.admin_access, p.sharing)
+                    if p.consumed_memory is not None and mine.memory is not None:
+                        held[dev.name] += p.consumed_memory
+                    if "adminAccess" in (my_mode, theirs) or (my_mode is not None and my_mode == theirs):
+                        continue
+                    who = f"claim {entry.namespace}/{entry.name} ({uid})"
+                    if my_mode is not None and theirs is not None:
+                        errors.append(
+                            f"device {dev.name} is shared by {who} with {theirs}; this claim would share it "
+                            f"with {my_mode}, and a GPU is shared one way at a time"
+                        )
                         continue
                     errors.append(
-                        f"device {dev.name} is already prepared for claim {entry.namespace}/{entry.name} "
-                        f"({uid}); two claims get the same device only when both share it (GpuConfig "
-                        "sharing.strategy TimeSlicing, a shareID, or adminAccess)"
+                        f"device {dev.name} is already prepared for {who}; two claims get the same device "
+                        "only when both share it (GpuConfig sharing.strategy TimeSlicing, a shareID, or "
+                        "adminAccess)"
                     )
+            total = dev.capacity.get("memory")
+            if mine.memory is not None and total is not None and held[dev.name] > total:
+                errors.append(
+                    f"device {dev.name}: the share {mine.share} of {format_quantity(mine.memory)} does not "
+                    "fit: "
+                    f"the GPU's prepared shares would hold {format_quantity(held[dev.name])} of its "
+                    f"{format_quantity(total)} (the allocation is stale; the claim must be allocated again)"
+                )
         if errors:
             raise PrepareError("; ".join(dict.fromkeys(errors)))
 
@@ -328,9 +372,7 @@ class DeviceState:
             )
         return obj
 
-    def _plan(
-        self, ref: ClaimRef, obj: dict[str, Any]
-    ) -> list[tuple[DriverDevice, tuple[str, ...], str | None, DeviceConfig]]:
+    def _plan(self, ref: ClaimRef, obj: dict[str, Any]) -> list[Planned]:
         results = _get(obj, "status", "allocation", "devices", "results") or []
         mine = [r for r in results if r.get("driver") == self.driver_name and r.get("pool") == self.node_name]
         if not mine:
@@ -339,6 +381,7 @@ class DeviceState:
                 f"in pool {self.node_name}"
             )
         merged: dict[tuple[str, str | None], list[str]] = {}
+        consumed: dict[tuple[str, str | None], int | None] = {}
         for r in mine:
             name = str(r.get("device", ""))
             if name not in self.devices:
@@ -346,7 +389,15 @@ class DeviceState:
                 raise PrepareError(
                     f"allocated device {name!r} is not published by this node (devices: {have})"
                 )
-            merged.setdefault((name, r.get("shareID")), []).append(str(r.get("request", "")))
+            share = r.get("shareID")
+            if share is not None:
+                try:
+                    share = check_share_id(share)
+                    memory = consumed_memory(r, self.driver_name)
+                except ValueError as exc:  # QuantityError included
+                    raise PrepareError(f"allocated device {name}: {exc}") from None
+                consumed.setdefault((name, share), memory)
+            merged.setdefault((name, share), []).append(str(r.get("request", "")))
         configs = self._configs(obj)
         plan = []
         errors: list[str] = []
@@ -358,13 +409,44 @@ class DeviceState:
                 continue
             try:
                 cfg = self._config_for(dev, reqs, configs)
+                memory = self._share_memory(dev, share, consumed.get((name, share)), cfg)
             except PrepareError as exc:
                 errors.append(str(exc))
                 continue
-            plan.append((dev, tuple(reqs), share, cfg))
+            plan.append(Planned(dev, tuple(reqs), share, cfg, memory))
         if errors:
             raise PrepareError("; ".join(errors))
         return plan
+
+    @staticmethod
+    def _share_memory(
+        dev: DriverDevice, share: str | None, memory: int | None, cfg: DeviceConfig
+    ) -> int | None:
+        """The memory a share holds, checked against the device's policy; None when not a share."""
+        if share is None:
+            return None
+        policy = dev.shared
+        total = dev.capacity.get("memory")
+        if policy is None or total is None:
+            raise PrepareError(
+                f"device {dev.name} was allocated as a share ({share}) but this node does not share it by "
+                "capacity (--share-by-capacity does not name its product); the allocation predates a "
+                "change of that setting: delete the claim so that it is allocated again"
+            )
+        if cfg.sharing is not None:
+            raise PrepareError(
+                f"device {dev.name} is shared by capacity; a share cannot also set sharing.strategy "
+                f"{cfg.sharing.strategy} (a GPU is shared one way at a time): remove sharing from the "
+                "claim's GpuConfig"
+            )
+        if memory is None:  # no consumedCapacity: charged what the scheduler charges a silent claim
+            return policy.default_share(total)
+        if not policy.step <= memory <= total:
+            raise PrepareError(
+                f"device {dev.name}: share {share} consumes {format_quantity(memory)} of memory, outside "
+                f"the published range {format_quantity(policy.step)} to {format_quantity(total)}"
+            )
+        return memory
 
     def _configs(self, obj: dict[str, Any]) -> list[tuple[str, list[str], Mapping[str, Any]]]:
         """This driver's opaque configs, lowest precedence first (class before claim, in order)."""
@@ -447,7 +529,11 @@ class DeviceState:
         try:
             ids = self.cdi.write(
                 ref.uid,
-                [CdiDevice(d, tuple(p.requests)) for d, p in zip(devs, entry.devices, strict=True) if d],
+                [
+                    CdiDevice(d, tuple(p.requests), p.share_id, p.consumed_memory)
+                    for d, p in zip(devs, entry.devices, strict=True)
+                    if d
+                ],
             )
         except (OSError, CdiError) as exc:
             raise PrepareError(f"claim {ref}: rewriting its missing CDI spec failed: {exc}") from None

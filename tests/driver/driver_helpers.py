@@ -21,6 +21,7 @@ from driver.proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from driver.sharing import CapacitySharing
 from driver.sim.driverroot import simulated_layout
 from driver.state import ClaimReadError, DeviceState
 
@@ -113,9 +114,10 @@ def make_state(
     version: str = "0.1.0",
     nvml: Nvml | None = None,
     fault: Any = None,
+    sharing: CapacitySharing | None = None,
 ) -> DeviceState:
     nvml = nvml or open_sim(topology)
-    devices = build_devices(nvml.enumerate())
+    devices = build_devices(nvml.enumerate(), sharing=sharing)
     return DeviceState(
         driver_name=DRIVER,
         node_name=NODE,

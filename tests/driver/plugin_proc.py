@@ -20,6 +20,7 @@ from driver.checkpoint import Checkpoint
 from driver.devices import build_devices
 from driver.nvml import open_sim
 from driver.plugin import PluginServer
+from driver.sharing import parse_capacity_sharing
 from driver.sim.driverroot import simulated_layout
 from driver.state import DeviceState
 
@@ -47,7 +48,7 @@ async def main(cfg: dict[str, Any]) -> None:
     state = DeviceState(
         driver_name="gpu.nvidia.com",
         node_name=cfg["node"],
-        devices=build_devices(nvml.enumerate()),
+        devices=build_devices(nvml.enumerate(), sharing=parse_capacity_sharing(cfg.get("shareByCapacity"))),
         checkpoint=Checkpoint(base / "plugins"),
         # `simRoot`: a simulated driver root made beforehand (the plugin may not be able to write base/).
         cdi=CdiWriter(

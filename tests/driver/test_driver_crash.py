@@ -26,7 +26,9 @@ class PluginProcess:
     def set_claims(self, *claims: dict[str, Any]) -> None:
         self.claims_file.write_text(json.dumps(list(claims)))
 
-    def start(self, crash_at: str | None = None, version: str = "0.1.0") -> dict[str, Any]:
+    def start(
+        self, crash_at: str | None = None, version: str = "0.1.0", share_by_capacity: str | None = None
+    ) -> dict[str, Any]:
         cfg = self.base / "cfg.json"
         cfg.write_text(
             json.dumps(
@@ -37,6 +39,7 @@ class PluginProcess:
                     "claims": str(self.claims_file),
                     "crashAt": crash_at,
                     "version": version,
+                    "shareByCapacity": share_by_capacity,
                 }
             )
         )
