@@ -17,7 +17,7 @@ import yaml
 from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.device import Device
-from webhook.dra.drivers import DriverSchema
+from webhook.dra.drivers import NVIDIA_CLASS_NAMES, DriverSchema, installed_class
 from webhook.dra.objects import (
     ALL,
     DRA_KINDS,
@@ -39,7 +39,7 @@ from webhook.dra.objects import (
 from webhook.dra.workloads import pod_spec_of
 from webhook.engine.resolve import claim_refs, per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import driver_schema
+from webhook.engine.rules.opaque import calculator, driver_schema
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRIVER_DOMAIN = "gpu.nvidia.com"
@@ -382,6 +382,46 @@ def _is_partition_class(name: str | None, rc: RuleContext) -> bool:
     return cls is not None and any("mig" in s.expression.lower() for s in cls.selectors)
 
 
+# `device.driver == "x"` (either side), as a class pins its driver; a selector with `||` or a negation
+# may let other drivers through and pins nothing.
+_DRIVER_PIN = re.compile(
+    r"""device\.driver\s*==\s*(['"])([^'"\\]{1,253})\1|(['"])([^'"\\]{1,253})\3\s*==\s*device\.driver"""
+)
+
+
+def _class_drivers(name: str, rc: RuleContext) -> frozenset[str] | None:
+    """The drivers a DeviceClass's devices come from, as far as review can see; None when it cannot.
+
+    From the class's selectors (a file, the cluster, or what a known driver's installation creates),
+    else from the inventory's devices it matches, else from the names NVIDIA's chart and draguard's
+    bundle give their classes (`gpu.nvidia.com`, `gpu.nvidia.com-h100`, `mig.nvidia.com`)."""
+    cls = rc.index.classes.get(name) or rc.inventory.classes.get(name)
+    installed = installed_class(name) if cls is None else None
+    exprs = [s.expression for s in cls.selectors] if cls is not None else [installed] if installed else []
+    for expr in exprs:
+        if "||" in expr or "!" in expr.replace("!=", ""):
+            continue
+        pins = {m.group(2) or m.group(4) for m in _DRIVER_PIN.finditer(expr)}
+        if pins:
+            return frozenset(pins)
+    if cls is not None:
+        devices = calculator(rc).matching(name)
+        if devices:
+            return frozenset(d.driver for d in devices)
+        if any(DRIVER_DOMAIN in e for e in exprs):
+            return frozenset({DRIVER_DOMAIN})  # selects on NVIDIA's attributes
+    if name in NVIDIA_CLASS_NAMES or name.startswith(DRIVER_DOMAIN):
+        return frozenset({DRIVER_DOMAIN})
+    return None
+
+
+def _nvlink_applies(name: str | None, rc: RuleContext) -> bool:
+    """NVLink advice is for NVIDIA GPUs: not for another driver's devices, nor for a class review
+    cannot see (it does not guess what such a class holds)."""
+    drivers = _class_drivers(name, rc) if name else None
+    return drivers is not None and DRIVER_DOMAIN in drivers
+
+
 def _known_attribute(attr: str, published: frozenset[tuple[str, str]], schema: DriverSchema) -> bool:
     dom, _, name = attr.rpartition("/")
     if published:
@@ -465,7 +505,8 @@ def check_interconnect(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     for req in spec.requests:
         if req.name in good_constraint or req.allocation_mode == ALL:
             continue
-        alts = [a for a in req.alternatives() if a[3] >= 2 and not _is_partition_class(a[0], rc)]
+        alts = [a for a in req.alternatives()
+                if a[3] >= 2 and not _is_partition_class(a[0], rc) and _nvlink_applies(a[0], rc)]
         if not alts:
             continue
         # A bad-attribute constraint on this request was already reported above.
