@@ -73,11 +73,17 @@ def test_seed_legacy_pod_rewrite(legacy_pod: dict[str, Any]) -> None:
     assert t["metadata"]["name"] == "draguard-gpu-nvidia-com-2"
     assert t["metadata"]["namespace"] == "ml-workloads"
     assert t["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "draguard"
-    req = t["spec"]["spec"]["devices"]["requests"][0]
-    assert req["exactly"]["deviceClassName"] == "gpu.nvidia.com"
-    assert req["exactly"]["count"] == 2  # count preserved from the limit
+    devices = t["spec"]["spec"]["devices"]
+    # Two GPUs: GPUs joined by NVLink first, else any two, as the device plugin gave (no inventory
+    # tells whether the nodes have NVLink).
+    assert devices["requests"] == [{"name": "gpu", "firstAvailable": [
+        {"name": "nvlink", "deviceClassName": "gpu.nvidia.com", "count": 2},
+        {"name": "any", "deviceClassName": "gpu.nvidia.com", "count": 2},
+    ]}]  # fmt: skip
+    link = {"requests": ["gpu/nvlink"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}
+    assert devices["constraints"] == [link]
     spec = read_claim_spec(t["spec"]["spec"], t["apiVersion"])
-    assert spec.requests[0].count == 2
+    assert [alt[3] for alt in spec.requests[0].alternatives()] == [2, 2]  # count preserved from the limit
 
 
 def test_escaped_pointer_when_other_limits_remain() -> None:
@@ -109,10 +115,8 @@ def test_node_selector_picks_h100_class() -> None:
     )
     _, _, templates = rewrite(pod, POLICY)
     assert templates[0]["metadata"]["name"] == "draguard-gpu-nvidia-com-h100-8"
-    assert (
-        templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
-        == "gpu.nvidia.com-h100"
-    )
+    choices = templates[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert {c["deviceClassName"] for c in choices} == {"gpu.nvidia.com-h100"}
 
 
 def test_required_node_affinity_counts_as_node_label() -> None:
@@ -356,7 +360,10 @@ def test_rewrite_is_consistent(
     for e in plan.edits:
         if e.claim_name:
             t = next(t for t in plan.templates if t["metadata"]["name"] == e.template)
-            count_of[e.claim_name] = t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"]
+            request = read_claim_spec(t["spec"]["spec"], t["apiVersion"]).requests[0]
+            counts = {alt[3] for alt in request.alternatives()}
+            assert len(counts) == 1  # every choice holds as many devices
+            count_of[e.claim_name] = counts.pop()
             assert count_of[e.claim_name] == e.count > 0
     for e in plan.edits:
         # Every container sees at least the devices it asked for through the claims it references.

@@ -18,7 +18,16 @@ import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
 from webhook.core.findings import JsonPatch
 from webhook.core.frozen import one_call_init
-from webhook.dra.objects import ClaimSpec, Constraint, DeviceRequest, Selector, as_map, claim_template, esc
+from webhook.dra.objects import (
+    ClaimSpec,
+    Constraint,
+    DeviceRequest,
+    DeviceSubRequest,
+    Selector,
+    as_map,
+    claim_template,
+    esc,
+)
 from webhook.dra.workloads import pod_spec_of
 from webhook.policy.model import MigrationPolicy, ResourceMapping
 
@@ -293,35 +302,51 @@ def template_name_for(mapping: ResourceMapping, count: int) -> str:
 
 def claim_template_for(
     name: str, namespace: str | None, mapping: ResourceMapping, count: int, resource: str,
-    api_version: str = DEFAULT_CLAIM_API_VERSION, interconnect: str | None = None,
+    api_version: str = DEFAULT_CLAIM_API_VERSION, interconnect: str | None = None, required: bool = True,
 ) -> dict[str, Any]:
-    """A ResourceClaimTemplate asking for exactly `count` devices of the mapping's DeviceClass
-    (joined by `interconnect`, a matchAttribute constraint, when given)."""
-    request = DeviceRequest(
-        name="mig" if mig_profile_of(resource) else "gpu",
-        device_class=mapping.device_class,
-        selectors=tuple(Selector(e) for e in mapping.selectors),
-        count=count,
-    )
-    joined = (Constraint(requests=(request.name,), match_attribute=interconnect),) if interconnect else ()
+    """A ResourceClaimTemplate asking for exactly `count` devices of the mapping's DeviceClass.
+
+    With `interconnect` (an attribute GPUs joined by NVLink share) the devices are joined by a
+    matchAttribute constraint: always when `required`; otherwise as a preference, a `firstAvailable`
+    list whose first choice (`nvlink`) carries the constraint and whose second (`any`) is any `count`
+    devices, as the device plugin gave. The scheduler tries the choices in order on each node."""
+    selectors = tuple(Selector(e) for e in mapping.selectors)
+    short = "mig" if mig_profile_of(resource) else "gpu"
+    if interconnect and not required:
+        choices = tuple(
+            DeviceSubRequest(name=sub, device_class=mapping.device_class, selectors=selectors, count=count)
+            for sub in (PREFERRED_CHOICE, FALLBACK_CHOICE)
+        )
+        request = DeviceRequest(name=short, device_class=None, first_available=choices)
+        joined = (Constraint(requests=(f"{short}/{PREFERRED_CHOICE}",), match_attribute=interconnect),)
+    else:
+        request = DeviceRequest(
+            name=short, device_class=mapping.device_class, selectors=selectors, count=count
+        )
+        joined = (Constraint(requests=(short,), match_attribute=interconnect),) if interconnect else ()
     spec = ClaimSpec(requests=(request,), constraints=joined)
     return claim_template(name, namespace, spec, api_version)
 
 
 NVLINK_ATTRIBUTE = ("gpu.nvidia.com", "nvlinkDomain")
+# The subrequests of a template that prefers GPUs joined by NVLink (DNS labels).
+PREFERRED_CHOICE, FALLBACK_CHOICE = "nvlink", "any"
+# firstAvailable is on by default from the release that serves resource.k8s.io/v1 (1.34; GA 1.36);
+# an older cluster may drop the field, leaving a request with no class.
+_PRIORITIZED_LIST_VERSIONS = frozenset({"v1"})
 
 
-def interconnect_for(
-    device_class: str, count: int, classes: Mapping[str, Any] | None, inventory: Any
-) -> str | None:
-    """`gpu.nvidia.com/nvlinkDomain` when a claim for `count` devices of the class can require it
-    without losing a node: every node of the inventory with `count` such devices has `count` of them
-    in one NVLink domain. None when the inventory cannot tell (the device plugin gave any `count`
-    GPUs of a node; a constraint on GPUs without NVLink would never be satisfied)."""
-    if count < 2 or inventory is None or not classes or device_class not in classes:
+def _joined_everywhere(
+    device_class: str, count: int, classes: Mapping[str, Any] | None, inventory: Any, attribute: str
+) -> bool | None:
+    """Whether every node of the inventory holding `count` devices of the class has `count` of them
+    sharing one value of `attribute` (True), some node does not (False), or the inventory cannot
+    tell: no inventory, a class it cannot match, no node with that many such devices (None)."""
+    if inventory is None or not classes or device_class not in classes:
         return None
     from webhook.cel.match import match_devices
 
+    domain, _, name = attribute.rpartition("/")
     exprs = [str(getattr(sel, "expression", "")) for sel in getattr(classes[device_class], "selectors", ())]
     by_node = inventory.devices_by_node() if hasattr(inventory, "devices_by_node") else {}
     placed = False
@@ -332,15 +357,50 @@ def interconnect_for(
             return None
         if len(matched) < count:
             continue
-        domains: dict[str, int] = {}
+        groups: dict[str, int] = {}
         for d in matched:
-            value = d.attributes.get(NVLINK_ATTRIBUTE[0], {}).get(NVLINK_ATTRIBUTE[1])
+            value = d.attributes.get(domain, {}).get(name)
             if value is not None:
-                domains[str(value)] = domains.get(str(value), 0) + 1
-        if max(domains.values(), default=0) < count:
-            return None
+                groups[str(value)] = groups.get(str(value), 0) + 1
+        if max(groups.values(), default=0) < count:
+            return False
         placed = True
-    return "/".join(NVLINK_ATTRIBUTE) if placed else None
+    return True if placed else None
+
+
+def interconnect_for(
+    device_class: str, count: int, classes: Mapping[str, Any] | None, inventory: Any,
+    attribute: str = "/".join(NVLINK_ATTRIBUTE),
+) -> str | None:
+    """`attribute` (by default `gpu.nvidia.com/nvlinkDomain`) when a claim for `count` devices of the
+    class can require it without losing a node: every node of the inventory with `count` such devices
+    has `count` of them in one NVLink domain. None otherwise (a constraint on GPUs without NVLink would
+    never be satisfied)."""
+    if count < 2:
+        return None
+    return attribute if _joined_everywhere(device_class, count, classes, inventory, attribute) else None
+
+
+def interconnect_plan(
+    device_class: str, count: int, resource: str, classes: Mapping[str, Any] | None, inventory: Any,
+    api_version: str, attribute: str = "/".join(NVLINK_ATTRIBUTE),
+) -> tuple[str, bool] | None:
+    """How a template for `count` whole GPUs joins them by NVLink: (attribute, required).
+
+    Required when the inventory shows every node able to hold the claim can meet it. When it cannot
+    tell (review of files, `draguard migrate` without an inventory), preferred: the device plugin
+    gave any `count` GPUs of a node, so the claim must still take any, but it asks for joined ones
+    first. None when the inventory shows nodes where the GPUs are not joined (the interconnect
+    warning then says what the user must decide), for MIG slices (never joined), one device, or a
+    claim version without `firstAvailable`."""
+    if count < 2 or resource != LEGACY_GPU_RESOURCE:
+        return None
+    evidence = _joined_everywhere(device_class, count, classes, inventory, attribute)
+    if evidence is True:
+        return attribute, True
+    if evidence is False or api_version.rpartition("/")[2] not in _PRIORITIZED_LIST_VERSIONS:
+        return None
+    return attribute, False
 
 
 # -- what a rewrite cannot do right -------------------------------------------------------------
@@ -562,6 +622,7 @@ def plan_pod_spec(
     build: bool = True,
     classes: Mapping[str, Any] | None = None,
     inventory: Any = None,
+    link_attribute: Callable[[int], str] | None = None,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -571,7 +632,9 @@ def plan_pod_spec(
     `classes` (name -> DeviceClass, as the engine's index holds them): a resource one of them serves
     as its `extendedResourceName` is DRA already and left alone (KEP-5004), and a pod pinned to a
     GPU model gets the class that selects it. Uses whose meaning a rewrite would change land in
-    `plan.refused` with the reason.
+    `plan.refused` with the reason. A template for several whole GPUs joins them by NVLink (see
+    `interconnect_plan`) on `link_attribute(count)`, the attribute the driver serving the cluster
+    publishes for it (default `gpu.nvidia.com/nvlinkDomain`, the bundled driver's).
     """
     if not build:
         rewrite = False
@@ -609,20 +672,27 @@ def plan_pod_spec(
         taken.add(name)
         return name
 
-    links: dict[tuple[str, int], str | None] = {}
+    links: dict[tuple[str, int, str], tuple[str, bool] | None] = {}
+    version = api_version or policy.claim_api_version
 
     def template_for(mapping: ResourceMapping, count: int, resource: str) -> str:
-        key = (mapping.device_class, count)
+        key = (mapping.device_class, count, resource)
         if key not in links:
-            links[key] = interconnect_for(mapping.device_class, count, classes, inventory)
+            attribute = link_attribute(count) if link_attribute else "/".join(NVLINK_ATTRIBUTE)
+            links[key] = interconnect_plan(
+                mapping.device_class, count, resource, classes, inventory, version, attribute
+            )
         link = links[key]
         tname = template_name_for(mapping, count)
-        if link:
-            # Another template than the one without the constraint: never the same name for both.
+        if link and link[1]:
+            # A required constraint makes another template than the one without it (it may not be
+            # allocatable on the same nodes): never the same name for both. A preference keeps the
+            # plain name: it is allocatable wherever the plain template is.
             tname = dns_label(f"{tname}-nvlink", _DNS_SUBDOMAIN_MAX)
         if tname not in templates:  # built once per distinct template, not once per container
             templates[tname] = claim_template_for(
-                tname, namespace, mapping, count, resource, api_version or policy.claim_api_version, link
+                tname, namespace, mapping, count, resource, version,
+                link[0] if link else None, link[1] if link else True,
             ) if build else {}
         return tname
 
