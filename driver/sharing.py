@@ -8,8 +8,9 @@ The request policy, and why:
 - `validRange.min` = `validRange.step` = the share step (default 1Gi): shares are whole steps, so a GPU
   holds at most memory/step shares (80 on an 80 GB board), which bounds the scheduler's and this
   driver's work per GPU, and a memory limit in whole GiB is what frameworks take.
-- `validRange.max` = the GPU's memory: one claim may take all of it.
-- `default` = the largest whole number of steps that fits in the GPU's memory. A claim that names no
+- `validRange.max` = the largest whole number of steps that fits in the GPU's memory (the API server
+  wants max on the step grid): one claim may take all of the GPU but less than a step.
+- `default` = that same maximum. A claim that names no
   memory (every claim written before this mode existed) gets practically the whole GPU; what is left
   is less than one step, so no other share fits beside it: turning this mode on changes nothing for
   such claims, they still get a GPU to themselves.
@@ -107,10 +108,8 @@ class CapacitySharing:
 
     def request_policy(self, memory: int) -> dict[str, int | dict[str, int]]:
         """The `memory` capacity's request policy for a GPU of `memory` bytes (values in bytes)."""
-        return {
-            "default": self.default_share(memory),
-            "validRange": {"min": self.step, "max": memory, "step": self.step},
-        }
+        top = self.default_share(memory)  # the API server wants max on the step grid too
+        return {"default": top, "validRange": {"min": self.step, "max": top, "step": self.step}}
 
     def eligible(self, memory: int | None) -> bool:
         """A GPU can be shared by memory only when NVML reports its memory and it holds one step."""

@@ -230,8 +230,9 @@ def _check_policy(policy: Any, value: str, where: str, errs: list[str]) -> None:
         errs.append(f"{pw}.validRange: needs min <= max <= the capacity's value ({value})")
     if not low <= default <= high:
         errs.append(f"{pw}.default: must lie within validRange")
-    if step is not None and (step <= 0 or (default - low) % step):
-        errs.append(f"{pw}.default: must be validRange.min plus a whole number of steps")
+    for name, amount in (("default", default), ("validRange.max", high)):
+        if step is not None and (step <= 0 or (amount - low) % step):
+            errs.append(f"{pw}.{name}: must be validRange.min plus a whole number of steps")
 
 
 def validate_slices(slices: Sequence[dict[str, Any]]) -> None:

@@ -441,10 +441,11 @@ class DeviceState:
             )
         if memory is None:  # no consumedCapacity: charged what the scheduler charges a silent claim
             return policy.default_share(total)
-        if not policy.step <= memory <= total:
+        top = policy.default_share(total)
+        if not policy.step <= memory <= top:
             raise PrepareError(
                 f"device {dev.name}: share {share} consumes {format_quantity(memory)} of memory, outside "
-                f"the published range {format_quantity(policy.step)} to {format_quantity(total)}"
+                f"the published range {format_quantity(policy.step)} to {format_quantity(top)}"
             )
         return memory
 

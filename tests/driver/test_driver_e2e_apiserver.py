@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from driver_helpers import NODE, make_claim, make_state
 
 from driver.devices import build_devices
 from driver.nvml import open_sim
+from driver.sharing import CapacitySharing
 from driver.slices import SlicePublisher
 from driver.state import ClaimRef, KubeClaimReader
 from tests.apiserver import ApiServer, find_bin, start
@@ -129,6 +131,54 @@ def test_prepare_reads_the_claim_from_the_api(apiserver, short_dir):
     apiserver.request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/training")
     report = make_state(short_dir, reader).recover()
     assert report.dropped == [uid]
+    assert not list((short_dir / "cdi").iterdir())
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2"])  # v1beta1 is no longer served by 1.37
+def test_gpus_shared_by_capacity_are_accepted_and_read_back_unchanged(apiserver, version):
+    node = open_sim("h100-8x-nvlink").enumerate()
+    pub = publisher(apiserver, version=version)
+    pub.publish(build_devices(node))  # the pool starts unshared: turning the setting on is a change
+    devs = build_devices(node, sharing=CapacitySharing())
+    assert not pub.publish(devs).unchanged
+    (s,) = pool(apiserver)  # read back as v1
+    dev = s["spec"]["devices"][0]
+    assert dev["allowMultipleAllocations"] is True
+    assert dev["capacity"]["memory"] == {
+        "value": "81559Mi",
+        "requestPolicy": {"default": "79Gi", "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"}},
+    }
+    assert pub.publish(devs).unchanged  # the server keeps the policy as written: no endless republish
+
+
+def test_a_share_allocated_through_the_api_is_prepared_with_its_limit(apiserver, short_dir):
+    ns = "shares"
+    apiserver.request(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
+    request = {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "20Gi"}}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "infer", "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+    created = apiserver.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim)
+    uid = created["metadata"]["uid"]
+    share = str(uuid.uuid4())
+    alloc = copy.deepcopy(created)
+    alloc["status"] = make_claim("infer", uid, [("gpu", "gpu-7")])["status"]
+    result = alloc["status"]["allocation"]["devices"]["results"][0]
+    result.update(shareID=share, consumedCapacity={"memory": "20Gi"})
+    apiserver.request("PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/infer/status", alloc)
+    reader = KubeClaimReader(publisher(apiserver).api, "v1")
+    state = make_state(short_dir, reader, sharing=CapacitySharing())
+    out = state.prepare(ClaimRef(ns, "infer", uid))
+    assert out.error == ""
+    (dev,) = out.devices
+    assert (dev.share_id, dev.consumed_memory) == (share, 20 << 30)
+    assert dev.cdi_device_ids == [f"k8s.gpu.nvidia.com/claim={uid}-gpu-7-{share}"]
+    assert state.unprepare(ClaimRef(ns, "infer", uid)) == ""
     assert not list((short_dir / "cdi").iterdir())
 
 
