@@ -22,12 +22,16 @@ from webhook.engine.context import ALL_RESOURCE_VERSIONS
 from webhook.server import admission, logs
 from webhook.server.admission import Outcome, ReviewError, Snapshot
 from webhook.server.metrics import DraStats, Metrics
+from webhook.server.namespaces import NamespaceArrivals
 from webhook.server.overlay import scope_of
 
 log = logging.getLogger("draguard.server")
 MAX_BODY = 3 * 1024 * 1024
 BIG_BODY = 256 * 1024  # bodies over this are read and reviewed BIG_BODIES at a time
 BIG_BODIES = 2
+# How long a validating review for a namespace the watch has not shown yet waits for it: a third of
+# the validating webhooks' 3 s timeout, leaving the rest to the lookups and the quota ledger.
+NAMESPACE_WAIT_S = 1.0
 # A pod cannot use more devices than one node has; templates for larger counts are never made.
 MAX_TEMPLATE_DEVICES_UNKNOWN = 64
 
@@ -170,6 +174,7 @@ class Webhook:
         self.lookup_http: Any = None  # set with the caches; None without a cluster (--no-watch)
         self.rebuilder: Any = None
         self.ledger: Any = None
+        self.arrivals = NamespaceArrivals(lambda: self.snapshot)
         self.tls: Any = None
         self.site: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -246,6 +251,7 @@ class Webhook:
             generation=self.snapshot.generation + 1,
         )
         self._dra_stats = view.stats
+        self.arrivals.published()
         if not self.caches_synced:
             self.caches_synced = True
             log.info("caches synced", extra={"devices": len(view.inventory.devices)})
@@ -417,6 +423,13 @@ class Webhook:
                 outcome, hit_body = hit.render(uid)
                 self._safe_account(endpoint, outcome, t0, cached=True)
                 return web.Response(body=hit_body, content_type="application/json")
+        new_ns = endpoint == "validate" and self.caches_synced
+        if new_ns and self.arrivals.unseen(request.get("namespace"), snap):
+            # A namespace created a moment ago: its labels scope the policies and the tier rule reads
+            # in it, so wait briefly for the watch to show it rather than judge without them.
+            fresh = await self.arrivals.seen(str(request.get("namespace")), NAMESPACE_WAIT_S)
+            if fresh is not None:
+                snap = replace(snap, namespace_labels=fresh.namespace_labels)
         looked = await self._lookups(endpoint, request, snap)
         outcome = admission.review(endpoint, request, snap, self.cel_rate.allowance(scope), looked)
         if outcome.cel_bytes:
@@ -653,6 +666,7 @@ class Webhook:
                 claims=lambda: self.cache.objects("resourceclaims"),
                 snapshot=lambda: self.snapshot,
                 synced=lambda: self.caches_synced,
+                arrivals=self.arrivals,
             )
             self._tasks.append(asyncio.create_task(self.ledger.run()))
 

@@ -62,6 +62,7 @@ from webhook.engine.quota import usage_from_charges as _usage_from_charges
 from webhook.server import admission
 from webhook.server.admission import Outcome, Snapshot
 from webhook.server.caches import ApiError, KubeHttp
+from webhook.server.namespaces import NamespaceArrivals
 
 log = logging.getLogger("draguard.ledger")
 
@@ -89,11 +90,9 @@ MAX_PENDING_BYTES = 128 * 1024
 # the number of namespaces.
 MAX_LEDGERS = 4096
 LOG_NAME = 80  # characters of a tenant-chosen name that reach a log line
-# A claim for a namespace the watch has not shown yet (created a moment ago) waits this long for it,
-# polling the cache; the wait holds only the request's own connection, and at most this many wait.
+# A claim for a namespace the watch has not shown yet (created a moment ago) waits this long for it
+# (webhook/server/namespaces.py bounds how many wait).
 NAMESPACE_WAIT_S = 2.0
-NAMESPACE_POLL_S = 0.05
-MAX_NAMESPACE_WAITERS = 64
 
 # As the API server validates them: a namespace is a DNS label, a ResourceClaim's name a DNS subdomain.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -225,6 +224,7 @@ class QuotaLedger:
         snapshot: Callable[[], Snapshot] | None = None,
         synced: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
+        arrivals: NamespaceArrivals | None = None,
     ) -> None:
         self.http = http
         self.namespace = namespace
@@ -232,7 +232,8 @@ class QuotaLedger:
         self.ttl = ttl
         self.claims = claims or (lambda: [])
         self.snapshot = snapshot
-        self._namespace_waiters = 0
+        # Shared with the webhook's other waits for new namespaces, so one bound holds for all.
+        self.arrivals = arrivals or (NamespaceArrivals(snapshot) if snapshot is not None else None)
         self.synced = synced or (lambda: True)
         self.clock = clock
         self._groups: dict[str, _Group] = {}
@@ -271,7 +272,8 @@ class QuotaLedger:
             # The watch sees every namespace: no need to ask the API server to learn it is missing.
             return _denied(first, request, self._missing())
         refused = self._refusal(request, meta, name, snap)
-        if refused is not None and self._unseen_namespace(request, snap):
+        unseen = self.arrivals is not None and self.arrivals.unseen(request.get("namespace"), snap)
+        if refused is not None and unseen:
             # `kubectl apply` of a new namespace and its claims sends the claim right after the namespace
             # is created: give the watch a moment to show it rather than refuse a real claim. A forged
             # review for a namespace that does not exist waits too, holding only its own connection.
@@ -305,27 +307,11 @@ class QuotaLedger:
                 g.pending.remove(item)
             return _denied(first, request, self._late())
 
-    def _unseen_namespace(self, request: Mapping[str, Any], snap: Snapshot) -> bool:
-        ns = request.get("namespace")
-        return isinstance(ns, str) and is_namespace(ns) and ns not in snap.namespace_labels
-
     async def _wait_for_namespace(self, ns: str) -> Snapshot | None:
-        """A snapshot whose namespace watch shows `ns`, polled for up to NAMESPACE_WAIT_S; None if not.
-
-        At most MAX_NAMESPACE_WAITERS requests wait at once: past that a request is refused at once."""
-        if self.snapshot is None or self._namespace_waiters >= MAX_NAMESPACE_WAITERS:
+        """A snapshot whose namespace watch shows `ns`, within NAMESPACE_WAIT_S; None if not."""
+        if self.arrivals is None:
             return None
-        self._namespace_waiters += 1
-        try:
-            deadline = time.monotonic() + NAMESPACE_WAIT_S
-            while time.monotonic() < deadline:
-                await asyncio.sleep(NAMESPACE_POLL_S)  # the cache is memory: polling it costs nothing
-                snap = self.snapshot()
-                if ns in snap.namespace_labels:
-                    return snap
-            return None
-        finally:
-            self._namespace_waiters -= 1
+        return await self.arrivals.seen(ns, NAMESPACE_WAIT_S)
 
     def _refusal(
         self, request: Mapping[str, Any], meta: Mapping[str, Any], name: str, snap: Snapshot
