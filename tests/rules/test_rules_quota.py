@@ -17,6 +17,7 @@ from webhook.engine.context import Context, QuotaUsage
 from webhook.engine.evaluate import evaluate
 from webhook.engine.quota import (
     ALL_MODE_CHARGE,
+    ALL_MODE_LEAST,
     QuotaCalculator,
     claim_demand,
     compute_usage,
@@ -107,7 +108,12 @@ def test_counting_rules(inventory: Inventory) -> None:
     # (node-h has 4 full GPUs), firstAvailable = its largest alternative (2 x 3/7 < 1 full GPU).
     calc = QuotaCalculator(inventory)
     assert calc.claim_gpu_equivalents(spec) == 3 + 4 + 1 + 0
-    assert QuotaCalculator(Inventory.empty()).claim_gpu_equivalents(spec) == 3 + ALL_MODE_CHARGE + 1
+    assert calc.unknown_charges(spec) == []
+    # Without an inventory, All is the one device it gets at least, and said to be a lower bound.
+    blind = QuotaCalculator(Inventory.empty())
+    assert blind.claim_gpu_equivalents(spec) == 3 + ALL_MODE_LEAST + 1
+    [unknown] = blind.unknown_charges(spec)
+    assert unknown.startswith("request 'b' takes every matching device of class gpu.nvidia.com")
 
 
 def test_first_available_charged_as_its_largest_alternative(inventory: Inventory) -> None:
@@ -562,11 +568,13 @@ def test_a_partition_is_charged_by_the_counters_it_consumes() -> None:
     assert QuotaCalculator(inv).claim_gpu_equivalents(spec) == Fraction(1, 2)
 
 
-def test_admin_access_claims_are_charged_like_any_other() -> None:
-    # Kubernetes' ResourceQuota evaluator does not exempt adminAccess requests; neither does draguard.
+def test_admin_access_claims_count_devices_but_no_gpu_equivalents() -> None:
+    # Kubernetes' ResourceQuota evaluator does not exempt adminAccess requests from its device count;
+    # neither does draguard. But admin access takes no device from anyone (it reaches devices in use
+    # by others), so it holds no GPU-equivalents.
     inv = Inventory.from_objects(list(yaml.safe_load_all(SHARING_INVENTORY)))
     admin = _claim([{"name": "g", "exactly": {"deviceClassName": "mig.nvidia.com", "adminAccess": True}}])
     plain = _claim([_exact("g", "mig.nvidia.com")], name="p")
     u = compute_usage([admin, plain], {}, PolicySet.empty(), inv)
     assert u.devices[("ml", "mig.nvidia.com")] == 2
-    assert u.gpu_equivalents["ml"] == pytest.approx(1.0)  # 2 x 1/2 of the counter set
+    assert u.gpu_equivalents["ml"] == pytest.approx(0.5)  # the plain claim's 1/2 of the counter set

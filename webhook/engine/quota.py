@@ -11,7 +11,12 @@ charge every claim the same:
 
 GPU-equivalents (a draguard budget with no ResourceQuota key) count what the claim can actually get:
 a request is charged its largest alternative (1 x H100 or 2 x A100: 2), an `All` request the most
-devices its class matches on one node of the inventory (32 without an inventory). A full GPU is 1,
+devices its class matches on one node of the inventory. Without them (no inventory, or one that does
+not know the class) an `All` request is charged the one device it gets at least, and the charge is
+reported as a lower bound (`unknown_charges`) rather than an invented 32. An `adminAccess` request
+allocates nothing exclusively and is charged no GPU-equivalents; nor is a class whose devices are
+known to be no GPU (its selectors pin a driver other than the GPU driver: NICs, IMEX channels, the
+example driver's devices). A full GPU is 1,
 a MIG device its compute-slice fraction of the parent (3g.20gb = 3/7 on A100/H100; A30 profiles
 are out of 4). A partition that consumes shared counters (KEP-4815) is charged the largest share of
 its counter set it takes (a 40Gi partition of an 80Gi set: 1/2). A share of a multi-allocatable
@@ -52,6 +57,15 @@ from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_ma
 
 ALL_MODE_CHARGE = 32
 """What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
+ALL_MODE_LEAST = 1
+"""The fewest devices an `All` request gets (at least one device must match for it to be allocated):
+its GPU-equivalent charge when how many devices its class matches is unknown."""
+
+# `device.driver == "x"` (either side), as a DeviceClass pins its driver. A selector with `||` or a
+# negation may let other drivers through, so it pins nothing.
+_DRIVER_PIN = re.compile(
+    r"""device\.driver\s*==\s*(['"])([^'"\\]{1,253})\1|(['"])([^'"\\]{1,253})\3\s*==\s*device\.driver"""
+)
 
 TEAM_LABEL = "draguard.io/team"
 QUOTA_DEVICES_KEY = "{cls}.deviceclass.resource.k8s.io/devices"
@@ -85,6 +99,18 @@ def mig_fraction(profile: str, product: str | None = None) -> Fraction | None:
         return None
     total = 4 if product and _FOUR_SLICE_BOARD.search(product) else 7
     return min(Fraction(int(m.group(1)), total), Fraction(1))
+
+
+def pinned_drivers(expressions: Iterable[str]) -> frozenset[str]:
+    """The drivers selectors pin (`device.driver == "x"`); empty when none does (selectors are ANDed:
+    the first selector that pins decides)."""
+    for expr in expressions:
+        if "||" in expr or "!" in expr.replace("!=", ""):
+            continue
+        pins = frozenset(m.group(2) or m.group(4) for m in _DRIVER_PIN.finditer(expr))
+        if pins:
+            return pins
+    return frozenset()
 
 
 def add_ratio(num: int, den: int, n: int, d: int) -> tuple[int, int]:
@@ -214,11 +240,46 @@ class QuotaCalculator:
 
     def obtainable(self, class_name: str, selectors: Sequence[Selector], mode: str, count: int) -> int:
         """Devices one request (or subrequest) can actually get: `All` takes every matching device of
-        the node it lands on (32 when the inventory does not know the class)."""
+        the node it lands on; when the inventory does not know them, the one device it gets at least
+        (`unknown_charges` says so)."""
         if mode == ALL:
             n = self.per_node_max(class_name, selectors)
-            return n if n is not None else ALL_MODE_CHARGE
+            return n if n is not None else ALL_MODE_LEAST
         return self.charge(class_name, selectors, mode, count)
+
+    def unknown_charges(self, spec: ClaimSpec) -> list[str]:
+        """Requests whose GPU-equivalent charge is only a lower bound: `All` requests of a GPU class
+        whose devices the inventory does not know, one line each."""
+        out: list[str] = []
+        for req in spec.requests:
+            if req.admin_access:
+                continue
+            for cls, selectors, mode, _count, _ptr in req.alternatives():
+                if (cls and mode == ALL and self.per_node_max(cls, selectors) is None
+                        and self.class_fraction(cls) > 0):
+                    out.append(f"request {req.name!r} takes every matching device of class {cls} on its "
+                               f"node (allocationMode All), counted as {ALL_MODE_LEAST}: the inventory has "
+                               "none of its devices to count")
+                    break
+        return out
+
+    def is_gpu_class(self, class_name: str) -> bool:
+        """False when the class's devices are known to be no GPU: its devices in the inventory are
+        another driver's, or (none known) its selectors, or those a known driver's installation gives
+        it, pin a driver other than the GPU driver."""
+        devs = self.matching(class_name)
+        if devs:
+            return any(d.driver == DRIVER_NAME for d in devs)
+        cls = self.class_spec(class_name)
+        if cls is not None:
+            exprs: list[str] = [s.expression for s in cls.selectors]
+        else:
+            from webhook.dra.drivers import installed_class
+
+            installed = installed_class(class_name)
+            exprs = [installed] if installed else []
+        pins = pinned_drivers(exprs)
+        return not pins or DRIVER_NAME in pins
 
     def claim_gpu_equivalents(self, spec: ClaimSpec) -> Fraction:
         """GPU-equivalents one claim can hold: per request its largest alternative."""
@@ -229,6 +290,8 @@ class QuotaCalculator:
         since Fraction's arithmetic is Python code and several times slower (MIG classes)."""
         num, den = 0, 1
         for req in spec.requests:
+            if req.admin_access:
+                continue  # admin access shares devices in use by others: it takes none of its own
             best_n, best_d = 0, 1
             asks = [s.capacity_requests for s in req.first_available] or [req.capacity_requests]
             for (cls, selectors, mode, count, _ptr), ask in zip(req.alternatives(), asks, strict=True):
@@ -326,6 +389,8 @@ class QuotaCalculator:
         devs = self.matching(class_name)
         if devs:
             frac = max(self.device_equivalents(d) for d in devs)
+        elif not self.is_gpu_class(class_name):
+            return Fraction(0)  # a NIC, an IMEX channel, another driver's device: no GPU
         if frac is None:
             cls = self.class_spec(class_name)
             for sel in cls.selectors if cls else ():

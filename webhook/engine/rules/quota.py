@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from webhook.core.findings import Finding
+from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.objects import DeviceClassSpec, as_map, claim_spec_of
 from webhook.dra.workloads import effective_amounts, pod_templates_of
@@ -46,6 +46,9 @@ class Demand:
     pointer: str = ""
     # Human-readable origin per class, e.g. "6 pods x 1 (template mig-inference-template)".
     origin: dict[str, list[str]] = field(default_factory=dict)
+    # Requests whose GPU-equivalents are only a lower bound (an `All` request with its devices
+    # unknown): the findings say so instead of charging an invented number.
+    unknown: list[str] = field(default_factory=list)
 
     def add(self, cls: str, n: int, why: str) -> None:
         self.devices[cls] = self.devices.get(cls, 0) + n
@@ -106,6 +109,7 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
         for cls, n in calc.claim_demand(spec).items():
             d.add(cls, n, f"{n} (claim)")
         d.gpu_equivalents = calc.claim_gpu_equivalents(spec)
+        d.unknown = calc.unknown_charges(spec)
         return d
     templates = pod_templates_of(obj)
     if not templates:
@@ -136,6 +140,8 @@ def demand_of(item: SourceObject, rc: RuleContext) -> Demand | None:
                 d.add(cls, n * pods, f"{pods} {unit} x {n} (template {pc.target}){where}")
             n, den = calc.claim_gpu_ratio(pc.spec)
             ge_n, ge_d = add_ratio(ge_n, ge_d, n * pods, den)
+            d.unknown.extend(f"{u} (template {pc.target}, {pods} {unit})"
+                             for u in calc.unknown_charges(pc.spec))
         extended = False
         # Effective amounts (max of init containers vs sum of app containers), as the scheduler and
         # the device plugin count them: an init container's GPUs are reused by the app containers.
@@ -225,10 +231,15 @@ def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
                     def ge_origin() -> str:
                         calc = _calculator(rc)
                         devices = sorted(demand.devices.items())
-                        return ", ".join(f"{n} x {c} at {calc.class_fraction(c)}" for c, n in devices)
+                        text = ", ".join(f"{n} x {c} at {calc.class_fraction(c)}" for c, n in devices)
+                        if demand.unknown:
+                            text += "; at least: " + "; ".join(demand.unknown)
+                        return text
 
                     yield _over(excess, item, rc, pol, _where(scope), "GPU-equivalents",
                                 demand.gpu_equivalents, used_ge, b.gpu_equivalents, ge_origin, demand)
+                elif demand.unknown:
+                    yield _partial(item, rc, pol, _where(scope), demand, b.gpu_equivalents)
             if b.claims is not None and demand.claims > 0:
                 used_c = usage.claims.get(scope, 0) if usage is not None else 0
                 excess = _excess(demand.claims, used_c, b.claims, live)
@@ -276,6 +287,20 @@ def _over(
         f"would bring {where} to {_fmt(float(want) + used)} {what} (in use {_fmt(used)} + this "
         f"{_fmt(want)}: {origin}); the budget in GpuQuotaPolicy {pol.name} is {_fmt(limit)}",
         fix=f"free {_fmt(float(want) + used - limit)} {what} in {where} first, or raise the budget",
+        pointer=demand.pointer,
+    )
+
+
+def _partial(item: SourceObject, rc: RuleContext, pol: GpuQuotaPolicy, where: str, demand: Demand,
+             limit: float) -> Finding:
+    """Within the budget as far as review can count, but part of the charge is unknown: recorded
+    (audit), never a denial on a number draguard would have to invent."""
+    return rc.finding(
+        item, f"{RULE_PREFIX}{pol.name}", Severity.INFO, Mode.AUDIT,
+        f"counted {_fmt(demand.gpu_equivalents)} GPU-equivalent(s) against the budget of {where} in "
+        f"GpuQuotaPolicy {pol.name} ({_fmt(limit)}), a lower bound: {'; '.join(demand.unknown)}",
+        fix="count its devices against an inventory that has them (`draguard review --inventory`, the "
+            "cluster's ResourceSlices at admission), or ask for an exact count",
         pointer=demand.pointer,
     )
 

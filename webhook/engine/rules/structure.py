@@ -37,6 +37,7 @@ from webhook.dra.objects import (
     write_claim_spec,
 )
 from webhook.dra.workloads import pod_spec_of
+from webhook.engine.quota import pinned_drivers
 from webhook.engine.resolve import claim_refs, per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
 from webhook.engine.rules.opaque import calculator, driver_schema
@@ -382,13 +383,6 @@ def _is_partition_class(name: str | None, rc: RuleContext) -> bool:
     return cls is not None and any("mig" in s.expression.lower() for s in cls.selectors)
 
 
-# `device.driver == "x"` (either side), as a class pins its driver; a selector with `||` or a negation
-# may let other drivers through and pins nothing.
-_DRIVER_PIN = re.compile(
-    r"""device\.driver\s*==\s*(['"])([^'"\\]{1,253})\1|(['"])([^'"\\]{1,253})\3\s*==\s*device\.driver"""
-)
-
-
 def _class_drivers(name: str, rc: RuleContext) -> frozenset[str] | None:
     """The drivers a DeviceClass's devices come from, as far as review can see; None when it cannot.
 
@@ -398,12 +392,9 @@ def _class_drivers(name: str, rc: RuleContext) -> frozenset[str] | None:
     cls = rc.index.classes.get(name) or rc.inventory.classes.get(name)
     installed = installed_class(name) if cls is None else None
     exprs = [s.expression for s in cls.selectors] if cls is not None else [installed] if installed else []
-    for expr in exprs:
-        if "||" in expr or "!" in expr.replace("!=", ""):
-            continue
-        pins = {m.group(2) or m.group(4) for m in _DRIVER_PIN.finditer(expr)}
-        if pins:
-            return frozenset(pins)
+    pins = pinned_drivers(exprs)
+    if pins:
+        return pins
     if cls is not None:
         devices = calculator(rc).matching(name)
         if devices:
