@@ -1,0 +1,145 @@
+"""Two audit replicas with leader election, as `draguard audit run --leader-elect` runs them, against a
+real kube-apiserver as the bundle's draguard-audit ServiceAccount (so its Lease rights are the
+bundle's): only the leader scans and writes; the follower, ready all along, takes over when the
+leader shuts down (released lease) or can no longer renew (expired lease), and a replica that lost
+the lease stops scanning before another starts. The failover times are printed (run with -s)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kustomize"))  # the bundle tests' harness
+
+from kapi import Api, api_server, wait_for
+from kaudit import install, policies_with_h200_only, sample
+
+from webhook.audit.controller import AuditController, AuditOptions
+from webhook.audit.leader import LeaderElector, LeaseConfig
+from webhook.server.caches import KubeHttp
+
+pytestmark = pytest.mark.e2e
+
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/draguard-system/leases/draguard-audit"
+TIMING = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.5}
+DEAD_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
+    with api_server() as a:
+        yield a, install(a, tmp_path_factory.mktemp("ha") / "kubeconfig")
+
+
+class Replica:
+    """One `audit run --leader-elect` process: a controller and its elector, in a thread."""
+
+    def __init__(self, kubeconfig: Path, policies: Path, identity: str) -> None:
+        http = KubeHttp.from_kubeconfig(str(kubeconfig))
+        self.elector = LeaderElector(
+            http, LeaseConfig(namespace="draguard-system", identity=identity, **TIMING)
+        )
+        opts = AuditOptions(str(policies), interval=3600.0, poll_interval=0.3, debounce=0.2)
+        self.ctl = AuditController(http, opts, elector=self.elector)
+        self.thread = threading.Thread(target=self.ctl.run, daemon=True)
+        self.thread.start()
+
+    def leader(self) -> float:
+        return sample(self.ctl, "draguard_audit_leader")
+
+    def sigterm(self) -> None:
+        """What the SIGTERM handler does; run() then stops, and releases the lease on its way out."""
+        self.ctl.stop()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+
+def _holder(a: Api) -> dict[str, Any]:
+    res = a.kubectl("get", "--raw", LEASE)
+    assert res.returncode == 0, res.stderr
+    spec: dict[str, Any] = json.loads(res.stdout)["spec"]
+    return spec
+
+
+def _report_count(a: Api) -> int:
+    res = a.kubectl("get", "clusterpolicyreports.wgpolicyk8s.io", "-o", "name")
+    return len(res.stdout.split()) if res.returncode == 0 else 0
+
+
+def test_one_replica_scans_and_the_other_takes_over(api: tuple[Api, Path], tmp_path: Path) -> None:
+    a, kubeconfig = api
+    policies = policies_with_h200_only(tmp_path / "policies")
+    one = Replica(kubeconfig, policies, "audit-one")
+    time.sleep(0.2)  # one starts first, so the roles are known; the other then finds the lease held
+    two = Replica(kubeconfig, policies, "audit-two")
+    replicas = [one, two]
+    try:
+        wait_for(lambda: one.ctl.scans_ok >= 1, "the leader's first full scan", timeout=60)
+        assert _report_count(a) >= 1
+        time.sleep(2 * TIMING["lease_duration"])  # several lease durations of renewals
+        assert (one.leader(), two.leader()) == (1.0, 0.0)
+        assert _holder(a)["holderIdentity"] == "audit-one"
+        # The follower never scanned, wrote nothing, kept no watch, and is ready to take over.
+        assert two.ctl.scans_ok == 0 and two.ctl.namespace_scans_ok == 0
+        assert sample(two.ctl, "draguard_audit_scans_total", outcome="ok") == 0.0
+        assert sample(two.ctl, "draguard_audit_reports_written_total") == 0.0
+        assert two.ctl.watches == []
+        assert two.ctl.ready() and one.ctl.ready()
+
+        # Shutdown (a roll, a drain): the leader stops, releases, and the follower takes over at once.
+        t0 = time.monotonic()
+        one.sigterm()
+        wait_for(lambda: two.leader() == 1.0, "the follower to be elected", timeout=10)
+        elected = time.monotonic() - t0
+        wait_for(lambda: two.ctl.scans_ok >= 1, "the new leader's full scan", timeout=60)
+        written = time.monotonic() - t0
+        print(f"\nfailover on SIGTERM: elected after {elected:.2f} s, reports written after {written:.2f} s")
+        assert elected <= 1.2 * TIMING["retry_period"] + 1.0  # well inside the 3 s lease duration
+        assert one.leader() == 0.0 and one.ctl.scans_ok == 1  # it scanned while it led, not after
+        lease = _holder(a)
+        assert lease["holderIdentity"] == "audit-two" and lease["leaseTransitions"] == 1
+
+        # A third replica joins (the roll's new pod), then the leader loses the API server: it stops
+        # scanning within its renew deadline, and only then can the third take over.
+        three = Replica(kubeconfig, policies, "audit-three")
+        replicas.append(three)
+        wait_for(three.ctl.ready, "the new follower to be ready", timeout=10)
+        dead = tmp_path / "dead.kubeconfig"
+        dead.write_text(DEAD_KUBECONFIG)
+        scans_before = two.ctl.scans_ok
+        t0 = time.monotonic()
+        two.elector.http = KubeHttp.from_kubeconfig(str(dead))  # its renewals now fail
+        stepped = wait_for(lambda: two.leader() == 0.0, "the cut-off leader to step down", timeout=10)
+        expired = wait_for(
+            lambda: three.leader() == 1.0, "the follower to take the expired lease", timeout=15
+        )
+        wait_for(lambda: three.ctl.scans_ok >= 1, "the third replica's full scan", timeout=60)
+        print(
+            f"failover on lost renewals: stepped down {stepped:.2f} s, taken over {stepped + expired:.2f} s"
+        )
+        assert stepped <= TIMING["renew_deadline"] + 0.5
+        assert three.elector.acquired_at is not None
+        assert two.elector.deadline() < three.elector.acquired_at  # never two scanning at once
+        assert sample(two.ctl, "draguard_audit_leader_changes_total", to="follower") == 1.0
+        assert two.ctl.watches == [] and two.ctl.state is None  # dropped with the lease
+        assert two.ctl.scans_ok == scans_before  # nothing scanned after it stepped down
+        assert _holder(a)["holderIdentity"] == "audit-three"
+    finally:
+        for r in replicas:
+            r.ctl.stop()
+        for r in replicas:
+            r.thread.join(timeout=30)
