@@ -312,6 +312,7 @@ def claim_template_for(
     devices, as the device plugin gave. The scheduler tries the choices in order on each node."""
     selectors = tuple(Selector(e) for e in mapping.selectors)
     short = "mig" if mig_profile_of(resource) else "gpu"
+    joined: tuple[Constraint, ...]
     if interconnect and not required:
         choices = tuple(
             DeviceSubRequest(name=sub, device_class=mapping.device_class, selectors=selectors, count=count)
@@ -409,6 +410,22 @@ def interconnect_plan(
 # resourceCores): beside nvidia.com/gpu they ask for a share of one GPU, which a claim for whole
 # devices does not express.
 HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+# HAMi's pod annotations (Project-HAMi docs/config.md and examples/nvidia): which cards a vGPU may or
+# may not land on (`use-gputype`, `nouse-gputype`, `use-gpuuuid`, `nouse-gpuuuid`), the vGPU mode
+# (`vgpu-mode`), and everything under `hami.io/` (scheduler policies, the scheduler's own bindings).
+# On a pod that carries them, nvidia.com/gpu counts HAMi vGPUs that HAMi places and limits, not
+# whole GPUs the device plugin hands over.
+HAMI_ANNOTATIONS = (
+    "nvidia.com/use-gputype",
+    "nvidia.com/nouse-gputype",
+    "nvidia.com/use-gpuuuid",
+    "nvidia.com/nouse-gpuuuid",
+    "nvidia.com/vgpu-mode",
+)
+HAMI_ANNOTATION_PREFIX = "hami.io/"
+# Cluster-scoped kinds carrying pod templates: their pods run in the namespaces of the objects that
+# use them (a TrainJob names its ClusterTrainingRuntime), while a ResourceClaimTemplate is namespaced.
+CLUSTER_SCOPED_TEMPLATES = frozenset({("trainer.kubeflow.org", "ClusterTrainingRuntime")})
 # Kueue's queue label: Kueue admits the workload against its ClusterQueue's quota.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Node labels that name a GPU model: GPU Feature Discovery's product (NVML's name with spaces as
@@ -531,6 +548,17 @@ def _names(part: Any) -> set[str]:
     return {str(k) for k in part} if isinstance(part, Mapping) else set()
 
 
+def _hami_annotations(obj: Mapping[str, Any]) -> list[str]:
+    """`key=value` of the HAMi annotations the workload's pods carry (at most a few shown)."""
+    from webhook.dra.workloads import pod_labels_and_annotations
+
+    _labels, notes = pod_labels_and_annotations(obj)
+    found = sorted(k for k in notes if k in HAMI_ANNOTATIONS or k.startswith(HAMI_ANNOTATION_PREFIX))
+    # A hostile object may carry thousands: name a few, with values cut short.
+    shown = [f"{k}={notes[k][:40]}" for k in found[:3]]
+    return [*shown, f"{len(found) - 3} more"] if len(found) > 3 else shown
+
+
 def refusal(obj: Mapping[str, Any], podspec: Mapping[str, Any], node_labels: Mapping[str, str]) -> str | None:
     """Why this pod spec must keep its device-plugin GPUs; None when a claim rewrite is faithful."""
     api = obj.get("apiVersion")
@@ -542,6 +570,22 @@ def refusal(obj: Mapping[str, Any], podspec: Mapping[str, Any], node_labels: Map
             "it Ray sees no GPUs: set rayStartParams num-gpus on the group and move the GPUs to a "
             "ResourceClaimTemplate by hand, or keep the limit and serve it through DRA (a DeviceClass with "
             "extendedResourceName: nvidia.com/gpu)"
+        )
+    group = api.rpartition("/")[0] if isinstance(api, str) else ""
+    if (group, obj.get("kind")) in CLUSTER_SCOPED_TEMPLATES:
+        return (
+            f"a {obj.get('kind')} is cluster-scoped: its pods run in the namespace of each workload that "
+            "uses it, and a ResourceClaimTemplate is namespaced, so no single template can serve them; "
+            "create the ResourceClaimTemplate in every namespace that runs it and reference it by hand, or "
+            "copy the runtime into a namespaced TrainingRuntime and migrate that"
+        )
+    hami_notes = _hami_annotations(obj)
+    if hami_notes:
+        return (
+            f"the pod carries HAMi's annotations ({', '.join(hami_notes)}), so each nvidia.com/gpu is a HAMi "
+            "vGPU that HAMi places by them and a claim gives whole GPUs without them: keep it on HAMi, or "
+            "write a ResourceClaimTemplate by hand (a DeviceClass that shares GPUs, selectors on productName "
+            "or uuid for the card choice)"
         )
     for key in ("initContainers", "containers"):
         for c in podspec.get(key) or ():

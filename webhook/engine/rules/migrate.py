@@ -9,6 +9,7 @@ limit and instead requires a DeviceClass that serves the resource name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.findings import Finding, Mode, Severity
@@ -38,6 +39,42 @@ def _policy_for(rc: RuleContext, namespace: str, labels: Mapping[str, str] | Non
         if p.scope.applies(namespace, labels):
             return p
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """Where an object is judged: its namespace and labels, the MigrationPolicy and mode there."""
+
+    namespace: str
+    labels: Mapping[str, str] | None
+    policy: MigrationPolicy
+    mode: MigrationMode
+
+
+def _scope(item: SourceObject, rc: RuleContext) -> _Scope | None:
+    """The object's migration scope; None when no MigrationPolicy covers its namespace."""
+    namespace = rc.namespace(item) or rc.ctx.default_namespace
+    labels = rc.namespace_labels(namespace)
+    policy = _policy_for(rc, namespace, labels)
+    if policy is None:
+        return None
+    return _Scope(namespace, labels, policy, policy.mode_for(namespace, labels))
+
+
+def _served(rc: RuleContext) -> set[str]:
+    """Resources a DeviceClass names as its extendedResourceName: DRA requests already (KEP-5004,
+    the scheduler makes the claim), neither legacy nor rewritten."""
+    return {c.extended_resource_name for c in rc.index.classes.values() if c.extended_resource_name}
+
+
+def _link_attribute(rc: RuleContext) -> Callable[[int], str]:
+    """The attribute joining NVLink-connected GPUs in the driver this evaluation judges by, for a
+    claim of `count` GPUs: the one structure/interconnect asks for, so the rewrite satisfies it."""
+    from webhook.engine.rules.opaque import driver_schema
+    from webhook.engine.rules.structure import _preferred_interconnect
+
+    schema = driver_schema(rc).schema
+    return lambda count: _preferred_interconnect(schema, count)
 
 
 def tier_allowed(
@@ -102,16 +139,14 @@ def _check_container_form(
     """A template that is one container (KServe's `predictor.model` and framework forms, TrainJob's
     trainer): its pod's claims live elsewhere (the predictor's PodSpec, the training runtime), so
     draguard reports its device-plugin GPUs and leaves the rewrite to the user."""
-    served = {c.extended_resource_name for c in rc.index.classes.values() if c.extended_resource_name}
+    served = _served(rc)
     uses = [u for u in find_legacy(podspec, "") if u.resource not in served]
     if not uses:
         return
-    namespace = rc.namespace(item) or rc.ctx.default_namespace
-    labels = rc.namespace_labels(namespace)
-    policy = _policy_for(rc, namespace, labels)
-    if policy is None:
+    scope = _scope(item, rc)
+    if scope is None:
         return
-    mmode = policy.mode_for(namespace, labels)
+    namespace, policy, mmode = scope.namespace, scope.policy, scope.mode
     field = pointer.rsplit("/", 1)[-1]
     where = "resourcesPerNode" if "resourcesPerNode" in as_map(as_list(podspec.get("containers"))[0]) else (
         "resources")
@@ -137,27 +172,24 @@ def _check_template(
     uses = find_legacy(podspec, pointer)
     if not uses:
         return
-    namespace = rc.namespace(item) or rc.ctx.default_namespace
-    labels = rc.namespace_labels(namespace)
-    policy = _policy_for(rc, namespace, labels)
-    if policy is None:
+    scope = _scope(item, rc)
+    if scope is None:
         return
-    mmode = policy.mode_for(namespace, labels)
+    namespace, policy, mmode = scope.namespace, scope.policy, scope.mode
     if policy.strategy is MigrationStrategy.EXTENDED_RESOURCE:
         yield from _extended_resource(item, rc, uses, policy, mmode)
         return
-    # KEP-5004: a resource some DeviceClass names as its extendedResourceName is a DRA request
-    # already (the scheduler makes the claim); it is neither legacy nor rewritten.
-    served = {c.extended_resource_name for c in rc.index.classes.values() if c.extended_resource_name}
+    served = _served(rc)
     uses = [u for u in uses if u.resource not in served]
     if not uses:
         return
     plan = plan_pod_spec(
         item.obj, pointer, podspec, policy, namespace=namespace,
         api_version=claim_api_version(policy, rc.ctx.served_versions), rewrite=False, uses=uses,
-        allowed=tier_allowed(rc.policies, item.obj, namespace, labels),
+        allowed=tier_allowed(rc.policies, item.obj, namespace, scope.labels),
         # Only a migrating namespace gets the patch and the templates; the others get the text.
         build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes, inventory=rc.inventory,
+        link_attribute=_link_attribute(rc),
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
