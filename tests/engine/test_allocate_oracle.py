@@ -68,6 +68,8 @@ def _scenario(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         held = rnd.choice(devices)
         result: dict[str, Any] = {"request": "x", "driver": DRIVER, "pool": "p", "device": held["name"]}
         if held.get("allowMultipleAllocations"):
+            # A share as the scheduler records it: without a shareID it would hold the device whole.
+            result["shareID"] = "00000000-0000-0000-0000-000000000001"
             result["consumedCapacity"] = {"mem": str(rnd.choice([2, 4, 6]))}
         objs.append(
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

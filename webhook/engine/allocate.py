@@ -76,10 +76,15 @@ class Verdict:
     picks: tuple[Pick, ...] = ()  # the devices it would get on the first of them
     reasons: tuple[str, ...] = ()  # why not, or why it cannot be decided
     notes: tuple[str, ...] = ()  # what the verdict does not model for this claim
+    unsure: tuple[str | None, ...] = ()  # nodes where the answer cannot be decided offline
 
 
 class _TooLarge(Exception):
     pass
+
+
+class _Refused(Exception):
+    """The scheduler stops with an error for this claim (not a "does not fit" it backtracks from)."""
 
 
 def choices_of(spec: ClaimSpec) -> list[list[Choice]]:
@@ -166,7 +171,9 @@ class _Baseline:
                 dev = by_key.get(a.key)
                 if a.admin_access or dev is None:
                     continue  # admin access leaves a device free for others
-                if dev.allow_multiple_allocations:
+                # The scheduler counts a result as a share only when it carries a shareID; any
+                # other result holds the device whole, multi-allocatable or not.
+                if dev.allow_multiple_allocations and a.share_id is not None:
                     self.shared.add(a.key)
                     for k, text in a.consumed_capacity.items():
                         dom, cap = qualify(k, dev.driver)
@@ -220,6 +227,7 @@ class _Search:
         ]
         self.values: list[list[AttrValue | tuple[AttrValue, ...]]] = [[] for _ in self.constraints]
         self.picks: list[Pick] = []
+        self.constraint_failed = False  # set by why_not when a constraint refused the device
         # (request, why without the device's name) -> devices refused for it
         self.rejections: dict[tuple[str, str], list[str]] = {}
 
@@ -229,12 +237,11 @@ class _Search:
         """Why `dev` cannot serve `choice` now, or None when it can."""
         key = dev.key
         multi = dev.allow_multiple_allocations
-        if not multi:
-            if key in self.used:
-                return f"{dev.name} is already taken by another request of this claim"
-            holder = self.base.taken.get(key)
-            if holder is not None and not choice.admin_access:
-                return f"{dev.name} is allocated to claim {holder}"
+        if not multi and key in self.used:
+            return f"{dev.name} is already taken by another request of this claim"
+        holder = self.base.taken.get(key)
+        if holder is not None and not choice.admin_access:
+            return f"{dev.name} is allocated to claim {holder}"
         in_use = multi and (key in self.base.shared or key in self.shares)
         if dev.consumes_counters and not in_use:
             for use in dev.consumes_counters:
@@ -261,15 +268,25 @@ class _Search:
                 continue
             value = _attribute(dev, attr)
             if value is None:
+                self.constraint_failed = True
                 return f"{dev.name} does not publish {attr}, which a constraint needs"
             seen = self.values[i]
             if distinct and value in seen:
+                self.constraint_failed = True
                 return f"{dev.name} repeats {attr}={value} (distinctAttribute)"
             if not distinct and seen and not _same(seen[0], value):
+                self.constraint_failed = True
                 return f"{dev.name} has {attr}={value}, not {seen[0]} (matchAttribute)"
         return self._capacity(dev, choice)[0]
 
-    def _capacity(self, dev: Device, choice: Choice) -> tuple[str | None, dict[CapKey, Fraction]]:
+    def fits_alone(self, dev: Device, choice: Choice) -> bool:
+        """Whether the device's capacity could ever serve the request (nothing consumed yet): the
+        scheduler's test for which devices "all" means."""
+        return self._capacity(dev, choice, static=True)[0] is None
+
+    def _capacity(
+        self, dev: Device, choice: Choice, static: bool = False
+    ) -> tuple[str | None, dict[CapKey, Fraction]]:
         wanted: dict[tuple[str, str], str] = {}
         for k, text in choice.capacity_requests.items():
             wanted[qualify(k, dev.driver)] = text
@@ -292,7 +309,9 @@ class _Search:
                 if bad is not None:
                     return f"{dev.name} capacity {name}: {bad}", {}
                 ck = (dev.key, dom, name)
-                used = self.base.capacity.get(ck, Fraction(0)) + self.capacity.get(ck, Fraction(0))
+                used = Fraction(0)
+                if not static:  # the test of whether the device could ever serve the request
+                    used = self.base.capacity.get(ck, Fraction(0)) + self.capacity.get(ck, Fraction(0))
                 if used + amount.value > value.value:
                     left = value.value - used
                     return (f"{dev.name} capacity {name}: needs {amount}, {_fmt(left)} of {value} left"), {}
@@ -378,7 +397,15 @@ class _Search:
         taken = 0
         ok = True
         for dev in devices:
+            self.constraint_failed = False
             if not self._step(dev, choice):
+                if self.constraint_failed:
+                    # The scheduler does not backtrack here: a claim whose constraint rules out
+                    # one of the devices "All" names is an error for it, the claim is refused.
+                    raise _Refused(
+                        f"request {choice.name!r} (allocationMode All): {dev.name} breaks the claim's "
+                        "constraint; the scheduler refuses such a claim outright"
+                    )
                 ok = False
                 break
             self.take(dev, choice)
@@ -571,6 +598,21 @@ def _dynamic(
     )
 
 
+def _failing(expressions: Sequence[str], devices: Sequence[Device]) -> list[tuple[Device, str]]:
+    """The devices on which the selectors fail at run time, with the error. To the scheduler such an
+    error is no "no match": it stops and refuses the claim."""
+    from webhook.cel.env import compile_selector
+    from webhook.cel.match import match_compiled, profile_key
+
+    selectors = [compile_selector(e) for e in expressions]
+    result = match_compiled(selectors, devices)
+    if not result.errors:
+        return []
+    key_of = profile_key(selectors)
+    bad = {key_of(e.device): f"{e.expression!r}: {e.message}" for e in result.errors if not e.limit}
+    return [(d, bad[k]) for d in devices if (k := key_of(d)) in bad]
+
+
 def _summary(what: str, reasons: Sequence[str]) -> str:
     shown = list(dict.fromkeys(reasons))
     more = len(shown) - _MAX_LISTED
@@ -728,6 +770,13 @@ def allocate(
     together: list[str] = []  # every request fits alone, not all at once
     nowhere: dict[tuple[str, str | None], list[str]] = {}  # (request, class) -> nodes with no match
     undecided_nodes: list[str] = []
+    risky_nodes: list[str] = []  # nodes where the claim fits unless a selector's run-time error stops it
+    risky: list[str] = []  # those errors
+    # Per choice: the devices of its class on which a selector fails at run time.
+    failing = {
+        ij: _derived(inventory, ("failing", exprs_of[ij]), partial(_failing, exprs_of[ij], inventory.devices))
+        for ij in matched
+    }
     unknown_nodes: list[str] = []  # nodes that failed while some device's reach there was unknown
     # Per choice: its devices on each named node, and those reachable from several nodes; so that a
     # node's candidates cost what it has, not the whole inventory (thousands of nodes).
@@ -735,6 +784,11 @@ def allocate(
         ij: _derived(inventory, ("index", exprs_of[ij]), lambda f=found: _index(f))  # type: ignore[misc]
         for ij, found in matched.items()
     }
+    bound_pools = _derived(
+        inventory,
+        "bound-pools",
+        lambda: frozenset((d.driver, d.pool) for d in inventory.devices if d.binding_conditions),
+    )
     # signature -> (outcome, nodes after the first, requests with no device there, said why)
     outcomes: dict[Hashable, tuple[str, list[str], list[tuple[str, str | None]], bool]] = {}
     for node in _derived(inventory, "placements", lambda: _placements(inventory)):
@@ -754,11 +808,23 @@ def allocate(
                     unknown_reach += 1
                 elif reach:
                     here.append(d)
+            # The scheduler's first-fit order: pools by (driver, name), pools with binding conditions
+            # last. Which devices it tries first decides its picks and, where it stops at an error
+            # (an "All" request against a constraint), its answer.
+            here.sort(key=lambda d: ((d.driver, d.pool) in bound_pools, d.driver, d.pool))
             candidates[ij] = here
         if unknown_reach:
             notes.append(f"{unknown_reach} device(s) have a nodeSelector on labels the inventory has no "
                          f"Node objects for (e.g. {where}); add `kubectl get nodes -o yaml`")  # fmt: skip
         sig = _signature(candidates, inventory, contents, baseline, unknown_reach)
+        failing_here = [
+            f"{d.name}: {why}"
+            for ij in matched
+            for d, why in failing[ij]
+            if _reachable(d, node, inventory) is not False  # unknown reach: it may be met there
+        ]
+        if failing_here:
+            sig = (sig, tuple(failing_here))
         prior = outcomes.get(sig)
         if prior is not None:
             # A node like one judged already (a homogeneous cluster): the same answer, no search.
@@ -772,11 +838,19 @@ def allocate(
                     break
             elif outcome == "unknown":
                 unknown_nodes.append(where)
+            elif outcome == "risky":
+                risky_nodes.append(where)
             continue
         node_empties: list[tuple[str, str | None]] = []
         # Requests that cannot be met even alone on this node: name the devices and why.
         search = _Search(inventory, spec, choices, candidates, baseline, budget)
         search._undo_stack = []
+        for ij, here in candidates.items():
+            ch = choices[ij[0]][ij[1]]
+            if ch.mode == ALL:
+                # "All" means the matching devices whose capacity could serve the request at all;
+                # one too small for it is left out, not a reason to fail.
+                candidates[ij] = [d for d in here if search.fits_alone(d, ch)]
         alone_ok = True
         try:
             per_node = _alone(search, choices, matched, candidates, where)
@@ -801,6 +875,17 @@ def allocate(
         except _TooLarge:
             undecided_nodes.append(where)
             break
+        except _Refused as refused:
+            failures.append(f"on {where}: {refused}")
+            outcomes[sig] = ("fail", [], [], True)
+            continue
+        if fits and failing_here:
+            # The claim fits, but the scheduler evaluates the selectors device by device and stops
+            # at the first run-time error: whether it meets one first depends on its order.
+            risky_nodes.append(where)
+            risky.extend(failing_here)
+            outcomes[sig] = ("risky", [], [], False)
+            continue
         if fits:
             ok_nodes.append(node)
             outcomes[sig] = ("ok", [], [], False)
@@ -816,8 +901,21 @@ def allocate(
         if unknown_reach:
             unknown_nodes.append(where)
     notes = list(dict.fromkeys(notes))
+    if risky:
+        notes.append(_summary("a selector fails at run time on some devices; the scheduler refuses the claim "
+                              "when it evaluates one", list(dict.fromkeys(risky))))  # fmt: skip
     if ok_nodes:
-        return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes))
+        return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes), (*risky_nodes, *unknown_nodes))
+    if risky_nodes:
+        return Verdict(
+            None,
+            reasons=(
+                f"may be refused: the claim fits on {_devices(risky_nodes)}, but a selector fails at run "
+                "time on a device there, and the scheduler stops at the first such error it meets",
+            ),
+            notes=tuple(notes),
+            unsure=tuple(risky_nodes),
+        )
     if undecided_nodes:
         return Verdict(
             None,
