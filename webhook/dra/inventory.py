@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,11 +63,18 @@ def approx_bytes(obj: object, depth: int = 0) -> int:
     return n + inner
 
 
+_MISSING = object()
+
+
 class Memo(dict[Hashable, Any]):
     """Derived facts of an inventory, bounded by entry count and by approximate bytes; the oldest
-    entries go first. Shared on purpose between inventories with the same devices and classes."""
+    entries go first. Shared on purpose between inventories with the same devices and classes.
 
-    __slots__ = ("max_bytes", "max_entries", "nbytes", "sizes")
+    The webhook reviews big objects on worker threads while small ones go on on the event loop, so
+    two threads may fill one memo: eviction and the byte count change under a lock. Reads take
+    none (one dict lookup is atomic); a value computed twice by two threads is only wasted work."""
+
+    __slots__ = ("lock", "max_bytes", "max_entries", "nbytes", "sizes")
 
     def __init__(self, max_entries: int = _MEMO_LIMIT, max_bytes: int = _MEMO_BYTES) -> None:
         super().__init__()
@@ -74,21 +82,24 @@ class Memo(dict[Hashable, Any]):
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.sizes: dict[Hashable, int] = {}
+        self.lock = threading.Lock()
 
     def put(self, key: Hashable, value: Any) -> None:
         """Store `value` unless it alone is over the byte bound, evicting the oldest to make room."""
         size = approx_bytes(key) + approx_bytes(value)
         if size > self.max_bytes:
             return
-        if key in self:
-            self.drop(key)
-        while self and (len(self) >= self.max_entries or self.nbytes + size > self.max_bytes):
-            self.drop(next(iter(self)))
-        self[key] = value
-        self.sizes[key] = size
-        self.nbytes += size
+        with self.lock:
+            if key in self:
+                self.drop(key)
+            while self and (len(self) >= self.max_entries or self.nbytes + size > self.max_bytes):
+                self.drop(next(iter(self)))
+            self[key] = value
+            self.sizes[key] = size
+            self.nbytes += size
 
     def drop(self, key: Hashable) -> None:
+        """Remove `key` (the caller holds the lock)."""
         del self[key]
         self.nbytes -= self.sizes.pop(key, 0)
 
@@ -229,9 +240,10 @@ class Inventory:
     def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
         """A derived fact of this (immutable) inventory, computed once: e.g. the devices a class's
         selectors match, which every claim naming that class needs again."""
-        if key in self._memo:
-            hit: T = self._memo[key]
-            return hit
+        hit = self._memo.get(key, _MISSING)
+        if hit is not _MISSING:
+            found: T = hit
+            return found
         # A long-lived server sees unbounded distinct selector texts: the memo bounds itself.
         value = compute()
         self._memo.put(key, value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import gc
 import logging
 import os
@@ -13,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -34,6 +36,7 @@ BIG_BODIES = 2
 NAMESPACE_WAIT_S = 1.0
 # A pod cannot use more devices than one node has; templates for larger counts are never made.
 MAX_TEMPLATE_DEVICES_UNKNOWN = 64
+T = TypeVar("T")
 
 
 @dataclass
@@ -185,6 +188,9 @@ class Webhook:
         )
         self.cel_rate = admission.CelRate()
         self._big_bodies = asyncio.Semaphore(BIG_BODIES)
+        self._review_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=BIG_BODIES, thread_name_prefix="draguard-review"
+        )
         self.metrics.bind(lambda: self._dra_stats, self._cache_states)
 
     # --- state -----------------------------------------------------------------------------------
@@ -377,6 +383,17 @@ class Webhook:
         finally:
             self.inflight -= 1
 
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a review worker thread, in a copy of this request's context.
+
+        A big object takes tens of milliseconds to parse and judge: on the event loop every small
+        review would wait behind it. On a worker the loop keeps its turn (the interpreter switches
+        threads every few milliseconds), so small reviews are answered meanwhile. At most BIG_BODIES
+        run at once (the semaphore in `_review`), as many as the pool has workers."""
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._review_pool, functools.partial(ctx.run, fn, *args))
+
     def _body_timeout(self) -> web.Response:
         return self._bad(
             408, "body-timeout", f"request body not received within {self.opts.body_timeout:g} s"
@@ -398,8 +415,10 @@ class Webhook:
             return self._bad(413, "too-large", "request body exceeds 3 MiB")
         except TimeoutError:
             return self._body_timeout()
+        big = len(body) > BIG_BODY
         try:
-            request = admission.parse_review(body)
+            parse = admission.parse_review
+            request = await self._off_loop(parse, body) if big else parse(body)
         except ReviewError as e:
             return self._bad(e.status, e.reason, e.message)
         snap = self.snapshot
@@ -431,7 +450,11 @@ class Webhook:
             if fresh is not None:
                 snap = replace(snap, namespace_labels=fresh.namespace_labels)
         looked = await self._lookups(endpoint, request, snap)
-        outcome = admission.review(endpoint, request, snap, self.cel_rate.allowance(scope), looked)
+        allowance = self.cel_rate.allowance(scope)
+        if big:
+            outcome = await self._off_loop(admission.review, endpoint, request, snap, allowance, looked)
+        else:
+            outcome = admission.review(endpoint, request, snap, allowance, looked)
         if outcome.cel_bytes:
             self.cel_rate.charge(scope, outcome.cel_bytes)
         if endpoint == "validate" and self.ledger is not None:
@@ -694,6 +717,7 @@ class Webhook:
         if self.cache is not None:
             self.cache.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._review_pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def serve(
