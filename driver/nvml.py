@@ -6,6 +6,7 @@ This is the only module that calls pynvml (nvidia-ml-py). The same calls are ans
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -29,7 +30,18 @@ ERR_TIMEOUT = 10
 ERR_GPU_IS_LOST = 15
 EVENT_XID_CRITICAL = 8  # nvmlEventTypeXidCriticalError
 MAX_NVLINKS = 18
+ERR_IN_USE = 19
+ERR_INSUFFICIENT_RESOURCES = 23
 _ABSENT = (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID_ARGUMENT)
+GI_PROFILE_INDICES = 14  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, 12.x)
+CI_PROFILE_INDICES = 8  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+MAX_PLACEMENTS = 16  # more placements than memory slices is not a GPU's answer
+
+
+class _Placement(ctypes.Structure):
+    """nvmlGpuInstancePlacement_t: the first memory slice of a GPU instance and how many it spans."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
 BRAND_NAMES = {
     0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
@@ -79,6 +91,24 @@ class MigInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU instance profile NVML offers on a GPU in MIG mode, with where it may be placed."""
+
+    profile_id: int
+    name: str  # e.g. "1g.10gb"
+    size: int  # memory slices one instance spans
+    compute_slices: int
+    starts: tuple[int, ...]  # the memory slices an instance may start at
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
     minor: int
@@ -95,6 +125,7 @@ class GpuInfo:
     migs: tuple[MigInfo, ...] = ()
     nvlink_remotes: tuple[str, ...] = ()  # normalised PCI bus ids at the far end of each active link
     numa_node: int | None = None
+    mig_profiles: tuple[MigProfile, ...] = ()  # on a GPU in MIG mode: what could be created (dynamic MIG)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +256,107 @@ class Nvml:
             migs=self._migs(h) if mig_enabled else (),
             nvlink_remotes=self._nvlinks(h),
             numa_node=self._numa(h, pci),
+            mig_profiles=self._mig_profiles(h) if mig_enabled else (),
         )
+
+    def _mig_profiles(self, h: Any) -> tuple[MigProfile, ...]:
+        out: list[MigProfile] = []
+        for index in range(GI_PROFILE_INDICES):
+            info = self._optional("nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+            if info is None or any(p.profile_id == int(info.id) for p in out):
+                continue
+            count = ctypes.c_uint(0)
+            if self._optional("nvmlDeviceGetGpuInstancePossiblePlacements", h, int(info.id), None,
+                              ctypes.byref(count)) is None:  # fmt: skip
+                continue
+            n = min(int(count.value), MAX_PLACEMENTS)
+            places = (_Placement * max(n, 1))()
+            count.value = n
+            self._call("nvmlDeviceGetGpuInstancePossiblePlacements", h, int(info.id), places,
+                       ctypes.byref(count))  # fmt: skip
+            got = places[: min(int(count.value), n)]
+            if not got:
+                continue
+            name = _text(getattr(info, "name", "")).removeprefix("MIG ").strip()
+            memory_mb = int(info.memorySizeMB)
+            out.append(
+                MigProfile(
+                    profile_id=int(info.id),
+                    name=name or f"{int(info.sliceCount)}g.{-(-memory_mb // 1024)}gb",
+                    size=int(got[0].size),
+                    compute_slices=int(info.sliceCount),
+                    starts=tuple(sorted(int(p.start) for p in got)),
+                    memory_bytes=memory_mb * 2**20,
+                    multiprocessors=int(info.multiprocessorCount),
+                    copy_engines=int(info.copyEngineCount),
+                    decoders=int(info.decoderCount),
+                    encoders=int(info.encoderCount),
+                    jpeg_engines=int(info.jpegCount),
+                    ofa_engines=int(info.ofaCount),
+                )
+            )
+        return tuple(sorted(out, key=lambda p: (p.size, p.compute_slices, p.profile_id)))
+
+    # --- dynamic MIG -----------------------------------------------------------------------------
+    def create_mig(self, gpu_uuid: str, profile_id: int, start: int) -> MigInfo:
+        """Create a GPU instance of `profile_id` at memory slice `start`, and its full compute instance.
+
+        NvmlCallError when NVML refuses (ERR_INSUFFICIENT_RESOURCES: the slices are taken). A GPU
+        instance whose compute instance cannot be made is destroyed again before the error is raised.
+        """
+        with self._lock:
+            self._call("nvmlInit")
+            try:
+                h = self._call("nvmlDeviceGetHandleByUUID", gpu_uuid)
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfoById", h, profile_id)
+                place = _Placement(start, 0)
+                for p in self._mig_profiles(h):
+                    if p.profile_id == profile_id:
+                        place.size = p.size
+                gi = self._call(
+                    "nvmlDeviceCreateGpuInstanceWithPlacement", h, profile_id, ctypes.byref(place)
+                )
+                try:
+                    ci_profile = None
+                    for index in range(CI_PROFILE_INDICES):
+                        cp = self._optional("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, index, 0)
+                        if cp is not None and int(cp.sliceCount) == int(info.sliceCount):
+                            ci_profile = int(cp.id)
+                            break
+                    if ci_profile is None:
+                        why = f"no full compute instance profile for GPU instance profile {profile_id}"
+                        call = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+                        raise NvmlCallError(call, ERR_NOT_SUPPORTED, why)
+                    ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile)
+                except NvmlCallError:
+                    self._optional("nvmlGpuInstanceDestroy", gi)
+                    raise
+                gi_id = int(self._call("nvmlGpuInstanceGetInfo", gi).id)
+                ci_id = int(self._call("nvmlComputeInstanceGetInfo", ci).id)
+                for m in self._migs(h):
+                    if (m.gi_id, m.ci_id) == (gi_id, ci_id):
+                        return m
+                raise NvmlCallError("nvmlDeviceGetMigDeviceHandleByIndex", ERR_NOT_FOUND,
+                                    f"the new MIG device (GPU instance {gi_id}) is not listed")  # fmt: skip
+            finally:
+                self._call("nvmlShutdown")
+
+    def destroy_mig(self, gpu_uuid: str, gi_id: int, ci_id: int) -> bool:
+        """Destroy a compute instance and its GPU instance; False when they were already gone."""
+        with self._lock:
+            self._call("nvmlInit")
+            try:
+                h = self._call("nvmlDeviceGetHandleByUUID", gpu_uuid)
+                gi = self._optional("nvmlDeviceGetGpuInstanceById", h, gi_id)
+                if gi is None:
+                    return False
+                ci = self._optional("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+                if ci is not None:
+                    self._call("nvmlComputeInstanceDestroy", ci)
+                self._call("nvmlGpuInstanceDestroy", gi)
+                return True
+            finally:
+                self._call("nvmlShutdown")
 
     def _numa(self, h: Any, pci: str) -> int | None:
         if self.simulated:

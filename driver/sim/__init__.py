@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import yaml
+
+from driver.sim.mig import CI_PROFILE_SLICES, COMPUTE_SLICES, MEMORY_SLICES, GiProfile, profiles_for
 
 log = logging.getLogger("draguard.driver.sim")
 
@@ -33,6 +36,9 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 EVENT_XID_CRITICAL = 8
 EVENTS_ENV = "DRAGUARD_NVML_SIM_EVENTS"  # a JSON-lines file: {"uuid": U, "xid": N} or {"lost": U}
 BRANDS = {
@@ -101,6 +107,8 @@ class _Gpu:
     timeslice: int | None = None
     numa_node: int | None = None
     lost: bool = False  # every call on it answers GPU_IS_LOST, as NVML does for a fallen-off GPU
+    dyn_gis: dict[int, _Gi] = field(default_factory=dict)  # GPU instances created at run time
+    created: int = 0  # instances created so far: each new MIG device gets a UUID of its own
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,29 @@ class _MigHandle:
 @dataclass(frozen=True)
 class _GiHandle:
     gpu: _Gpu
+    mig: _Mig
+
+
+@dataclass
+class _Gi:
+    """A GPU instance created at run time (dynamic MIG); `ci` is its compute instance, once made."""
+
+    gi_id: int
+    profile: GiProfile
+    start: int
+    ci: _Mig | None = None
+
+
+@dataclass(frozen=True)
+class _DynGiHandle:
+    gpu: _Gpu
+    gi: _Gi
+
+
+@dataclass(frozen=True)
+class _CiHandle:
+    gpu: _Gpu
+    gi: _Gi
     mig: _Mig
 
 
@@ -265,7 +296,7 @@ class SimulatedNvml:
             call = sys._getframe(1).f_code.co_name
             if call in self.faults:
                 raise SimNVMLError(self.faults[call], f"{call} (injected by the topology's faults)")
-        gpu = h.gpu if isinstance(h, (_MigHandle, _GiHandle)) else h
+        gpu = h.gpu if isinstance(h, (_MigHandle, _GiHandle, _DynGiHandle, _CiHandle)) else h
         if isinstance(gpu, _Gpu) and gpu.lost:
             raise SimNVMLError(NVML_ERROR_GPU_IS_LOST, f"GPU {gpu.uuid} is lost")
 
@@ -460,15 +491,23 @@ class SimulatedNvml:
             memorySizeMB=m.memory_mb,
         )
 
-    def nvmlDeviceGetGpuInstanceById(self, h: _Gpu, gi_id: int) -> _GiHandle:
+    def nvmlDeviceGetGpuInstanceById(self, h: _Gpu, gi_id: int) -> _GiHandle | _DynGiHandle:
         self._check(h)
+        if gi_id in h.dyn_gis:
+            return _DynGiHandle(h, h.dyn_gis[gi_id])
         for m in h.migs:
             if m.gi_id == gi_id:
                 return _GiHandle(h, m)
         raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id}")
 
-    def nvmlGpuInstanceGetInfo(self, gi: _GiHandle) -> SimpleNamespace:
+    def nvmlGpuInstanceGetInfo(self, gi: _GiHandle | _DynGiHandle) -> SimpleNamespace:
         self._check(gi)
+        if isinstance(gi, _DynGiHandle):
+            g = gi.gi
+            return SimpleNamespace(
+                id=g.gi_id, profileId=g.profile.id,
+                placement=SimpleNamespace(start=g.start, size=g.profile.size),
+            )  # fmt: skip
         return SimpleNamespace(
             id=gi.mig.gi_id,
             profileId=gi.mig.gi_profile_id,
@@ -477,11 +516,151 @@ class SimulatedNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, h: _Gpu, profile_id: int) -> SimpleNamespace:
         self._check(h)
-        for m in h.migs:
-            if m.gi_profile_id == profile_id:
+        dyn = {g.ci.uuid for g in h.dyn_gis.values() if g.ci is not None}
+        for m in h.migs:  # the topology's own instances name their profile as the topology says
+            if m.gi_profile_id == profile_id and m.uuid not in dyn:
                 base = m.profile.split(".", 1)[1] if m.ci_slices != m.gi_slices else m.profile
                 return SimpleNamespace(id=profile_id, name=f"MIG {base}", sliceCount=m.gi_slices)
+        for p in profiles_for(h.name):
+            if p.id == profile_id:
+                return self._profile_info(p)
         raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance profile {profile_id}")
+
+    # --- dynamic MIG: GPU and compute instances made and destroyed at run time ----------------------
+    @staticmethod
+    def _profile_info(p: GiProfile) -> SimpleNamespace:
+        return SimpleNamespace(
+            id=p.id, name=f"MIG {p.name}", sliceCount=p.compute, instanceCount=len(p.starts),
+            memorySizeMB=p.memory_mb, multiprocessorCount=p.multiprocessors,
+            copyEngineCount=p.copy_engines, decoderCount=p.decoders, encoderCount=p.encoders,
+            jpegCount=p.jpeg_engines, ofaCount=p.ofa_engines,
+        )  # fmt: skip
+
+    def _profile(self, h: _Gpu, *, index: int | None = None, profile_id: int | None = None) -> GiProfile:
+        if not h.mig_enabled:
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"MIG is disabled on GPU {h.uuid}")
+        for p in profiles_for(h.name):
+            if p.index == index or p.id == profile_id:
+                return p
+        raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"no such GPU instance profile on {h.name}")
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: _Gpu, index: int, version: int = 2) -> SimpleNamespace:
+        self._check(h)
+        if not 0 <= index < 14:
+            raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"profile index {index}")
+        return self._profile_info(self._profile(h, index=index))
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, h: _Gpu, profile_id: int, placements: Any, count: Any
+    ) -> int:
+        """NVML's two-call form: `placements` None asks for the count only (set through `count`)."""
+        self._check(h)
+        p = self._profile(h, profile_id=profile_id)
+        target = getattr(count, "_obj", count)  # byref(c_uint) or anything with .value
+        if placements is not None:
+            if target.value < len(p.starts):
+                raise SimNVMLError(NVML_ERROR_INSUFFICIENT_SIZE, "placement array too small")
+            for i, start in enumerate(p.starts):
+                placements[i].start, placements[i].size = start, p.size
+        target.value = len(p.starts)
+        return 0
+
+    def _used(self, h: _Gpu) -> list[tuple[int, int, int]]:
+        """(first memory slice, memory slices, compute slices) of every GPU instance on the GPU."""
+        used = [(g.start, g.profile.size, g.profile.compute) for g in h.dyn_gis.values()]
+        dyn = {g.ci.uuid for g in h.dyn_gis.values() if g.ci is not None}
+        seen: set[int] = set()
+        for m in h.migs:
+            if m.uuid not in dyn and m.gi_id not in seen:
+                seen.add(m.gi_id)
+                used.append((m.placement_start, m.placement_size, m.gi_slices))
+        return used
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, h: _Gpu, profile_id: int, placement: Any
+    ) -> _DynGiHandle:
+        self._check(h)
+        with self._lock:
+            p = self._profile(h, profile_id=profile_id)
+            place = getattr(placement, "_obj", placement)  # byref(c_nvmlGpuInstancePlacement_t) too
+            start, size = int(place.start), int(place.size)
+            if start not in p.starts or size != p.size:
+                raise SimNVMLError(
+                    NVML_ERROR_INVALID_ARGUMENT, f"placement {start}+{size} is not one of {p.name}'s"
+                )
+            used = self._used(h)
+            taken = {s for first, n, _c in used for s in range(first, first + n)}
+            compute = sum(c for *_x, c in used) + p.compute
+            if taken & set(range(start, start + size)) or compute > COMPUTE_SLICES:
+                raise SimNVMLError(
+                    NVML_ERROR_INSUFFICIENT_RESOURCES,
+                    f"{p.name} at memory slice {start} overlaps an existing GPU instance",
+                )
+            ids = set(h.dyn_gis) | {m.gi_id for m in h.migs}
+            gi_id = next(i for i in range(1, MEMORY_SLICES * 2 + 2) if i not in ids)
+            gi = _Gi(gi_id, p, start)
+            h.dyn_gis[gi_id] = gi
+            return _DynGiHandle(h, gi)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: _DynGiHandle, index: int, eng_profile: int = 0, version: int = 2
+    ) -> SimpleNamespace:
+        self._check(gi)
+        slices = CI_PROFILE_SLICES.get(index)
+        if slices is None or slices != gi.gi.profile.compute:  # only the full compute instance is simulated
+            raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"compute instance profile {index}")
+        return SimpleNamespace(id=index, sliceCount=slices, multiprocessorCount=gi.gi.profile.multiprocessors)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: _DynGiHandle, profile_id: int) -> _CiHandle:
+        self._check(gi)
+        with self._lock:
+            g, h = gi.gi, gi.gpu
+            if h.dyn_gis.get(g.gi_id) is not g:
+                raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, f"GPU instance {g.gi_id} was destroyed")
+            if CI_PROFILE_SLICES.get(profile_id) != g.profile.compute:
+                raise SimNVMLError(NVML_ERROR_NOT_SUPPORTED, f"compute instance profile {profile_id}")
+            if g.ci is not None:
+                raise SimNVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES, f"GPU instance {g.gi_id} is full")
+            h.created += 1
+            p = g.profile
+            mig = _Mig(
+                uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, f'{h.uuid}/{g.gi_id}/{h.created}')}",
+                profile=p.name, gi_profile_id=p.id, placement_start=g.start, placement_size=p.size,
+                gi_id=g.gi_id, ci_id=0, memory_mb=p.memory_mb, multiprocessors=p.multiprocessors,
+                copy_engines=p.copy_engines, decoders=p.decoders, encoders=p.encoders,
+                jpeg_engines=p.jpeg_engines, ofa_engines=p.ofa_engines, gi_slices=p.compute,
+                ci_slices=p.compute,
+            )  # fmt: skip
+            g.ci = mig
+            h.migs.append(mig)
+            return _CiHandle(h, g, mig)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: _DynGiHandle, ci_id: int) -> _CiHandle:
+        self._check(gi)
+        if gi.gi.ci is None or ci_id != gi.gi.ci.ci_id:
+            raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no compute instance {ci_id} in instance {gi.gi.gi_id}")
+        return _CiHandle(gi.gpu, gi.gi, gi.gi.ci)
+
+    def nvmlComputeInstanceGetInfo(self, ci: _CiHandle) -> SimpleNamespace:
+        self._check(ci)
+        return SimpleNamespace(id=ci.mig.ci_id, gpuInstanceId=ci.gi.gi_id)
+
+    def nvmlComputeInstanceDestroy(self, ci: _CiHandle) -> None:
+        self._check(ci)
+        with self._lock:
+            if ci.gi.ci is not ci.mig:
+                raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, "compute instance already destroyed")
+            ci.gi.ci = None
+            ci.gpu.migs.remove(ci.mig)
+
+    def nvmlGpuInstanceDestroy(self, gi: _GiHandle | _DynGiHandle) -> None:
+        self._check(gi)
+        with self._lock:
+            if isinstance(gi, _GiHandle) or gi.gi.ci is not None:
+                raise SimNVMLError(NVML_ERROR_IN_USE, "the GPU instance still has a compute instance")
+            if gi.gpu.dyn_gis.get(gi.gi.gi_id) is not gi.gi:
+                raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, "GPU instance already destroyed")
+            del gi.gpu.dyn_gis[gi.gi.gi_id]
 
     # --- NVLink ----------------------------------------------------------------------------------
     def nvmlDeviceGetNvLinkState(self, h: _Gpu, link: int) -> int:
