@@ -107,6 +107,25 @@ def test_unknown_release_is_a_usage_error(draguard: Callable[..., Run], tmp_path
     assert "Traceback" not in run.err
 
 
+def test_a_newer_release_is_judged_by_the_newest_known_with_a_warning(
+    draguard: Callable[..., Run], tmp_path: Path
+) -> None:
+    """A cluster upgraded before draguard must not turn every pipeline red."""
+    newest = draguard("review", str(_claim(tmp_path, MULTI)), "--format", "json")
+    for newer in ("1.38", "v1.41.3"):
+        path = str(_claim(tmp_path, MULTI))
+        run = draguard("review", path, "--kubernetes-version", newer, "--format", "json")
+        assert run.code == newest.code, run.err
+        assert json.loads(run.out)["findings"] == json.loads(newest.out)["findings"]
+        minor = ".".join(newer.removeprefix("v").split(".")[:2])
+        assert f"warning: Kubernetes {minor} is newer than the releases draguard knows" in run.err
+        assert f"judged by {versions.DEFAULT}'s rules" in run.err
+    assert "newer than" not in newest.err
+    for bad in ("1.x", "latest", "1.3999999999"):
+        run = draguard("review", str(_claim(tmp_path, MULTI)), "--kubernetes-version", bad)
+        assert run.code == 2 and "unsupported Kubernetes version" in run.err, bad
+
+
 # ---- DRA fields the target release drops on create ------------------------------------------------
 
 CLAIM_WITH_GATED_FIELDS = {

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
 from webhook.cel.issues import CelIssue
 from webhook.core.findings import Severity
-from webhook.dra.releases import DEFAULT, SUPPORTED, parse_version, release_key
+from webhook.dra.releases import DEFAULT, SUPPORTED, newer_than_known, parse_version, release_key
 
-__all__ = ["CHECK", "DEFAULT", "SUPPORTED", "parse_version", "version_issues"]
+__all__ = ["CHECK", "DEFAULT", "SUPPORTED", "newer_than_known", "parse_version", "version_issues"]
 
 CHECK = "cel/version"
 

@@ -16,14 +16,36 @@ DEFAULT = SUPPORTED[-1]
 
 
 def parse_version(text: str) -> str:
-    """`1.34`, `v1.34` or `1.34.2` -> `1.34`; ValueError naming the supported releases otherwise."""
+    """`1.34`, `v1.34` or `1.34.2` -> `1.34`; a release newer than draguard knows -> the newest it
+    knows (see `newer_than_known`); ValueError naming the supported releases otherwise."""
+    minor = _minor(text)
+    if minor in SUPPORTED:
+        return minor
+    if minor is not None and release_key(minor) > release_key(DEFAULT):
+        # A cluster upgraded before draguard must not break every pipeline that names its release:
+        # newer releases keep the fields and functions of the newest release draguard knows.
+        return DEFAULT
+    raise ValueError(f"unsupported Kubernetes version {text!r}: draguard knows {', '.join(SUPPORTED)}")
+
+
+def newer_than_known(text: str) -> str | None:
+    """For a release newer than SUPPORTED covers, what `parse_version` assumed and why (else None)."""
+    minor = _minor(text)
+    if minor is None or minor in SUPPORTED or release_key(minor) < release_key(DEFAULT):
+        return None
+    return (
+        f"Kubernetes {minor} is newer than the releases draguard knows ({', '.join(SUPPORTED)}): judged by "
+        f"{DEFAULT}'s rules; fields or CEL functions new in {minor} may be reported as unknown. "
+        "Upgrade draguard for its rules."
+    )
+
+
+def _minor(text: str) -> str | None:
     raw = text.strip().removeprefix("v")
     parts = raw.split(".")
-    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-        minor = f"{int(parts[0])}.{int(parts[1])}"
-        if minor in SUPPORTED:
-            return minor
-    raise ValueError(f"unsupported Kubernetes version {text!r}: draguard knows {', '.join(SUPPORTED)}")
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and len(parts[0]) + len(parts[1]) <= 8:
+        return f"{int(parts[0])}.{int(parts[1])}"
+    return None
 
 
 def release_key(release: str) -> tuple[int, int]:

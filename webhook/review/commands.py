@@ -132,6 +132,9 @@ def cmd_review(args: argparse.Namespace) -> int:
         outputs = _outputs(args.format, args.output)
     except (ValueError, ReviewError) as exc:
         return _fail("review", str(exc))
+    newer = versions.newer_than_known(args.kubernetes_version)
+    if newer:
+        print(f"draguard review: warning: {newer}", file=sys.stderr)
     root = repo_root(args.root)
     try:
         if args.base:
@@ -373,7 +376,7 @@ def register(subparsers: Any) -> None:
         metavar="X.Y",
         help=f"the cluster's Kubernetes release ({', '.join(versions.SUPPORTED)}; default "
         f"{versions.DEFAULT}): CEL functions and device fields its API server does not accept yet "
-        "are cel/version errors",
+        "are cel/version errors; a newer release is judged by the newest known, with a warning",
     )
     p.add_argument(
         "--driver",
