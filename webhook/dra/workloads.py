@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.frozen import one_call_init
 from webhook.dra.objects import as_int, as_list, as_map, as_str, read_once
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 # kind -> path (as keys) from the object root to the PodSpec.
 POD_SPEC_PATHS: Mapping[str, tuple[str, ...]] = {
@@ -244,12 +247,63 @@ def _replicas(obj: Mapping[str, Any], star: Any, paths: tuple[str, ...]) -> int:
     return total
 
 
+# KServe's Managed DRA (LLMInferenceService annotations, serving.kserve.io/v1alpha1 and v1alpha2): the
+# controller creates a ResourceClaimTemplate of `count` devices of the class (and the CEL selectors)
+# and references it from one container of the pod template: the first, or the one named.
+KSERVE_DRA_CLASS = "serving.kserve.io/exp-dra-device-class"
+KSERVE_DRA_COUNTS = ("serving.kserve.io/exp-dra-device-count", "serving.kserve.io/exp-dra-gpu-count")
+KSERVE_DRA_CONTAINER = "serving.kserve.io/exp-dra-container-name"
+# How a request for devices of a DeviceClass is written without a claim (KEP-5004's implicit name).
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+_MAX_DRA_COUNT = 32  # AllocationResultsMaxSize: no request gets more devices
+
+
+def kserve_managed_dra(obj: Mapping[str, Any]) -> tuple[str, int, str | None] | None:
+    """(DeviceClass, device count, target container or None for the first) of an LLMInferenceService
+    with KServe's Managed DRA annotations; None without them or with values KServe's webhook
+    rejects (a count that is not a whole number from 1, a class name that is not a DNS subdomain)."""
+    notes = as_map(as_map(obj.get("metadata")).get("annotations"))
+    cls = notes.get(KSERVE_DRA_CLASS)
+    # Length first: the pattern backtracks, and an annotation may be 256 KiB of one tenant's text.
+    if not isinstance(cls, str) or len(cls) > 253 or not _DNS_SUBDOMAIN.fullmatch(cls):
+        return None
+    count = 1
+    for key in KSERVE_DRA_COUNTS:
+        raw = notes.get(key)
+        if isinstance(raw, str):
+            if len(raw) > 8 or not raw.strip().isdigit() or not 1 <= int(raw.strip()) <= _MAX_DRA_COUNT:
+                return None
+            count = int(raw.strip())
+            break
+    target = notes.get(KSERVE_DRA_CONTAINER)
+    return cls, count, target if isinstance(target, str) and 0 < len(target) <= 63 else None
+
+
+def _with_managed_dra(spec: Mapping[str, Any], dra: tuple[str, int, str | None]) -> Mapping[str, Any]:
+    """The pod spec as KServe's controller runs it: the target container asks for the devices. They
+    are read as the equivalent KEP-5004 request (`deviceclass.resource.kubernetes.io/<class>: N`,
+    one claim of N devices of the class per pod), so tier and quota judge them through the class."""
+    cls, count, target = dra
+    containers = [c for c in as_list(spec.get("containers"))]
+    at = next((i for i, c in enumerate(containers)
+               if isinstance(c, Mapping) and (target is None or c.get("name") == target)), None)  # fmt: skip
+    if at is None:
+        return spec  # KServe's webhook refuses a container name the template lacks
+    c = containers[at]
+    res = as_map(c.get("resources"))
+    limits = {**as_map(res.get("limits")), f"{IMPLICIT_CLASS_PREFIX}{cls}": count}
+    containers[at] = {**c, "resources": {**res, "limits": limits}}
+    return {**spec, "containers": containers}
+
+
 def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
     """The pod templates of a workload CRD in the table; None for other kinds."""
     group = (as_str(obj.get("apiVersion")) or "").rpartition("/")[0]
-    paths = _CRD_TABLE.get().get((group, as_str(obj.get("kind")) or ""))
+    kind = as_str(obj.get("kind")) or ""
+    paths = _CRD_TABLE.get().get((group, kind))
     if paths is None:
         return None
+    dra = kserve_managed_dra(obj) if (group, kind) == ("serving.kserve.io", "LLMInferenceService") else None
     out: list[PodTemplate] = []
     for tp in paths:
         for ptr, node, star in _expand(obj, tp.path.split("/"), "", None):
@@ -258,7 +312,15 @@ def crd_templates(obj: Mapping[str, Any]) -> list[PodTemplate] | None:
             spec: Mapping[str, Any] = {"containers": [{"name": tp.name, **node}]} if tp.container else node
             if tp.container and "resourcesPerNode" in node:
                 spec = {"containers": [{"name": tp.name, **node, "resources": node["resourcesPerNode"]}]}
+            if dra is not None and ptr.endswith("/template"):
+                spec = _with_managed_dra(spec, dra)
             out.append(PodTemplate(ptr, spec, _replicas(obj, star, tp.replicas), tp.container))
+    if dra is not None and not any(t.pointer.endswith("/template") for t in out):
+        # No template written: KServe's presets supply the pod, whose model server container
+        # ("main") gets the claim.
+        base = {"containers": [{"name": dra[2] or "main"}]}
+        out.insert(0, PodTemplate("/spec/template", _with_managed_dra(base, dra),
+                                  _replicas(obj, None, ("spec/replicas",))))
     return out
 
 
