@@ -137,19 +137,51 @@ class _Gen:
             dev["taints"] = self.taints()
         return dev
 
+    def reach(self) -> dict[str, Any]:
+        """One device's own node scope (perDeviceNodeSelection)."""
+        r = self.rnd
+        pick = r.choice(["local", "local", "remote", "all", "zone"])
+        if pick == "local":
+            return {"nodeName": NODE}
+        if pick == "remote":
+            return {"nodeName": OTHER}
+        if pick == "all":
+            return {"allNodes": True}
+        term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": [r.choice(["a", "b"])]}]}
+        return {"nodeSelector": {"nodeSelectorTerms": [term]}}
+
     def pool(self, name: str, where: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The slices of one pool and its devices."""
         counters = {"memory": 80, "slices": 7} if self.chance(0.4) else None
         devices = [self.device(f"{name}-d{i}", counters) for i in range(self.rnd.randint(2, 5))]
-        count = 2 if counters else 1
+        per_device = where.get("perDeviceNodeSelection") is True
+        if per_device:
+            for d in devices:
+                d.update(self.reach())
+        if self.chance(0.1):
+            # Devices the pod waits for after allocation; the scheduler tries such pools last.
+            for d in devices:
+                d["bindingConditions"] = ["attached"]
+                d["bindingFailureConditions"] = ["attach-failed"]
+        # Devices in two slices whose names sort against their order here (the scheduler reads a
+        # pool's slices by name).
+        parts = [devices]
+        if len(devices) >= 3 and self.chance(0.25):
+            half = len(devices) // 2
+            parts = [devices[:half], devices[half:]]
+        names = [f"{name}-devices"] if len(parts) == 1 else [f"{name}-devices-b", f"{name}-devices-a"]
+        count = len(parts) + (1 if counters else 0)
         pool = {"name": name, "generation": 1, "resourceSliceCount": count}
         kind = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"}
-        slices = [{**kind, "metadata": {"name": f"{name}-devices"},
-                   "spec": {"driver": DRIVER, "pool": pool, **where, "devices": devices}}]  # fmt: skip
+        slices = [{**kind, "metadata": {"name": n},
+                   "spec": {"driver": DRIVER, "pool": pool, **where, "devices": part}}
+                  for n, part in zip(names, parts, strict=True)]  # fmt: skip
         if counters:
             totals = {c: {"value": _q(v) if c == "memory" else str(v)} for c, v in counters.items()}
+            # A counter slice of a per-device pool has no node scope of its own.
+            scope = {} if per_device else where
             slices.append({**kind, "metadata": {"name": f"{name}-counters"},
-                           "spec": {"driver": DRIVER, "pool": pool, **where,
+                           "spec": {"driver": DRIVER, "pool": pool, **scope,
                                     "sharedCounters": [{"name": "gpu-0", "counters": totals}]}})  # fmt: skip
         return slices, devices
 
@@ -222,6 +254,10 @@ def generate(seed: int) -> Scenario:
     slices: list[dict[str, Any]] = []
     pools: list[tuple[str, list[dict[str, Any]]]] = []
     placements: list[tuple[str, dict[str, Any]]] = [("local", {"nodeName": NODE})]
+    if g.chance(0.25):
+        placements.append(("a-local", {"nodeName": NODE}))  # a second pool on the node, tried first
+    if g.chance(0.2):
+        placements.append(("mixed", {"perDeviceNodeSelection": True}))
     if g.chance(0.3):
         placements.append(("remote", {"nodeName": OTHER}))
     if g.chance(0.2):
