@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from driver.nvml import GpuInfo, MigInfo, NodeGpus
+from driver.nvml import GpuInfo, MigInfo, MigProfile, NodeGpus
 from driver.schema import DRIVER_NAME, K8S_DOMAIN
 from driver.sharing import CapacitySharing
 
@@ -98,6 +98,18 @@ class DriverDevice:
     extra: dict[str, str] = field(default_factory=dict)
     taints: tuple[dict[str, str], ...] = ()  # spec.devices[].taints (driver/health.py)
     shared: CapacitySharing | None = None  # shared by consumable capacity (driver/sharing.py)
+    # Dynamic MIG (partitionable devices): the counter set of the GPU this device draws on and what it
+    # consumes of it; a partition also names the profile and memory slice its instance is created at.
+    counter_set: str | None = None
+    consumes: tuple[tuple[str, int], ...] = ()
+    mig_profile_id: int | None = None
+    mig_start: int | None = None
+
+    @property
+    def memory_slices(self) -> frozenset[int]:
+        """The memory slices a dynamic device takes on its GPU (all of them for the full GPU)."""
+        prefix = "memory-slice-"
+        return frozenset(int(k[len(prefix) :]) for k, _v in self.consumes if k.startswith(prefix))
 
     def memory_policy(self) -> dict[str, int | dict[str, int]] | None:
         """The `memory` capacity's request policy when the device is shared by capacity."""
@@ -199,19 +211,76 @@ def _mig_device(node: NodeGpus, gpu: GpuInfo, mig: MigInfo) -> DriverDevice:
     return DriverDevice(name, "mig", mig.uuid, gpu.minor, attrs, cap, gpu.uuid, mig.gi_id, mig.ci_id)
 
 
+def counter_set_name(gpu: GpuInfo) -> str:
+    return f"gpu-{gpu.minor}-counter-set"
+
+
+def _counters(p: MigProfile) -> dict[str, int]:
+    out = {
+        "multiprocessors": p.multiprocessors, "copy-engines": p.copy_engines, "decoders": p.decoders,
+        "encoders": p.encoders, "jpeg-engines": p.jpeg_engines, "ofa-engines": p.ofa_engines,
+        "memory": p.memory_bytes,
+    }  # fmt: skip
+    return {k: v for k, v in out.items() if v}
+
+
+def _dynamic_devices(node: NodeGpus, gpu: GpuInfo, domain: str | None) -> list[DriverDevice]:
+    """A GPU in MIG mode as partitionable devices: the full GPU and every profile at every placement.
+
+    The GPU's counter set holds one counter per memory slice and, for each engine and for memory, the
+    most any profile has (the whole-GPU profile's): the full GPU consumes all of it, a partition its
+    profile's share and its memory slices, so the scheduler never places two partitions on one memory
+    slice, more engines than the GPU has, nor a partition beside the full GPU.
+    """
+    totals: dict[str, int] = {}
+    for p in gpu.mig_profiles:
+        for k, v in _counters(p).items():
+            totals[k] = max(totals.get(k, 0), v)
+    slices = sorted({s for p in gpu.mig_profiles for st in p.starts for s in range(st, st + p.size)})
+    totals.update({f"memory-slice-{s}": 1 for s in slices})
+    cset = counter_set_name(gpu)
+    full = _gpu_device(node, gpu, domain, None)
+    out = [replace(full, counter_set=cset, consumes=tuple(sorted(totals.items())))]
+    for p in gpu.mig_profiles:
+        for start in p.starts:
+            attrs: dict[str, tuple[AttrKind, AttrValue]] = {
+                "type": ("string", "mig"), "parentUUID": ("string", gpu.uuid), "profile": ("string", p.name),
+            }  # fmt: skip
+            attrs.update(_common(node, gpu))
+            cap = {
+                "memory": p.memory_bytes, "multiprocessors": p.multiprocessors, "copyEngines": p.copy_engines,
+                "decoders": p.decoders, "encoders": p.encoders, "jpegEngines": p.jpeg_engines,
+                "ofaEngines": p.ofa_engines,
+            }  # fmt: skip
+            use = {**_counters(p), **{f"memory-slice-{s}": 1 for s in range(start, start + p.size)}}
+            name = mig_device_name(gpu.minor, p.name, p.profile_id, start)
+            dev = DriverDevice(name, "mig", "", gpu.minor, attrs, cap, gpu.uuid, counter_set=cset,
+                               consumes=tuple(sorted(use.items())), mig_profile_id=p.profile_id,
+                               mig_start=start)  # fmt: skip
+            out.append(dev)
+    return out
+
+
 def build_devices(
-    node: NodeGpus, driver_name: str = DRIVER_NAME, sharing: CapacitySharing | None = None
+    node: NodeGpus,
+    driver_name: str = DRIVER_NAME,
+    sharing: CapacitySharing | None = None,
+    dynamic_mig: bool = False,
 ) -> list[DriverDevice]:
     """All allocatable devices of the node, sorted by name.
 
     Keys without a domain belong to `driver_name`'s domain when published. With `sharing`, the full
     GPUs it names (not those in MIG mode, nor those whose memory NVML does not report) are published
-    for sharing by consumable capacity.
+    for sharing by consumable capacity. With `dynamic_mig`, every GPU in MIG mode whose profiles NVML
+    lists is published as partitionable devices (`_dynamic_devices`), whatever instances it has: the
+    driver owns MIG on those GPUs, and creates and destroys instances as claims come and go.
     """
     domains = nvlink_domains(node.gpus)
     out: list[DriverDevice] = []
     for gpu in node.gpus:
-        if gpu.mig_enabled:
+        if gpu.mig_enabled and dynamic_mig and gpu.mig_profiles:
+            out.extend(_dynamic_devices(node, gpu, domains.get(gpu.uuid)))
+        elif gpu.mig_enabled:
             out.extend(_mig_device(node, gpu, m) for m in gpu.migs)
         else:
             out.append(_gpu_device(node, gpu, domains.get(gpu.uuid), sharing))

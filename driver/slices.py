@@ -26,6 +26,8 @@ log = logging.getLogger("draguard.driver.slices")
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # preference order
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_COUNTERS = 64  # a slice whose devices consume counters holds at most this many
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_ATTRS_PER_DEVICE = 32
 MAX_VALUE_LEN = 64
 MANAGED_BY = {"app.kubernetes.io/managed-by": "draguard"}
@@ -61,6 +63,9 @@ def device_to_api(dev: DriverDevice, version: str) -> dict[str, Any]:
     if policy is not None:  # shared by consumable capacity (KEP-5075): several claims, each its share
         body["allowMultipleAllocations"] = True
         body["capacity"]["memory"]["requestPolicy"] = _quantities(policy)
+    if dev.counter_set is not None:  # dynamic MIG (KEP-4815): what the device takes of its GPU
+        use = {"counterSet": dev.counter_set, "counters": _counter_values(dev.consumes)}
+        body["consumesCounters"] = [use]
     if dev.taints:
         body["taints"] = [dict(t) for t in dev.taints]
     if version == "v1beta1":
@@ -71,6 +76,19 @@ def device_to_api(dev: DriverDevice, version: str) -> dict[str, Any]:
 def _quantities(policy: dict[str, Any]) -> dict[str, Any]:
     """A request policy with its byte counts written as quantities (nested maps kept)."""
     return {k: _quantities(v) if isinstance(v, dict) else format_quantity(int(v)) for k, v in policy.items()}
+
+
+def _counter_values(counters: Sequence[tuple[str, int]]) -> dict[str, dict[str, str]]:
+    return {k: {"value": format_quantity(v)} for k, v in counters}
+
+
+def counter_sets(devices: Sequence[DriverDevice]) -> list[dict[str, Any]]:
+    """The counter sets of the dynamic-MIG GPUs: each full GPU consumes exactly its set's totals."""
+    return [
+        {"name": d.counter_set, "counters": _counter_values(d.consumes)}
+        for d in devices
+        if d.type == "gpu" and d.counter_set is not None
+    ]
 
 
 def slice_devices(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,8 +116,37 @@ def build_slices(
     """Split the devices into slices of at most `max_per_slice`; pool name = node name."""
     if version not in VERSIONS:
         raise ValueError(f"unknown resource.k8s.io version {version!r} (known: {', '.join(VERSIONS)})")
+    sets = counter_sets(devices)
+    if sets and version == "v1beta1":
+        raise ValueError(
+            "dynamic MIG publishes counter sets in slices of their own, which needs resource.k8s.io v1 or "
+            "v1beta2 (Kubernetes 1.35 or later); use --api-version v1"
+        )
+    if sets:
+        max_per_slice = min(max_per_slice, MAX_DEVICES_WITH_COUNTERS)
+    # Kubernetes 1.35+: a slice holds counters or devices, never both; the counter sets come first.
+    per = MAX_COUNTER_SETS_PER_SLICE
+    groups = [sets[i : i + per] for i in range(0, len(sets), per)]
     chunks = [list(devices[i : i + max_per_slice]) for i in range(0, len(devices), max_per_slice)]
+    total = len(groups) + len(chunks)
     out = []
+    for group in groups:
+        cmeta: dict[str, Any] = {"generateName": f"{node_name}-{driver_name}-", "labels": dict(MANAGED_BY)}
+        if owner:
+            cmeta["ownerReferences"] = [owner]
+        out.append(
+            {
+                "apiVersion": f"{GROUP}/{version}",
+                "kind": "ResourceSlice",
+                "metadata": cmeta,
+                "spec": {
+                    "driver": driver_name,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": total},
+                    "sharedCounters": group,
+                },
+            }
+        )
     for chunk in chunks:
         meta: dict[str, Any] = {"generateName": f"{node_name}-{driver_name}-", "labels": dict(MANAGED_BY)}
         if owner:
@@ -114,7 +161,7 @@ def build_slices(
                 "spec": {
                     "driver": driver_name,
                     "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": total},
                     "devices": [device_to_api(d, version) for d in chunk],
                 },
             }

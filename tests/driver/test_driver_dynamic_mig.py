@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from driver.devices import build_devices
 from driver.nvml import ERR_IN_USE, ERR_INSUFFICIENT_RESOURCES, ERR_INVALID_ARGUMENT, NvmlCallError, open_sim
 
 TOPOLOGY = "a100-2x-dynamic-mig"
@@ -96,3 +97,45 @@ def test_a_gpu_instance_with_a_compute_instance_is_in_use():
         assert err.value.value == ERR_IN_USE
     finally:
         sim.nvmlShutdown()
+
+
+# --- what is published ---------------------------------------------------------------------------
+
+
+def _fits(devices, names) -> bool:
+    """Whether the devices named can be allocated together by their counters (the scheduler's rule)."""
+    by_name = {d.name: d for d in devices}
+    totals = {d.counter_set: dict(d.consumes) for d in devices if d.type == "gpu" and d.counter_set}
+    used: dict[tuple[str, str], int] = {}
+    for n in names:
+        d = by_name[n]
+        for k, v in d.consumes:
+            used[(d.counter_set, k)] = used.get((d.counter_set, k), 0) + v
+    return all(v <= totals[cs][k] for (cs, k), v in used.items())
+
+
+def test_dynamic_mig_publishes_the_full_gpu_and_every_placement_on_one_counter_set():
+    devices = build_devices(open_sim(TOPOLOGY).enumerate(), dynamic_mig=True)
+    gpu0 = [d for d in devices if d.minor == 0]
+    assert {d.counter_set for d in gpu0} == {"gpu-0-counter-set"}
+    (full,) = [d for d in gpu0 if d.type == "gpu"]
+    assert full.name == "gpu-0" and full.memory_slices == frozenset(range(8))
+    parts = {d.name: d for d in gpu0 if d.type == "mig"}
+    assert len(parts) == 25 and all(not d.uuid and d.parent_uuid == GPU0 for d in parts.values())
+    assert parts["gpu-0-mig-3g40gb-9-4"].memory_slices == frozenset(range(4, 8))
+    assert parts["gpu-0-mig-3g40gb-9-4"].attributes["profile"] == ("string", "3g.40gb")
+    # What NVML allows, the counters allow; what it refuses, they refuse.
+    assert _fits(devices, [f"gpu-0-mig-1g10gb-19-{i}" for i in range(7)])
+    assert _fits(devices, ["gpu-0-mig-4g40gb-5-0", "gpu-0-mig-3g40gb-9-4"])
+    assert _fits(devices, ["gpu-0-mig-4g40gb-5-0", "gpu-0-mig-2g20gb-14-4", "gpu-0-mig-1g10gb-19-6"])
+    assert not _fits(devices, ["gpu-0", "gpu-0-mig-1g10gb-19-6"])  # the full GPU and a partition
+    assert not _fits(devices, ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-3"])  # one memory slice
+    assert not _fits(devices, ["gpu-0-mig-1g10gb-me-20-0", "gpu-0-mig-1g10gb-me-20-1"])  # one media engine
+    assert _fits(devices, ["gpu-0", "gpu-1-mig-7g80gb-0-0"])  # another GPU's counters are its own
+
+
+def test_without_the_mode_a_gpu_in_mig_mode_publishes_its_instances_only():
+    devices = build_devices(open_sim(TOPOLOGY).enumerate())
+    assert devices == []
+    static = build_devices(open_sim("a100-4x-mig").enumerate(), dynamic_mig=False)
+    assert static and all(d.counter_set is None for d in static)

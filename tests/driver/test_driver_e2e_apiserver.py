@@ -182,6 +182,31 @@ def test_a_share_allocated_through_the_api_is_prepared_with_its_limit(apiserver,
     assert not list((short_dir / "cdi").iterdir())
 
 
+def test_dynamic_mig_counters_and_partitions_are_accepted(apiserver):
+    node = open_sim("a100-2x-dynamic-mig").enumerate()
+    pub = publisher(apiserver, version="v1")
+    devs = build_devices(node, dynamic_mig=True)
+    assert not pub.publish(devs).unchanged
+    slices = pool(apiserver)
+    counters = [s for s in slices if s["spec"].get("sharedCounters")]
+    (cs,) = counters  # counters in a slice of their own (Kubernetes 1.35+)
+    assert "devices" not in cs["spec"] or not cs["spec"]["devices"]
+    sets = {c["name"]: c["counters"] for c in cs["spec"]["sharedCounters"]}
+    assert sorted(sets) == ["gpu-0-counter-set", "gpu-1-counter-set"]
+    assert sets["gpu-0-counter-set"]["memory-slice-7"] == {"value": "1"}
+    assert sets["gpu-0-counter-set"]["multiprocessors"] == {"value": "98"}
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    assert len(devices) == len(devs) == 2 * (1 + 7 + 7 + 4 + 3 + 2 + 1 + 1)
+    part = devices["gpu-0-mig-3g40gb-9-4"]
+    (use,) = part["consumesCounters"]
+    assert use["counterSet"] == "gpu-0-counter-set"
+    assert sorted(k for k in use["counters"] if k.startswith("memory-slice-")) == [
+        f"memory-slice-{i}" for i in range(4, 8)
+    ]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+    assert pub.publish(devs).unchanged
+
+
 def _big(tmp_path: Path) -> Path:
     from test_driver_slices import big_mig_topology
 
