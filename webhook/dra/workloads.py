@@ -44,6 +44,16 @@ class TemplatePath:
     name: str = "trainer"
 
 
+# Kubeflow Training Operator v1 job kinds and their replica-spec maps.
+KUBEFLOW_V1_JOBS: Mapping[str, str] = {
+    "PyTorchJob": "pytorchReplicaSpecs",
+    "TFJob": "tfReplicaSpecs",
+    "PaddleJob": "paddleReplicaSpecs",
+    "XGBoostJob": "xgbReplicaSpecs",
+    "JAXJob": "jaxReplicaSpecs",
+}
+
+
 def _ray(prefix: str) -> tuple[TemplatePath, ...]:
     return (
         TemplatePath(f"{prefix}/headGroupSpec/template/spec"),
@@ -107,9 +117,10 @@ def _training_runtime() -> tuple[TemplatePath, ...]:
 # (API group, kind) -> pod templates: the workload CRDs GPU jobs commonly come as. Review, admission
 # and migration all read pod specs through this table (pod_templates_of).
 CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
-    ("kubeflow.org", "PyTorchJob"): (
-        TemplatePath("spec/pytorchReplicaSpecs/*/template/spec", ("./replicas",)),
-    ),
+    # Kubeflow Training Operator v1 (kubeflow.org/v1, pkg/apis/kubeflow.org/v1): each job kind keeps
+    # a map of replica type (Master, Worker, Chief, PS, ...) to ReplicaSpec {replicas, template}.
+    **{("kubeflow.org", kind): (TemplatePath(f"spec/{field}/*/template/spec", ("./replicas",)),)
+       for kind, field in KUBEFLOW_V1_JOBS.items()},
     # Volcano Job (batch.volcano.sh/v1alpha1, pkg/apis/batch/v1alpha1/job.go): `tasks[]` each have
     # `replicas` and a PodTemplateSpec `template`.
     ("batch.volcano.sh", "Job"): (TemplatePath("spec/tasks/*/template/spec", ("./replicas",)),),
@@ -141,7 +152,7 @@ CrdTable = Mapping[tuple[str, str], tuple[TemplatePath, ...]]
 # The resource (plural) and versions each CRD is served as: what the shipped webhook configurations
 # route (kustomize/base/admission, checked against this table by tests/kustomize).
 CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
-    ("kubeflow.org", "PyTorchJob"): ("pytorchjobs", ("v1",)),
+    **{("kubeflow.org", kind): (f"{kind.lower()}s", ("v1",)) for kind in KUBEFLOW_V1_JOBS},
     ("jobset.x-k8s.io", "JobSet"): ("jobsets", ("v1alpha2",)),
     ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): ("leaderworkersets", ("v1",)),
     ("ray.io", "RayCluster"): ("rayclusters", ("v1",)),
