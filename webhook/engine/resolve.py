@@ -352,6 +352,43 @@ def owner_pod(claim: Mapping[str, Any]) -> OwnerPod | None:
     return None
 
 
+def owner_pod_group(claim: Mapping[str, Any]) -> str | None:
+    """The PodGroup a ResourceClaim was made for (KEP-5729: a PodGroup's `spec.resourceClaims` entry
+    naming a template): its controller ownerReference of kind PodGroup in scheduling.k8s.io.
+
+    Such a claim is shared by the group's pods, which name the same template in their own
+    `spec.resourceClaims`; like `owner_pod`, it says whose rules the claim keeps to, never that it
+    may skip them."""
+    for raw in as_list(as_map(claim.get("metadata")).get("ownerReferences")):
+        ref = as_map(raw)
+        api = as_str(ref.get("apiVersion")) or ""
+        if ref.get("controller") is not True or ref.get("kind") != "PodGroup":
+            continue
+        if api.partition("/")[0] != "scheduling.k8s.io":
+            continue
+        name = as_str(ref.get("name"))
+        if name:
+            return name
+    return None
+
+
+def pod_group_of(pod: Mapping[str, Any]) -> str | None:
+    """The PodGroup a Pod belongs to (`spec.schedulingGroup.podGroupName`, Kubernetes 1.36+)."""
+    return as_str(as_map(as_map(pod.get("spec")).get("schedulingGroup")).get("podGroupName")) or None
+
+
+def pods_in_group(
+    objects: Iterable[Mapping[str, Any]], namespace: str, group: str, default_namespace: str = "default"
+) -> list[Mapping[str, Any]]:
+    """Pods among `objects` in `namespace` that belong to PodGroup `group`."""
+    return [
+        obj
+        for obj in objects
+        if obj.get("kind") == "Pod" and obj.get("apiVersion") == "v1"
+        and namespace_of(obj, default_namespace) == namespace and pod_group_of(obj) == group
+    ]  # fmt: skip
+
+
 def find_pod(
     objects: Iterable[Mapping[str, Any]], namespace: str, owner: OwnerPod, default_namespace: str = "default"
 ) -> Mapping[str, Any] | None:

@@ -121,8 +121,8 @@ def fetch(
             # unreadable, so the rule fails closed without a read.
             looked[(kind, ns, name)] = "unreadable"
             continue
-        if kind == "PendingPods":
-            found, complete = _pending_pods(http, ns, name, left)
+        if kind in ("PendingPods", "GroupPods"):
+            found, complete = _pending_pods(http, ns, name, left, by_group=kind == "GroupPods")
             related.extend(found)
             if not complete:
                 looked[(kind, ns, name)] = "unreadable"
@@ -140,12 +140,14 @@ def fetch(
 
 
 def _pending_pods(
-    http: Getter, namespace: str, claim: str, timeout: float
+    http: Getter, namespace: str, name: str, timeout: float, by_group: bool = False
 ) -> tuple[list[Mapping[str, Any]], bool]:
-    """Unscheduled pods of `namespace` that name ResourceClaim `claim`, and whether that is all of them.
+    """Unscheduled pods of `namespace` that name ResourceClaim `name` (or, `by_group`, that belong to
+    PodGroup `name`), and whether that is all of them.
 
     One page of `MAX_PENDING_PODS`, filtered by the API server to pods without a node (a scheduled
-    pod's claim is allocated and cannot be replaced under it).
+    pod's claim is allocated and cannot be replaced under it; a group's claim is allocated before
+    any of its pods is bound).
     """
     # No resourceVersion: a consistent list. A pod admitted a millisecond before this claim must be
     # in it, and "any version" from the watch cache could lag behind exactly that.
@@ -160,8 +162,18 @@ def _pending_pods(
     for item in doc.get("items") or []:
         if not isinstance(item, Mapping):
             continue
-        claims = ((item.get("spec") or {}).get("resourceClaims")) or []
-        if any(isinstance(c, Mapping) and c.get("resourceClaimName") == claim for c in claims):
+        spec = item.get("spec")
+        if not isinstance(spec, Mapping):
+            continue
+        if by_group:
+            group = spec.get("schedulingGroup")
+            if isinstance(group, Mapping) and group.get("podGroupName") == name:
+                out.append({**item, "apiVersion": "v1", "kind": "Pod"})
+            continue
+        claims = spec.get("resourceClaims") or []
+        if isinstance(claims, list) and any(
+            isinstance(c, Mapping) and c.get("resourceClaimName") == name for c in claims
+        ):
             out.append({**item, "apiVersion": "v1", "kind": "Pod"})
     # More pods than one page: what was found still counts; the rest is unknown.
     return out, not (doc.get("metadata") or {}).get("continue")

@@ -26,6 +26,8 @@ from webhook.engine.resolve import (
     extended_requests,
     find_pod,
     owner_pod,
+    owner_pod_group,
+    pods_in_group,
     pods_naming_claim,
     requested_classes,
 )
@@ -385,7 +387,11 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     obj = item.obj
     owner = owner_pod(obj)
     if owner is None:
-        yield from _check_named_claim(item, rc)
+        group = owner_pod_group(obj)
+        if group is not None:
+            yield from _check_group_claim(item, rc, group)
+        else:
+            yield from _check_named_claim(item, rc)
         return
     ns = rc.namespace(item) or rc.ctx.default_namespace
     pod = find_pod((*(i.obj for i in rc.objects), *rc.ctx.related), ns, owner, rc.ctx.default_namespace)
@@ -426,6 +432,49 @@ def _check_owned_claim(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     ]
     for policy in _classifying(rc, ns, facts):
         yield from check_policy(item, rc, policy, uses, facts, subject=f"pod {owner.name}'s workload")
+
+
+def _check_group_claim(item: SourceObject, rc: RuleContext, group: str) -> Iterator[Finding]:
+    """A claim the control plane made for a PodGroup keeps to the class of every pod of the group.
+
+    The group's pods name the claim's template and were judged against whatever held that name when
+    they were admitted; a template replaced before the group's claim is made must not bring other
+    devices (the same order trick as a pod's own claim, one level up)."""
+    read = claim_spec_of(item.obj)
+    if read is None:
+        return
+    spec, ptr = read
+    ns = rc.namespace(item) or rc.ctx.default_namespace
+    known = (*(i.obj for i in rc.objects), *rc.ctx.related)
+    said: set[tuple[str, str]] = set()  # a gang's pods are alike: say each verdict once
+    for pod in pods_in_group(known, ns, group, rc.ctx.default_namespace):
+        facts = workload_facts(pod)
+        if facts is None:
+            continue
+        pod_name = as_str(as_map(pod.get("metadata")).get("name")) or "<unnamed>"
+        uses = [
+            GpuUse(dc, f"the claim made for pod group {group}", f"in request {req!r} of the claim's template",
+                   req_ptr or ptr, f"group:{req}")
+            for dc, req_ptr, req in requested_classes(spec)
+        ]  # fmt: skip
+        for policy in _classifying(rc, ns, facts):
+            for f in check_policy(item, rc, policy, uses, facts, subject=f"pod {pod_name}'s workload"):
+                key = (f.rule, f.message.replace(f"pod {pod_name}'s", "pod's"))
+                if key not in said:
+                    said.add(key)
+                    yield f
+    if rc.ctx.looked_up.get(("GroupPods", ns, group)) == "unreadable":
+        for policy in _policies_for(rc, ns):
+            yield rc.finding(
+                item,
+                f"tier/{policy.name}",
+                severity_for(policy.mode),
+                policy.mode,
+                f"the pods of pod group {group!r} this claim is made for could not all be read, so their "
+                "workload classes are unknown",
+                fix="retry: the controller that creates this claim retries on its own",
+                pointer="/metadata/ownerReferences",
+            )
 
 
 def _missing_claims(item: SourceObject, rc: RuleContext, claims: list[PodClaim]) -> list[str]:
@@ -516,6 +565,9 @@ def lookups_needed(
             return []
         if owner is not None:
             return [("Pod", namespace, owner.name)]
+        group = owner_pod_group(obj)
+        if group is not None:
+            return [("GroupPods", namespace, group)]
         # A user's claim: the unscheduled pods of the namespace that name it.
         return [("PendingPods", namespace, name)] if name else []
     if pod_spec_of(obj) is None:
