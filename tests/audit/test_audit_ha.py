@@ -7,9 +7,13 @@ the lease stops scanning before another starts. The failover times are printed (
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kustomize"))  # th
 from kapi import Api, api_server, wait_for
 from kaudit import install, policies_with_h200_only, sample
 
+from tests.apiserver import _free_port
 from webhook.audit.controller import AuditController, AuditOptions
 from webhook.audit.leader import LeaderElector, LeaseConfig
 from webhook.server.caches import KubeHttp
@@ -143,3 +148,57 @@ def test_one_replica_scans_and_the_other_takes_over(api: tuple[Api, Path], tmp_p
             r.ctl.stop()
         for r in replicas:
             r.thread.join(timeout=30)
+
+
+def _leader_metric(port: int) -> float | None:
+    """draguard_audit_leader from a process's /metrics; None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("draguard_audit_leader "):
+            return float(line.split()[1])
+    return None
+
+
+def test_sigterm_to_the_leader_process_hands_over_within_a_retry(
+    api: tuple[Api, Path], tmp_path: Path
+) -> None:
+    """`draguard audit run --leader-elect` as two processes: SIGTERM to the leader ends it cleanly
+    (exit 0), releases the Lease, and the other process reports itself leader a moment later."""
+    a, kubeconfig = api
+    policies = policies_with_h200_only(tmp_path / "policies")
+    exe = str(Path(sys.executable).with_name("draguard"))
+    ports = [_free_port(), _free_port()]
+    procs: list[subprocess.Popen[bytes]] = []
+    for i, port in enumerate(ports):
+        args = [exe, "audit", "run", "--kubeconfig", str(kubeconfig), "--policies", str(policies),
+                "--leader-elect", "--leader-elect-namespace", "draguard-system", "--lease-duration", "3",
+                "--renew-deadline", "2", "--retry-period", "0.5", "--metrics-port", str(port),
+                "--interval", "3600"]  # fmt: skip
+        env = {**os.environ, "POD_NAME": f"proc-{i}"}
+        with open(tmp_path / f"audit-{i}.log", "wb") as log:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
+        if i == 0:  # the first one leads: it is up and elected before the second starts
+            wait_for(lambda: _leader_metric(ports[0]) == 1.0, "the first process to lead", timeout=60)
+    try:
+        wait_for(lambda: _leader_metric(ports[1]) == 0.0, "the second process to follow", timeout=60)
+        assert _holder(a)["holderIdentity"].startswith("proc-0_")
+        t0 = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        wait_for(lambda: _leader_metric(ports[1]) == 1.0, "the second process to lead", timeout=10)
+        took = time.monotonic() - t0
+        assert procs[0].wait(timeout=30) == 0
+        print(f"\nprocess failover on SIGTERM: {took:.2f} s")
+        assert took <= 1.2 * TIMING["retry_period"] + 1.5
+        lease = _holder(a)
+        assert lease["holderIdentity"].startswith("proc-1_") and lease["leaseTransitions"] >= 1
+        log_text = (tmp_path / "audit-0.log").read_text()
+        assert "became the audit leader" in log_text and "released the audit lease" in log_text
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
