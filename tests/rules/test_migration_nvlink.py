@@ -38,12 +38,15 @@ def _workload(rel: str, kind: str) -> dict[str, Any]:
     return copy.deepcopy(obj)
 
 
-def _migrated(obj: dict[str, Any], **ctx: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The object as admission in migrate mode rewrites it, and the templates it creates."""
+def _migrated(
+    obj: dict[str, Any], inventory: Inventory | None = None, **ctx: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The object as review in migrate mode rewrites it (no inventory unless given), and the
+    templates it writes."""
     ns = obj["metadata"].get("namespace") or "default"
     labels = {ns: {"draguard.io/migration-mode": "migrate"}}
-    report = evaluate([SourceObject(obj)], POLICIES, Inventory.empty(),
-                      Context(namespace_labels=labels, admission=True, **ctx), rule_modules=("migrate",))
+    report = evaluate([SourceObject(obj)], POLICIES, inventory or Inventory.empty(),
+                      Context(namespace_labels=labels, **ctx), rule_modules=("migrate",))
     found = [f for f in report.findings if f.rule == RULE]
     assert found and all(f.patch for f in found), [f.message for f in found]
     # One finding per pod template (LeaderWorkerSet: leader and workers), each patching its own.
@@ -128,6 +131,34 @@ def test_a_cluster_without_firstavailable_gets_the_plain_request() -> None:
     devices = tmpl["spec"]["spec"]["devices"]
     assert "constraints" not in devices and "firstAvailable" not in devices["requests"][0]
     assert devices["requests"][0]["count"] == 2
+
+
+def test_admission_and_a_known_inventory_get_what_the_cluster_shows() -> None:
+    # The webhook bounds the templates it creates by their exact counts (no node has more devices):
+    # in admission the request stays plain.
+    obj = _workload("gke-samples/tgi-gemma-2b-it-h100-80gb.yaml", "Deployment")
+    _rewritten, (tmpl,) = _migrated(obj, admission=True)
+    devices = tmpl["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["count"] == 8 and "constraints" not in devices
+    # With an inventory the cluster decides. The example inventory's H100 node has its 8 GPUs in one
+    # NVLink domain: the constraint is required, not merely preferred.
+    inventory = Inventory.from_objects(
+        [d.data for d in parse_yaml_documents((ROOT / "examples" / "inventory.yaml").read_text(), "inventory")
+         if isinstance(d.data, dict)]
+    )  # fmt: skip
+    _rewritten, (tmpl,) = _migrated(obj, inventory)
+    assert tmpl["metadata"]["name"].endswith("-nvlink")
+    assert tmpl["spec"]["spec"]["devices"] == {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com-h100", "count": 8}}],
+        "constraints": [{"requests": ["gpu"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}],
+    }
+    # No node there has 16 H100s: no preference list hides that; the request stays plain (and
+    # structure/unsatisfiable says why it cannot be placed).
+    container = obj["spec"]["template"]["spec"]["containers"][0]["resources"]
+    container["limits"]["nvidia.com/gpu"] = container["requests"]["nvidia.com/gpu"] = "16"
+    _rewritten, (tmpl,) = _migrated(obj, inventory)
+    devices = tmpl["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["count"] == 16 and "constraints" not in devices
 
 
 def test_under_nvidias_driver_the_preference_names_its_fabric_partition() -> None:

@@ -339,12 +339,12 @@ _PRIORITIZED_LIST_VERSIONS = frozenset({"v1"})
 
 def _joined_everywhere(
     device_class: str, count: int, classes: Mapping[str, Any] | None, inventory: Any, attribute: str
-) -> bool | None:
-    """Whether every node of the inventory holding `count` devices of the class has `count` of them
-    sharing one value of `attribute` (True), some node does not (False), or the inventory cannot
-    tell: no inventory, a class it cannot match, no node with that many such devices (None)."""
+) -> bool:
+    """True when the inventory has a node with `count` devices of the class and every such node has
+    `count` of them sharing one value of `attribute`; False when some does not, or the inventory
+    cannot tell (none given, a class it cannot match, no node with that many such devices)."""
     if inventory is None or not classes or device_class not in classes:
-        return None
+        return False
     from webhook.cel.match import match_devices
 
     domain, _, name = attribute.rpartition("/")
@@ -355,7 +355,7 @@ def _joined_everywhere(
         try:
             matched = match_devices(exprs, devices).matched if exprs else list(devices)
         except Exception:  # a selector that does not compile: the class is reported elsewhere
-            return None
+            return False
         if len(matched) < count:
             continue
         groups: dict[str, int] = {}
@@ -366,7 +366,7 @@ def _joined_everywhere(
         if max(groups.values(), default=0) < count:
             return False
         placed = True
-    return True if placed else None
+    return placed
 
 
 def interconnect_for(
@@ -384,22 +384,23 @@ def interconnect_for(
 
 def interconnect_plan(
     device_class: str, count: int, resource: str, classes: Mapping[str, Any] | None, inventory: Any,
-    api_version: str, attribute: str = "/".join(NVLINK_ATTRIBUTE),
+    api_version: str, attribute: str = "/".join(NVLINK_ATTRIBUTE), prefer: bool = True,
 ) -> tuple[str, bool] | None:
     """How a template for `count` whole GPUs joins them by NVLink: (attribute, required).
 
-    Required when the inventory shows every node able to hold the claim can meet it. When it cannot
-    tell (review of files, `draguard migrate` without an inventory), preferred: the device plugin
-    gave any `count` GPUs of a node, so the claim must still take any, but it asks for joined ones
-    first. None when the inventory shows nodes where the GPUs are not joined (the interconnect
-    warning then says what the user must decide), for MIG slices (never joined), one device, or a
-    claim version without `firstAvailable`."""
+    Required when the inventory shows every node able to hold the claim can meet it. Preferred when
+    no inventory is known (review of files, `draguard migrate`) and `prefer`: the device plugin gave
+    any `count` GPUs of a node, so the claim must still take any, but it asks for joined ones first.
+    None otherwise: the inventory shows nodes where the GPUs are not joined, or none with that many
+    (the interconnect or unsatisfiable finding then tells the true state), MIG slices (never joined),
+    one device, a claim version without `firstAvailable`, or `prefer` is off (admission: the webhook
+    bounds what it creates by the requests' exact counts)."""
     if count < 2 or resource != LEGACY_GPU_RESOURCE:
         return None
-    evidence = _joined_everywhere(device_class, count, classes, inventory, attribute)
-    if evidence is True:
+    if _joined_everywhere(device_class, count, classes, inventory, attribute):
         return attribute, True
-    if evidence is False or api_version.rpartition("/")[2] not in _PRIORITIZED_LIST_VERSIONS:
+    known = inventory is not None and bool(getattr(inventory, "devices", ()))
+    if known or not prefer or api_version.rpartition("/")[2] not in _PRIORITIZED_LIST_VERSIONS:
         return None
     return attribute, False
 
@@ -667,6 +668,7 @@ def plan_pod_spec(
     classes: Mapping[str, Any] | None = None,
     inventory: Any = None,
     link_attribute: Callable[[int], str] | None = None,
+    prefer_interconnect: bool = True,
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -678,7 +680,8 @@ def plan_pod_spec(
     GPU model gets the class that selects it. Uses whose meaning a rewrite would change land in
     `plan.refused` with the reason. A template for several whole GPUs joins them by NVLink (see
     `interconnect_plan`) on `link_attribute(count)`, the attribute the driver serving the cluster
-    publishes for it (default `gpu.nvidia.com/nvlinkDomain`, the bundled driver's).
+    publishes for it (default `gpu.nvidia.com/nvlinkDomain`, the bundled driver's); as a preference
+    only while `prefer_interconnect`.
     """
     if not build:
         rewrite = False
@@ -724,7 +727,8 @@ def plan_pod_spec(
         if key not in links:
             attribute = link_attribute(count) if link_attribute else "/".join(NVLINK_ATTRIBUTE)
             links[key] = interconnect_plan(
-                mapping.device_class, count, resource, classes, inventory, version, attribute
+                mapping.device_class, count, resource, classes, inventory, version, attribute,
+                prefer_interconnect,
             )
         link = links[key]
         tname = template_name_for(mapping, count)

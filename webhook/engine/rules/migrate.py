@@ -190,6 +190,9 @@ def _check_template(
         # Only a migrating namespace gets the patch and the templates; the others get the text.
         build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes, inventory=rc.inventory,
         link_attribute=_link_attribute(rc),
+        # The webhook bounds the templates it creates by their requests' exact counts (no node has
+        # more devices); a preference list would hide the count from that bound.
+        prefer_interconnect=not rc.ctx.admission,
     )
     yield from _claim_template(item, rc, plan, policy, mmode, namespace)
 
