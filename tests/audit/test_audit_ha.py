@@ -202,3 +202,25 @@ def test_sigterm_to_the_leader_process_hands_over_within_a_retry(
             if p.poll() is None:
                 p.terminate()
                 p.wait(timeout=30)
+
+
+def test_a_replica_that_does_not_lead_sends_no_scan_request(tmp_path: Path) -> None:
+    """A scan asked of a follower ends before its first request: against an unreachable API server a
+    request would be an `error`; the follower's scan is `abandoned` instead. The same controller
+    without an elector does send them."""
+    dead = tmp_path / "dead.kubeconfig"
+    dead.write_text(DEAD_KUBECONFIG)
+    policies = policies_with_h200_only(tmp_path / "policies")
+    http = KubeHttp.from_kubeconfig(str(dead))
+    follower = LeaderElector(http, LeaseConfig(namespace="draguard-system", identity="idle", **TIMING))
+    ctl = AuditController(http, AuditOptions(str(policies)), elector=follower)
+    assert ctl.load_policies()
+    assert ctl.scan_once() is None
+    assert sample(ctl, "draguard_audit_scans_total", outcome="abandoned") == 1.0
+    assert sample(ctl, "draguard_audit_scans_total", outcome="error") == 0.0
+    assert sample(ctl, "draguard_audit_leader") == 0.0
+    alone = AuditController(http, AuditOptions(str(policies)))
+    assert alone.load_policies()
+    assert alone.scan_once() is None
+    assert sample(alone, "draguard_audit_scans_total", outcome="error") == 1.0
+    assert sample(alone, "draguard_audit_leader") == 1.0  # the only replica is the one that scans
