@@ -350,7 +350,8 @@ class LeaderElector:
                 wait = max(0.0, min(wait, self._until - self.clock()))
             if self._stop.wait(wait):
                 break
-        self._report()
+        with self.lock:
+            self._report()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop trying; the lease is left as it is (release() gives it up)."""
@@ -360,15 +361,15 @@ class LeaderElector:
             t.join(timeout)
 
     def release(self) -> bool:
-        """Give the lease up, for a fast failover: only the holder's own record is emptied, and only
-        with the resourceVersion it read, so a lease someone else took meanwhile is left alone.
-        Call only once nothing is written any more. True when released."""
+        """Give the lease up, for a fast failover: only this replica's own record is emptied, and
+        only with the resourceVersion it read, so a lease someone else took meanwhile is left alone.
+        (It is released even past the renew deadline: what matters is that nothing is written any
+        more, so call it only then.) True when released."""
         with self.lock:
-            was = self.is_leader()
             self._until = float("-inf")  # from here on nothing may be written, even if the PUT fails
             self._report()
-            if not was:
-                return False
+            if self.holder != self.cfg.identity:
+                return False  # a follower, as far as it last saw: no request at all
             try:
                 lease = self.http.get_json(self.path, timeout=self._timeout)
                 rv = _dict(lease.get("metadata")).get("resourceVersion")
