@@ -3,7 +3,10 @@
 Checks (rule ids): `cel/syntax`, `cel/type`, `cel/limits` (the API server refuses these);
 `cel/unknown-attribute` (a name the driver does not publish, an attribute/capacity mix-up, or a
 comparison against the wrong value type); `cel/no-match` and evaluation errors against a given
-inventory; `cel/driver-guard` (no `device.driver == ...` conjunct).
+inventory; `cel/driver-guard` (no `device.driver == ...` conjunct). Selectors the API server
+accepts but that can select no device whatever the inventory (`webhook/cel/never.py`) are
+warnings: `cel/no-match`, or `cel/unknown-attribute` when a value is read that the driver's
+schema says is never there or has another type.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from driver import schema
-from webhook.cel import versions
+from webhook.cel import never, versions
 from webhook.cel.analysis import COMPARISON_SYMBOLS, Access, Comparison
 from webhook.cel.env import CompiledSelector, compile_or_issue
 from webhook.cel.issues import CHECKS, CelIssue
@@ -84,6 +87,7 @@ class _Linter:
                     self.published[key] = typ
         self.issues: list[CelIssue] = []
         self.reported_names: set[str] = set()
+        self.never: CelIssue | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -300,6 +304,84 @@ class _Linter:
                          f"compare with {hint}, e.g. {target} {op} "
                          + (repr(str(constant)) if typ == "string" else str(constant)), access)
 
+    # -- selectors that can never select a device ----------------------------------------------------
+
+    def schema_view(self) -> never.SchemaView:
+        schema_ = self.schema
+        reported = {(i.line, i.column) for i in self.issues if i.check == "cel/unknown-attribute"}
+
+        def spec(kind: str, domain: str, name: str) -> tuple[str, frozenset[str]] | None:
+            sdomain = self.schema_domains.get(domain)
+            if sdomain is None:
+                return None
+            found = schema_.lookup(sdomain, name, "attribute" if kind == "attributes" else "capacity")
+            return None if found is None else (found.type, found.device_types)
+
+        def driver_domains(driver: str, kind: str) -> frozenset[str] | None:
+            own = schema_.driver_name if driver == self.driver else driver
+            if own not in schema_.drivers:
+                return None
+            types = schema_.device_types.get(own, frozenset())
+            wanted = "attribute" if kind == "attributes" else "capacity"
+            return frozenset(
+                self.driver if s.domain == schema_.driver_name else s.domain
+                for s in schema_.attributes if s.kind == wanted and s.device_types & types
+            )
+
+        def type_values(domain: str) -> frozenset[str] | None:
+            sdomain = self.schema_domains.get(domain)
+            found = None if sdomain is None else schema_.lookup(sdomain, "type", "attribute")
+            # The `type` attribute's values are the device types of the devices that publish it.
+            return None if found is None or found.type != "string" else found.device_types
+
+        return never.SchemaView(
+            spec=spec,
+            schema_domain=lambda domain: domain in self.schema_domains,
+            driver_domains=driver_domains,
+            type_values=type_values,
+            reported=lambda access: self.location(access) in reported,
+            evaluate=never.runtime_error,
+        )
+
+    def check_never(self) -> None:
+        """Say why a selector the API server accepts can select no device (a warning: it is valid)."""
+        reason = never.find(self.c.ast, self.c.analysis.accesses, self.schema_view())
+        if reason is None or reason.known:
+            return
+        line: int | None = None
+        column: int | None = None
+        if reason.access is not None:
+            line, column = self.location(reason.access)
+        elif reason.node_id is not None:
+            line, column = self.c.ast.location(reason.node_id)
+        if any(i.check == reason.check and (i.line, i.column) == (line, column) for i in self.issues):
+            return
+        basis = "" if reason.basis == "always" else " (as the driver publishes its devices)"
+        self.never = CelIssue(
+            reason.check, Severity.WARNING,
+            f"the API server accepts this selector, but it never selects a device{basis}: {reason.message}",
+            reason.fix, line, column,
+        )
+
+    def report_never(self, inventory_no_match: bool) -> None:
+        """With an inventory, its verdict wins: a selector that selects some device is not reported
+        (the devices are not what the schema describes), one that selects none gets the reason."""
+        found = self.never
+        if found is None:
+            return
+        if self.devices:
+            if not inventory_no_match:
+                return
+            if found.check == "cel/no-match":
+                at = next(i for i, issue in enumerate(self.issues) if issue.check == "cel/no-match")
+                old = self.issues[at]
+                why = found.message.split(": ", 1)[1]
+                self.issues[at] = CelIssue(old.check, old.severity,
+                                           f"{old.message}; whatever the inventory: {why}",
+                                           found.fix, found.line, found.column)
+                return
+        self.issues.append(found)
+
     def check_driver_guard(self) -> None:
         guards = self.c.analysis.driver_guards
         if guards:
@@ -442,6 +524,8 @@ def lint_selector(
         linter.issues.extend(versions.version_issues(compiled.ast, kubernetes_version))
     linter.check_names()
     linter.check_comparisons()
+    linter.check_never()
     linter.check_driver_guard()
     linter.check_inventory()
+    linter.report_never(any(i.check == "cel/no-match" for i in linter.issues))
     return linter.issues
