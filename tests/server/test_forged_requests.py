@@ -164,3 +164,21 @@ async def test_readiness_waits_for_synced_caches_and_drops_when_a_watch_breaks(
         assert r.status == 503 and "resourceclaims" in await r.text()
         refl.broken_since = None
         assert (await c.get("/readyz")).status == 200
+
+
+def test_a_template_with_alternatives_counts_its_largest_choice() -> None:
+    """A generated template's device count is bounded by the largest count the scheduler may pick, so
+    a `firstAvailable` list cannot slip a hostile count past the per-node limit."""
+    from webhook.server.app import _template_devices
+
+    def tmpl(*requests: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {"spec": {"devices": {"requests": list(requests)}}}}
+
+    assert _template_devices(tmpl({"name": "g", "exactly": {"count": 4}})) == 4
+    either = [{"name": "nvlink", "count": 2}, {"name": "any", "count": 99999}]
+    choices = {"name": "g", "firstAvailable": either}
+    assert _template_devices(tmpl(choices)) == 99999
+    assert _template_devices(tmpl(choices, {"name": "h", "exactly": {}})) == 100000
+    # Shapes a forged request may carry: never an error, never less than one per request.
+    assert _template_devices(tmpl({"name": "g", "firstAvailable": [None, {"count": "lots"}]})) == 1
+    assert _template_devices(tmpl({"name": "g", "firstAvailable": []}, "junk")) == 1  # type: ignore[arg-type]

@@ -89,16 +89,24 @@ def label_operation(operation: str) -> str:
 
 
 def _template_devices(tmpl: Mapping[str, Any]) -> int:
-    """Devices a generated ResourceClaimTemplate asks for (its requests' exact counts)."""
+    """Devices a generated ResourceClaimTemplate asks for: each request's exact count, or for a
+    `firstAvailable` list the largest of its choices (the scheduler may pick any of them)."""
     spec = ((tmpl.get("spec") or {}).get("spec") or {}).get("devices") or {}
     total = 0
+
+    def count_of(req: Mapping[str, Any]) -> int:
+        count = req.get("count", 1)
+        return count if isinstance(count, int) and count > 0 else 1
+
     for r in spec.get("requests") or []:
         if not isinstance(r, Mapping):
             continue
+        choices = r.get("firstAvailable")
+        if isinstance(choices, list) and choices:
+            total += max(count_of(c) if isinstance(c, Mapping) else 1 for c in choices)
+            continue
         inner = r.get("exactly")
-        exactly: Mapping[str, Any] = inner if isinstance(inner, Mapping) else r
-        count = exactly.get("count", 1)
-        total += count if isinstance(count, int) and count > 0 else 1
+        total += count_of(inner if isinstance(inner, Mapping) else r)
     return total
 
 
