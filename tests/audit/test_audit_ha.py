@@ -224,3 +224,21 @@ def test_a_replica_that_does_not_lead_sends_no_scan_request(tmp_path: Path) -> N
     assert alone.scan_once() is None
     assert sample(alone, "draguard_audit_scans_total", outcome="error") == 1.0
     assert sample(alone, "draguard_audit_leader") == 1.0  # the only replica is the one that scans
+
+
+def test_the_bundle_grants_the_audit_its_own_lease_only(api: tuple[Api, Path]) -> None:
+    a, _ = api
+    sa = "--as=system:serviceaccount:draguard-system:draguard-audit"
+
+    def can(*args: str) -> bool:
+        return a.kubectl("auth", "can-i", sa, *args).stdout.strip() == "yes"
+
+    for verb in ("get", "update"):
+        assert can(verb, "leases.coordination.k8s.io/draguard-audit", "-n", "draguard-system")
+        # Not another component's lease, nor the control plane's.
+        assert not can(verb, "leases.coordination.k8s.io/draguard-webhook", "-n", "draguard-system")
+        assert not can(verb, "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
+    assert can("create", "leases.coordination.k8s.io", "-n", "draguard-system")
+    assert not can("create", "leases.coordination.k8s.io", "-n", "kube-system")
+    assert not can("delete", "leases.coordination.k8s.io/draguard-audit", "-n", "draguard-system")
+    assert not can("list", "leases.coordination.k8s.io", "-n", "draguard-system")
