@@ -27,13 +27,13 @@ def _pod(owner_kind: str, owner_api: str) -> dict[str, Any]:
     }
 
 
-def _mpijob() -> dict[str, Any]:
+def _mxjob() -> dict[str, Any]:
     spec = {"containers": [{"name": "c", "image": "cuda", "resources": GPU}]}
     return {
         "apiVersion": "kubeflow.org/v1",
-        "kind": "MPIJob",
+        "kind": "MXJob",
         "metadata": {"name": "m", "namespace": "ml"},
-        "spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": spec}}}},
+        "spec": {"mxReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": spec}}}},
     }
 
 
@@ -63,10 +63,10 @@ def test_pods_of_a_listed_workload_crd_are_judged_through_it() -> None:
 
 
 def test_a_kind_a_workload_kind_policy_adds_is_read_under_its_table() -> None:
-    policies = load_policies(ROOT / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml")
-    assert not auditable(_mpijob())  # the built-in table does not know MPIJob
+    policies = load_policies(ROOT / "tests" / "fixtures" / "workload-kinds" / "mxjob.yaml")
+    assert not auditable(_mxjob())  # the built-in table does not know MXJob
     with using_crd_table(policies.crd_table):
-        assert auditable(_mpijob())
+        assert auditable(_mxjob())
 
 
 def test_shallow_cuts_only_what_is_too_deep() -> None:

@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.helpers import Kubectl, wait_for
 from webhook.dev.cluster import REPO_ROOT, LocalCluster
 
-MPI_POLICY = REPO_ROOT / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml"
+MX_POLICY = REPO_ROOT / "tests" / "fixtures" / "workload-kinds" / "mxjob.yaml"
 
 
 def _crd(plural: str, kind: str, version: str) -> str:
@@ -59,15 +59,15 @@ def crds(cluster: LocalCluster, kubectl: Kubectl) -> Iterator[None]:
     if "webhook" not in (cluster.state.get("pids") or {}):
         pytest.skip("the webhook is not part of this cluster (webhook/server missing)")
     made = kubectl.apply(
-        _crd("pytorchjobs", "PyTorchJob", "v1") + "---\n" + _crd("mpijobs", "MPIJob", "v2beta1")
+        _crd("pytorchjobs", "PyTorchJob", "v1") + "---\n" + _crd("mxjobs", "MXJob", "v1")
     )
     assert made.returncode == 0, made.stderr
-    for name in ("pytorchjobs.kubeflow.org", "mpijobs.kubeflow.org"):
+    for name in ("pytorchjobs.kubeflow.org", "mxjobs.kubeflow.org"):
         kubectl.ok("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     try:
         yield
     finally:
-        kubectl.run("delete", "crd", "pytorchjobs.kubeflow.org", "mpijobs.kubeflow.org", "--wait=false")
+        kubectl.run("delete", "crd", "pytorchjobs.kubeflow.org", "mxjobs.kubeflow.org", "--wait=false")
 
 
 def _denied(kubectl: Kubectl, manifest: str) -> str:
@@ -102,18 +102,18 @@ def test_a_pytorchjob_is_judged_by_its_pod_templates(
 
 
 @pytest.fixture
-def mpi_routed(cluster: LocalCluster, kubectl: Kubectl, crds: None, tmp_path: Path) -> Iterator[None]:
-    """The webhook with the shipped policies plus a WorkloadKindPolicy for MPIJob, and the validating
-    configuration's workload-crds entry routing mpijobs, as an admin adding a CRD would set them."""
+def mx_routed(cluster: LocalCluster, kubectl: Kubectl, crds: None, tmp_path: Path) -> Iterator[None]:
+    """The webhook with the shipped policies plus a WorkloadKindPolicy for MXJob, and the validating
+    configuration's workload-crds entry routing mxjobs, as an admin adding a CRD would set them."""
     policies = tmp_path / "policies"
     shutil.copytree(REPO_ROOT / "policies", policies, ignore=shutil.ignore_patterns("tests"))
-    shutil.copy(MPI_POLICY, policies / "workload-kinds.yaml")
+    shutil.copy(MX_POLICY, policies / "workload-kinds.yaml")
     shipped = Path(cluster.state["policies"])
     cluster.stop("webhook")
     cluster.start_webhook(policies)
     hooks = kubectl.get("validatingwebhookconfiguration", "draguard")["webhooks"]
     i = next(n for n, h in enumerate(hooks) if h["name"] == "workload-crds.validate.draguard.io")
-    rule = {"apiGroups": ["kubeflow.org"], "apiVersions": ["v2beta1"], "resources": ["mpijobs"],
+    rule = {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["mxjobs"],
             "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}  # fmt: skip
     kubectl.ok("patch", "validatingwebhookconfiguration", "draguard", "--type=json", "-p", json.dumps([
         {"op": "test", "path": f"/webhooks/{i}/name", "value": "workload-crds.validate.draguard.io"},
@@ -126,19 +126,19 @@ def mpi_routed(cluster: LocalCluster, kubectl: Kubectl, crds: None, tmp_path: Pa
         # Re-registering applies the bundle's configuration again, without the added rule.
         cluster.start_webhook(shipped)
         hooks = kubectl.get("validatingwebhookconfiguration", "draguard")["webhooks"]
-        assert all("mpijobs" not in r["resources"] for h in hooks for r in h["rules"])
+        assert all("mxjobs" not in r["resources"] for h in hooks for r in h["rules"])
 
 
 def test_a_policy_declared_crd_is_judged_once_routed(
-    mpi_routed: None, kubectl: Kubectl, namespace: Callable[..., str]
+    mx_routed: None, kubectl: Kubectl, namespace: Callable[..., str]
 ) -> None:
-    stderr = _judged(kubectl, namespace("team"), "kubeflow.org/v2beta1", "MPIJob", "mpiReplicaSpecs")
-    assert "/spec/mpiReplicaSpecs/Worker/template/spec" in stderr
+    stderr = _judged(kubectl, namespace("team"), "kubeflow.org/v1", "MXJob", "mxReplicaSpecs")
+    assert "/spec/mxReplicaSpecs/Worker/template/spec" in stderr
 
 
 def test_an_unrouted_crd_is_not_judged(crds: None, kubectl: Kubectl, namespace: Callable[..., str]) -> None:
-    """Without the policy and the rule (the shipped state), an MPIJob never reaches the webhook."""
+    """Without the policy and the rule (the shipped state), an MXJob never reaches the webhook."""
     ns = namespace("team")
-    big = kubectl.apply(_job("kubeflow.org/v2beta1", "MPIJob", "mpiReplicaSpecs", ns, "big", workers=3))
+    big = kubectl.apply(_job("kubeflow.org/v1", "MXJob", "mxReplicaSpecs", ns, "big", workers=3))
     assert big.returncode == 0, big.stderr
     assert "draguard" not in big.stderr

@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = load_policies(ROOT / "policies")
 HEAD = "apiVersion: policy.draguard.io/v1alpha1\n"
 
-MPIJOB_POLICY = (ROOT / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml").read_text()
-WITH_MPI = SHIPPED.merged(parse_policy_text(MPIJOB_POLICY, "mpi.yaml"))
+MXJOB_POLICY = (ROOT / "tests" / "fixtures" / "workload-kinds" / "mxjob.yaml").read_text()
+WITH_MX = SHIPPED.merged(parse_policy_text(MXJOB_POLICY, "mx.yaml"))
 
 
-def _mpijob(workers: int, gpus: int, image: str = "nvcr.io/nvidia/pytorch:24.01-py3") -> dict[str, Any]:
+def _mxjob(workers: int, gpus: int, image: str = "nvcr.io/nvidia/pytorch:24.01-py3") -> dict[str, Any]:
     def pod(n: int) -> dict[str, Any]:
         c: dict[str, Any] = {"name": "main", "image": image}
         if n:
@@ -34,22 +34,22 @@ def _mpijob(workers: int, gpus: int, image: str = "nvcr.io/nvidia/pytorch:24.01-
         return {"spec": {"containers": [c]}}
 
     return {
-        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+        "apiVersion": "kubeflow.org/v1", "kind": "MXJob",
         "metadata": {"name": "allreduce", "namespace": "team-ml"},
-        "spec": {"mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": pod(0)},
+        "spec": {"mxReplicaSpecs": {"Scheduler": {"replicas": 1, "template": pod(0)},
                                      "Worker": {"replicas": workers, "template": pod(gpus)}}},
     }  # fmt: skip
 
 
 def test_policy_declared_templates_are_read_with_their_replicas() -> None:
-    obj = _mpijob(workers=3, gpus=8)
+    obj = _mxjob(workers=3, gpus=8)
     assert pod_templates_of(obj) == []  # not in the built-in table
-    with using_crd_table(WITH_MPI.crd_table):
+    with using_crd_table(WITH_MX.crd_table):
         got = [(t.pointer, t.replicas) for t in pod_templates_of(obj)]
-    assert got == [("/spec/mpiReplicaSpecs/Launcher/template/spec", 1),
-                   ("/spec/mpiReplicaSpecs/Worker/template/spec", 3)]  # fmt: skip
+    assert got == [("/spec/mxReplicaSpecs/Scheduler/template/spec", 1),
+                   ("/spec/mxReplicaSpecs/Worker/template/spec", 3)]  # fmt: skip
     # The built-in entries are still there.
-    assert set(CRD_POD_TEMPLATES) < set(WITH_MPI.crd_table)
+    assert set(CRD_POD_TEMPLATES) < set(WITH_MX.crd_table)
 
 
 def test_quota_charges_a_policy_declared_crd() -> None:
@@ -60,34 +60,34 @@ def test_quota_charges_a_policy_declared_crd() -> None:
                           rule_modules=("quota",))
         return [f.message for f in report.findings if f.rule == "quota/team-budgets"]
 
-    assert any("asks for 24 GPU-equivalents" in m for m in over(_mpijob(3, 8), WITH_MPI))
-    assert over(_mpijob(1, 8), WITH_MPI) == []
+    assert any("asks for 24 GPU-equivalents" in m for m in over(_mxjob(3, 8), WITH_MX))
+    assert over(_mxjob(1, 8), WITH_MX) == []
     # Without the policy the kind is unknown to draguard: ignored, as any other CRD.
-    report = evaluate([SourceObject(_mpijob(3, 8))], SHIPPED, Inventory.empty(), Context())
+    report = evaluate([SourceObject(_mxjob(3, 8))], SHIPPED, Inventory.empty(), Context())
     assert report.findings == [] and report.ignored == 1
 
 
 def test_tier_rule_judges_a_policy_declared_crd() -> None:
-    obj = _mpijob(2, 1, image="vllm/vllm-openai:v0.6.0")
+    obj = _mxjob(2, 1, image="vllm/vllm-openai:v0.6.0")
     tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "a100", "namespace": "team-ml"},
             "spec": {"spec": {"devices": {"requests": [
                 {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com-a100"}}]}}}}  # fmt: skip
-    worker = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker = obj["spec"]["mxReplicaSpecs"]["Worker"]["template"]["spec"]
     worker["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     worker["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "a100"}]
-    report = evaluate([SourceObject(tmpl), SourceObject(obj)], WITH_MPI, Inventory.empty(), Context())
+    report = evaluate([SourceObject(tmpl), SourceObject(obj)], WITH_MX, Inventory.empty(), Context())
     tier = [f for f in report.findings if f.rule == "tier/gpu-tiers"]
-    assert tier and tier[0].object.kind == "MPIJob" and "gpu.nvidia.com-a100" in tier[0].message
+    assert tier and tier[0].object.kind == "MXJob" and "gpu.nvidia.com-a100" in tier[0].message
 
 
 def test_migration_rewrites_every_template_of_a_policy_declared_crd() -> None:
-    obj = _mpijob(2, 4)
+    obj = _mxjob(2, 4)
     ctx = Context(namespace_labels={"team-ml": {"draguard.io/migration-mode": "migrate"}}, admission=True)
-    report = evaluate([SourceObject(obj)], WITH_MPI, Inventory.empty(), ctx, rule_modules=("migrate",))
+    report = evaluate([SourceObject(obj)], WITH_MX, Inventory.empty(), ctx, rule_modules=("migrate",))
     patches = [op for f in report.findings if f.patch for op in f.patch]
     assert patches
-    spec = jsonpatch.apply_patch(obj, patches)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    spec = jsonpatch.apply_patch(obj, patches)["spec"]["mxReplicaSpecs"]["Worker"]["template"]["spec"]
     assert spec["resourceClaims"] and "limits" not in spec["containers"][0]["resources"]
 
 
@@ -108,7 +108,7 @@ spec:
 
 def test_the_table_never_outlives_its_evaluation() -> None:
     """One evaluation's policies never decide how another (later, or on another thread) reads CRDs."""
-    evaluate([SourceObject(_mpijob(3, 8))], WITH_MPI, Inventory.empty(), Context())
+    evaluate([SourceObject(_mxjob(3, 8))], WITH_MX, Inventory.empty(), Context())
     assert crd_table() is CRD_POD_TEMPLATES
     seen: list[int] = []
     inside = threading.Event()
@@ -116,15 +116,15 @@ def test_the_table_never_outlives_its_evaluation() -> None:
 
     def other() -> None:
         inside.wait(5)
-        seen.append(len(pod_templates_of(_mpijob(1, 1))))
+        seen.append(len(pod_templates_of(_mxjob(1, 1))))
         release.set()
 
     t = threading.Thread(target=other)
     t.start()
-    with using_crd_table(WITH_MPI.crd_table):
+    with using_crd_table(WITH_MX.crd_table):
         inside.set()
         assert release.wait(5)
-        assert len(pod_templates_of(_mpijob(1, 1))) == 2
+        assert len(pod_templates_of(_mxjob(1, 1))) == 2
     t.join(5)
     assert seen == [0]
 
@@ -136,7 +136,7 @@ def _kinds(entry: str) -> str:
 @pytest.mark.parametrize(
     ("text", "field", "words"),
     [
-        (_kinds("  - {apiGroup: kubeflow.org, kind: MPIJob}\n"), "spec.kinds[0]", "templates"),
+        (_kinds("  - {apiGroup: kubeflow.org, kind: MXJob}\n"), "spec.kinds[0]", "templates"),
         (_kinds("  - {apiGroup: volcano, kind: V, templates: [{path: spec}]}\n"),
          "spec.kinds[0].apiGroup", "does not match"),
         (_kinds("  - {apiGroup: a.io, kind: mpijob, templates: [{path: spec}]}\n"),
@@ -166,8 +166,8 @@ def test_bad_entries_name_the_field(text: str, field: str, words: str) -> None:
 
 
 def test_the_same_crd_in_two_documents_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(MPIJOB_POLICY)
-    (tmp_path / "b.yaml").write_text(MPIJOB_POLICY.replace("name: mpi", "name: mpi-again"))
-    want = r"b.yaml:\d+: spec.kinds: .*kubeflow.org/MPIJob.*'mpi' lists already"
+    (tmp_path / "a.yaml").write_text(MXJOB_POLICY)
+    (tmp_path / "b.yaml").write_text(MXJOB_POLICY.replace("name: mx", "name: mx-again"))
+    want = r"b.yaml:\d+: spec.kinds: .*kubeflow.org/MXJob.*'mx' lists already"
     with pytest.raises(PolicyError, match=want):
         load_policies(tmp_path)

@@ -78,3 +78,20 @@ def test_online_migration_rewrites_the_workers() -> None:
     worker = jsonpatch.apply_patch(obj, patch)["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["resourceClaims"]
     assert "nvidia.com/gpu" not in worker["containers"][0]["resources"].get("limits", {})
+
+
+def test_nvidias_mpijob_workers_are_read() -> None:
+    # NVIDIA's IMEX bandwidth test (k8s-dra-driver-gpu, tests/bats/specs): an MPI Operator v2beta1
+    # MPIJob whose 2 workers ask nvidia.com/gpu: 2 each beside a ComputeDomain channel claim.
+    path = ROOT / "tests" / "corpus" / "nvidia-dra-driver" / "imex-nvbandwidth-test-job-1.yaml"
+    job = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "MPIJob")
+    got = [(t.pointer, t.replicas) for t in pod_templates_of(job)]
+    assert got == [("/spec/mpiReplicaSpecs/Launcher/template/spec", 1),
+                   ("/spec/mpiReplicaSpecs/Worker/template/spec", 2)]  # fmt: skip
+    found = _findings(job)
+    assert [r for r, _m, _msg in found if r == "migrate/legacy-gpu"] == ["migrate/legacy-gpu"]
+    # 2 workers x 2 GPUs = 4, within the default 8; 5 workers would be 10.
+    assert not [r for r, m, _msg in found if r.startswith("quota/") and m is Mode.ENFORCE]
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 5
+    quota = [msg for r, _m, msg in _findings(job) if r.startswith("quota/")]
+    assert any("asks for 10 GPU-equivalents" in msg for msg in quota), quota

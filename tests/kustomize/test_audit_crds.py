@@ -18,7 +18,7 @@ from kaudit import NS, REPO, RULE, install, policies_with_h200_only, running_aud
 
 from webhook.audit.controller import AuditController, AuditOptions
 
-MPI_POLICY = REPO / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml"
+MX_POLICY = REPO / "tests" / "fixtures" / "workload-kinds" / "mxjob.yaml"
 
 
 def _crd(plural: str, kind: str) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def _pod_spec(template: str) -> dict[str, Any]:
 
 
 def _job(kind: str, name: str, template: str, **spec: Any) -> dict[str, Any]:
-    key = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
+    key = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mxReplicaSpecs"
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": kind,
@@ -89,7 +89,7 @@ def _create(a: Api, obj: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path]]:
     with api_server() as a:
-        crds = (_crd("pytorchjobs", "PyTorchJob"), _crd("mpijobs", "MPIJob"))
+        crds = (_crd("pytorchjobs", "PyTorchJob"), _crd("mxjobs", "MXJob"))
         yield a, install(a, tmp_path_factory.mktemp("audit") / "kubeconfig", crds=crds)
 
 
@@ -99,9 +99,9 @@ def controller(api: tuple[Api, Path], tmp_path_factory: pytest.TempPathFactory) 
     # Objects there before the audit starts: the first full scan judges them.
     job = _create(a, _job("PyTorchJob", "train", "llm-h100"))
     _create(a, _owned_pod("train-worker-0", job))
-    mpi = _create(a, _job("MPIJob", "mpi", "llm-h100"))
+    mpi = _create(a, _job("MXJob", "mpi", "llm-h100"))
     _create(a, _owned_pod("mpi-worker-0", mpi))
-    policies = policies_with_h200_only(tmp_path_factory.mktemp("policies"), MPI_POLICY)
+    policies = policies_with_h200_only(tmp_path_factory.mktemp("policies"), MX_POLICY)
     opts = AuditOptions(str(policies), interval=3600.0, poll_interval=0.5, debounce=0.3)
     with running_audit(kubeconfig, opts) as ctl:
         yield ctl
@@ -137,7 +137,7 @@ def test_a_kind_the_audit_may_not_list_is_named_and_its_pods_judged(
 ) -> None:
     a, _ = api
     errors = [r for r in _report(a, cluster=True).get("results", []) if r["rule"] == "audit/cannot-list"]
-    assert [r["resources"][0]["name"] for r in errors] == ["mpijobs.kubeflow.org"]
+    assert [r["resources"][0]["name"] for r in errors] == ["mxjobs.kubeflow.org"]
     assert errors[0]["result"] == "error" and "ClusterRole" in errors[0]["message"]
     assert _entries(a, "mpi") == []
     # Its owner is not judged, so the pod is: the finding is not lost.
@@ -177,13 +177,13 @@ def test_an_object_nested_too_deep_for_the_decoder_does_not_stop_the_scan(
 def test_a_kind_the_audit_may_not_watch_is_tried_once_per_full_scan(
     api: tuple[Api, Path], controller: AuditController
 ) -> None:
-    # Without RBAC for MPIJobs the watch gets 403: it stops, instead of retrying every 30 s and
+    # Without RBAC for MXJobs the watch gets 403: it stops, instead of retrying every 30 s and
     # logging each time, and is tried once more after each full scan (RBAC may have come since).
     def mpi() -> list[Any]:
-        return [w for w in controller.watches if w.res.name == "mpijobs"]
+        return [w for w in controller.watches if w.res.name == "mxjobs"]
 
     def refused() -> float:
-        return sample(controller, "draguard_audit_watch_events_total", resource="mpijobs", what="refused")
+        return sample(controller, "draguard_audit_watch_events_total", resource="mxjobs", what="refused")
 
     def stopped() -> bool:
         return len(mpi()) == 1 and mpi()[0].refused and not mpi()[0].thread.is_alive()

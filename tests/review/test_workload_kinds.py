@@ -12,18 +12,18 @@ import yaml
 from tests.review.conftest import Run
 
 SHIPPED = Path(__file__).resolve().parents[2] / "policies"
-KINDS = (SHIPPED.parent / "tests" / "fixtures" / "workload-kinds" / "mpijob.yaml").read_text()
-MPIJOB = """\
-apiVersion: kubeflow.org/v2beta1
-kind: MPIJob
+KINDS = (SHIPPED.parent / "tests" / "fixtures" / "workload-kinds" / "mxjob.yaml").read_text()
+MXJOB = """\
+apiVersion: kubeflow.org/v1
+kind: MXJob
 metadata: {name: allreduce, namespace: team-a}
 spec:
-  mpiReplicaSpecs:
-    Launcher:
+  mxReplicaSpecs:
+    Scheduler:
       replicas: 1
       template:
         spec:
-          containers: [{name: launcher, image: mpioperator/openmpi:0.6.0}]
+          containers: [{name: scheduler, image: mxjob/mxnet:gpu}]
     Worker:
       replicas: 3
       template:
@@ -44,8 +44,8 @@ def _policies(tmp_path: Path, extra: str | None) -> str:
 
 
 def test_review_judges_the_crd_only_with_the_policy(draguard: Callable[..., Run], tmp_path: Path) -> None:
-    f = tmp_path / "mpijob.yaml"
-    f.write_text(MPIJOB)
+    f = tmp_path / "mxjob.yaml"
+    f.write_text(MXJOB)
     plain = draguard("review", str(f), "--policies", _policies(tmp_path / "a", None), "-f", "json")
     assert plain.code == 0 and json.loads(plain.out)["findings"] == [], plain.out
     run = draguard("review", str(f), "--policies", _policies(tmp_path / "b", KINDS), "-f", "json")
@@ -55,21 +55,21 @@ def test_review_judges_the_crd_only_with_the_policy(draguard: Callable[..., Run]
 
 
 def test_migrate_rewrites_the_crd_templates(draguard: Callable[..., Run], tmp_path: Path) -> None:
-    f = tmp_path / "mpijob.yaml"
-    f.write_text(MPIJOB)
+    f = tmp_path / "mxjob.yaml"
+    f.write_text(MXJOB)
     run = draguard("migrate", str(f), "--policies", _policies(tmp_path, KINDS), "--write")
     assert run.code == 0, run.err
     docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
-    assert [d["kind"] for d in docs] == ["MPIJob", "ResourceClaimTemplate"]
-    worker = docs[0]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert [d["kind"] for d in docs] == ["MXJob", "ResourceClaimTemplate"]
+    worker = docs[0]["spec"]["mxReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["resourceClaims"][0]["resourceClaimTemplateName"] == docs[1]["metadata"]["name"]
     assert "limits" not in worker["containers"][0]["resources"]
-    assert "resourceClaims" not in docs[0]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert "resourceClaims" not in docs[0]["spec"]["mxReplicaSpecs"]["Scheduler"]["template"]["spec"]
 
 
 def test_a_bad_entry_is_a_clear_error(draguard: Callable[..., Run], tmp_path: Path) -> None:
-    f = tmp_path / "mpijob.yaml"
-    f.write_text(MPIJOB)
+    f = tmp_path / "mxjob.yaml"
+    f.write_text(MXJOB)
     bad = KINDS.replace("replicas: [./replicas]", "replicas: [./replicas]\n      container: yes-please")
     run = draguard("review", str(f), "--policies", _policies(tmp_path, bad))
     assert run.code == 2

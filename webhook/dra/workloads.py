@@ -121,6 +121,9 @@ CRD_POD_TEMPLATES: Mapping[tuple[str, str], tuple[TemplatePath, ...]] = {
     # a map of replica type (Master, Worker, Chief, PS, ...) to ReplicaSpec {replicas, template}.
     **{("kubeflow.org", kind): (TemplatePath(f"spec/{field}/*/template/spec", ("./replicas",)),)
        for kind, field in KUBEFLOW_V1_JOBS.items()},
+    # Kubeflow MPIJob: the MPI Operator's kubeflow.org/v2beta1 (and the Training Operator's older
+    # kubeflow.org/v1) keep `mpiReplicaSpecs` {Launcher, Worker} -> ReplicaSpec {replicas, template}.
+    ("kubeflow.org", "MPIJob"): (TemplatePath("spec/mpiReplicaSpecs/*/template/spec", ("./replicas",)),),
     # Volcano Job (batch.volcano.sh/v1alpha1, pkg/apis/batch/v1alpha1/job.go): `tasks[]` each have
     # `replicas` and a PodTemplateSpec `template`.
     ("batch.volcano.sh", "Job"): (TemplatePath("spec/tasks/*/template/spec", ("./replicas",)),),
@@ -153,6 +156,7 @@ CrdTable = Mapping[tuple[str, str], tuple[TemplatePath, ...]]
 # route (kustomize/base/admission, checked against this table by tests/kustomize).
 CRD_RESOURCES: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     **{("kubeflow.org", kind): (f"{kind.lower()}s", ("v1",)) for kind in KUBEFLOW_V1_JOBS},
+    ("kubeflow.org", "MPIJob"): ("mpijobs", ("v1", "v2beta1")),
     ("jobset.x-k8s.io", "JobSet"): ("jobsets", ("v1alpha2",)),
     ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): ("leaderworkersets", ("v1",)),
     ("ray.io", "RayCluster"): ("rayclusters", ("v1",)),
