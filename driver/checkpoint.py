@@ -35,6 +35,47 @@ class CheckpointCorrupt(RuntimeError):
 
 
 @dataclass
+class MigInstance:
+    """A MIG instance prepare creates for a dynamic-MIG device: where, and once made, which it is.
+
+    The placement is recorded before the instance is created, so that a plugin killed in between
+    can still find and destroy it (instances never share a memory slice).
+    """
+
+    parent_uuid: str
+    profile_id: int
+    start: int
+    gi_id: int | None = None
+    ci_id: int | None = None
+    uuid: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"parentUUID": self.parent_uuid, "profileId": self.profile_id}
+        out["start"] = self.start
+        if self.gi_id is not None:
+            out.update(gpuInstanceId=self.gi_id, computeInstanceId=self.ci_id, uuid=self.uuid)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Any) -> MigInstance | None:
+        if not isinstance(d, dict):
+            return None
+
+        def num(key: str) -> int | None:
+            v = d.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16 else None
+
+        parent, profile, start = d.get("parentUUID"), num("profileId"), num("start")
+        if not isinstance(parent, str) or profile is None or start is None:
+            return None
+        made = num("gpuInstanceId")
+        uuid = d.get("uuid") if isinstance(d.get("uuid"), str) else None
+        if made is None or num("computeInstanceId") is None or uuid is None:
+            return cls(parent, profile, start)
+        return cls(parent, profile, start, made, num("computeInstanceId"), uuid)
+
+
+@dataclass
 class PreparedDevice:
     requests: list[str]
     pool_name: str
@@ -44,6 +85,7 @@ class PreparedDevice:
     sharing: str | None = None  # the claim's sharing strategy for this device (TimeSlicing), if any
     admin_access: bool = False
     consumed_memory: int | None = None  # bytes of the GPU's memory this share holds (consumedCapacity)
+    mig: MigInstance | None = None  # the instance made for a dynamic-MIG device
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -60,6 +102,8 @@ class PreparedDevice:
             out["adminAccess"] = True
         if self.consumed_memory is not None:
             out["consumedCapacity"] = {"memory": str(self.consumed_memory)}
+        if self.mig is not None:
+            out["dynamicMig"] = self.mig.to_json()
         return out
 
     @classmethod
@@ -73,6 +117,7 @@ class PreparedDevice:
             sharing=d.get("sharing") if isinstance(d.get("sharing"), str) else None,
             admin_access=d.get("adminAccess") is True,
             consumed_memory=_bytes(d.get("consumedCapacity")),
+            mig=MigInstance.from_json(d.get("dynamicMig")),
         )
 
 

@@ -60,6 +60,9 @@ def _add_sharing(p: argparse.ArgumentParser) -> None:
                         "separated by commas (see docs/driver-sharing.md); default: off")  # fmt: skip
     p.add_argument("--share-memory-step", default=None, metavar="QUANTITY",
                    help="memory shares are whole multiples of this (default 1Gi)")  # fmt: skip
+    p.add_argument("--dynamic-mig", action="store_true",
+                   help="publish GPUs in MIG mode as partitionable devices and create MIG instances per "
+                        "claim (see docs/driver-sharing.md); needs resource.k8s.io v1")  # fmt: skip
 
 
 def sharing(args: argparse.Namespace) -> Any:
@@ -185,7 +188,7 @@ def cmd_inventory(args: argparse.Namespace) -> int:
         policy = sharing(args)
         nvml = _open(args)
         node = nvml.enumerate()
-        devices = build_devices(node, args.driver_name, policy)
+        devices = build_devices(node, args.driver_name, policy, args.dynamic_mig)
         slices = build_slices(devices, node_name=node_name, driver_name=args.driver_name, generation=0,
                               version=args.api_version,
                               simulated_source=node.source if node.simulated else None)  # fmt: skip
@@ -328,7 +331,7 @@ def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple
     except TopologyError as exc:
         raise DriverStartError(str(exc)) from None
     try:
-        devices = build_devices(node, args.driver_name, policy)
+        devices = build_devices(node, args.driver_name, policy, args.dynamic_mig)
         root = None
         if node.simulated and not args.driver_root:
             # The plugin directory has the same path on the host and in the pod.
@@ -396,6 +399,11 @@ async def run_driver(args: argparse.Namespace) -> int:
 
     tracker = HealthTracker(on_change=wake)
     version = await asyncio.to_thread(publisher.choose_version)
+    if args.dynamic_mig and version == "v1beta1":
+        raise DriverStartError(
+            "--dynamic-mig publishes counter sets in slices of their own, which needs resource.k8s.io v1 "
+            "or v1beta2 (Kubernetes 1.35 or later); this API server offers only v1beta1"
+        )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -459,7 +467,7 @@ async def run_driver(args: argparse.Namespace) -> int:
                 continue  # a health change: publish the taints now, read NVML at the next turn
             try:
                 fresh_node = await asyncio.to_thread(nvml.enumerate)
-                fresh = build_devices(fresh_node, args.driver_name, sharing(args))
+                fresh = build_devices(fresh_node, args.driver_name, sharing(args), args.dynamic_mig)
                 probes.nvml_ok = True
             except (NvmlCallError, NvmlUnavailable, ValueError) as exc:
                 probes.nvml_ok = False

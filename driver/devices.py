@@ -239,8 +239,15 @@ def _dynamic_devices(node: NodeGpus, gpu: GpuInfo, domain: str | None) -> list[D
     slices = sorted({s for p in gpu.mig_profiles for st in p.starts for s in range(st, st + p.size)})
     totals.update({f"memory-slice-{s}": 1 for s in slices})
     cset = counter_set_name(gpu)
-    full = _gpu_device(node, gpu, domain, None)
-    out = [replace(full, counter_set=cset, consumes=tuple(sorted(totals.items())))]
+    out = []
+    # The full GPU of a GPU in MIG mode is its whole-GPU instance (7g on an A100): MIG mode stays on
+    # (turning it off needs a GPU reset), and a container sees one MIG device spanning every slice.
+    whole = [p for p in gpu.mig_profiles if p.size == len(slices) and 0 in p.starts]
+    if whole:
+        top = max(whole, key=lambda p: (p.compute_slices, p.memory_bytes))
+        full = _gpu_device(node, gpu, domain, None)
+        out.append(replace(full, counter_set=cset, consumes=tuple(sorted(totals.items())),
+                           mig_profile_id=top.profile_id, mig_start=0))  # fmt: skip
     for p in gpu.mig_profiles:
         for start in p.starts:
             attrs: dict[str, tuple[AttrKind, AttrValue]] = {

@@ -36,6 +36,7 @@ _ABSENT = (ERR_NOT_SUPPORTED, ERR_NOT_FOUND, ERR_FUNCTION_NOT_FOUND, ERR_INVALID
 GI_PROFILE_INDICES = 14  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, 12.x)
 CI_PROFILE_INDICES = 8  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
 MAX_PLACEMENTS = 16  # more placements than memory slices is not a GPU's answer
+MAX_GPU_INSTANCE_ID = 14  # the GPU instance ids NVIDIA's capability numbering has room for
 
 
 class _Placement(ctypes.Structure):
@@ -338,6 +339,34 @@ class Nvml:
                         return m
                 raise NvmlCallError("nvmlDeviceGetMigDeviceHandleByIndex", ERR_NOT_FOUND,
                                     f"the new MIG device (GPU instance {gi_id}) is not listed")  # fmt: skip
+            finally:
+                self._call("nvmlShutdown")
+
+    def destroy_mig_at(self, gpu_uuid: str, profile_id: int, start: int) -> bool:
+        """Destroy the GPU instance of `profile_id` at memory slice `start` with its compute instances.
+
+        For recovery: a plugin killed between creating an instance and recording its id left it
+        behind, and since instances never share a memory slice, the one at this placement is the
+        claim's. False when there is none. Probes GPU instance ids 1..MAX_GPU_INSTANCE_ID (bounded).
+        """
+        with self._lock:
+            self._call("nvmlInit")
+            try:
+                h = self._call("nvmlDeviceGetHandleByUUID", gpu_uuid)
+                for gi_id in range(1, MAX_GPU_INSTANCE_ID + 1):
+                    gi = self._optional("nvmlDeviceGetGpuInstanceById", h, gi_id)
+                    if gi is None:
+                        continue
+                    info = self._call("nvmlGpuInstanceGetInfo", gi)
+                    if int(info.profileId) != profile_id or int(info.placement.start) != start:
+                        continue
+                    for ci_id in range(CI_PROFILE_INDICES):
+                        ci = self._optional("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+                        if ci is not None:
+                            self._call("nvmlComputeInstanceDestroy", ci)
+                    self._call("nvmlGpuInstanceDestroy", gi)
+                    return True
+                return False
             finally:
                 self._call("nvmlShutdown")
 

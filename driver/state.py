@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import driver as _pkg
@@ -26,6 +26,7 @@ from driver.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
     ClaimEntry,
+    MigInstance,
     PreparedDevice,
 )
 from driver.config import (
@@ -114,6 +115,21 @@ class Planned:
 
     def cdi(self) -> CdiDevice:
         return CdiDevice(self.dev, self.requests, self.share, self.memory)
+
+
+def _intended(dev: DriverDevice) -> MigInstance | None:
+    """The MIG instance a dynamic-MIG device needs, before it exists."""
+    if dev.counter_set is None or dev.mig_profile_id is None or dev.mig_start is None:
+        return None
+    return MigInstance(dev.parent_uuid or dev.uuid, dev.mig_profile_id, dev.mig_start)
+
+
+def _concrete(dev: DriverDevice, mig: MigInstance | None) -> DriverDevice:
+    """A dynamic-MIG device as the MIG instance made for it (what the CDI spec names)."""
+    if mig is None or mig.uuid is None:
+        return dev
+    parent = mig.parent_uuid
+    return replace(dev, type="mig", uuid=mig.uuid, gi_id=mig.gi_id, ci_id=mig.ci_id, parent_uuid=parent)
 
 
 def _mode(share: str | None, admin: bool, strategy: str | None) -> str | None:
@@ -226,6 +242,7 @@ class DeviceState:
         for d in devices:
             dev = self.devices.get(d.device_name)
             if dev is not None:
+                dev = _concrete(dev, d.mig)
                 product = dev.attributes.get("productName")
                 facts[d.device_name] = {"uuid": dev.uuid, "type": dev.type}
                 if product is not None:
@@ -243,7 +260,8 @@ class DeviceState:
             if restored is not None:
                 return restored
         if entry is not None:  # died between the phases, or spec not restorable: start over
-            self._rollback(ref.uid)
+            if not self._rollback(ref.uid, entry):
+                raise PrepareError(f"claim {ref}: MIG instances of an earlier attempt cannot be destroyed")
             claims.pop(ref.uid, None)
             self.checkpoint.save(claims)
         obj = self._read(ref)
@@ -262,19 +280,28 @@ class DeviceState:
                 sharing=_strategy(item.cfg),
                 admin_access=item.dev.name in admin,
                 consumed_memory=item.memory,
+                mig=_intended(item.dev),
             )
             for item in plan
         ]
         claims[ref.uid] = ClaimEntry(PREPARE_STARTED, ref.name, ref.namespace, prepared, self.version)
         self.checkpoint.save(claims)
         self.fault("after-prepare-started")
+        started = claims[ref.uid]
         try:
-            for item in plan:
+            cdi = []
+            for item, p in zip(plan, prepared, strict=True):
                 self._apply(item.dev, item.cfg)
-            ids = self.cdi.write(ref.uid, [item.cdi() for item in plan])
+                if p.mig is not None:
+                    self._create_mig(item.dev, p.mig)
+                    self.fault("after-mig-created")
+                cdi.append(replace(item.cdi(), device=_concrete(item.dev, p.mig)))
+            if any(p.mig is not None for p in prepared):
+                self.checkpoint.save(claims)  # the instances' ids, for unprepare
+            ids = self.cdi.write(ref.uid, cdi)
             self.fault("after-cdi-written")
         except (SharingUnsupported, NvmlCallError, CdiError, OSError) as exc:
-            self._rollback(ref.uid)
+            self._rollback(ref.uid, started)
             claims.pop(ref.uid, None)
             self.checkpoint.save(claims)
             raise PrepareError(f"claim {ref}: {exc}") from None
@@ -298,8 +325,11 @@ class DeviceState:
         """
         errors = []
         held: dict[str, int] = {}  # memory the shares of each device hold, this claim's included
+        errors += self._overlaps(ref, plan, claims)
         for mine in plan:
             dev = mine.dev
+            if dev.counter_set is not None:
+                continue  # dynamic MIG: _overlaps decided; such a device is never shared
             my_mode = _mode(mine.share, dev.name in admin, _strategy(mine.cfg))
             if mine.memory is not None:
                 held[dev.name] = held.get(dev.name, 0) + mine.memory
@@ -336,6 +366,70 @@ class DeviceState:
                 )
         if errors:
             raise PrepareError("; ".join(dict.fromkeys(errors)))
+
+    def _overlaps(self, ref: ClaimRef, plan: list[Planned], claims: dict[str, ClaimEntry]) -> list[str]:
+        """Dynamic MIG: a full GPU and its partitions, or two partitions on one memory slice, never together.
+
+        The scheduler's counters keep them apart; this holds also for stale or forged allocations
+        (NVML would refuse the instance anyway, but with less to go on).
+        """
+        errors: list[str] = []
+        mine = [p.dev for p in plan if p.dev.counter_set is not None]
+        for i, dev in enumerate(mine):
+            for other in mine[:i]:
+                if other.counter_set == dev.counter_set and other.memory_slices & dev.memory_slices:
+                    errors.append(f"devices {other.name} and {dev.name} of this claim overlap on their GPU")
+            for uid, entry in claims.items():
+                if uid == ref.uid:
+                    continue
+                for p in entry.devices:
+                    held = self.devices.get(p.device_name)
+                    if held is None or held.counter_set != dev.counter_set:
+                        continue
+                    if held.memory_slices & dev.memory_slices:
+                        errors.append(
+                            f"device {dev.name} overlaps {held.name}, prepared for claim {entry.namespace}/"
+                            f"{entry.name} ({uid}): a full GPU and its MIG partitions, or two partitions on "
+                            "one memory slice, never run together"
+                        )
+        return errors
+
+    def _create_mig(self, dev: DriverDevice, mig: MigInstance) -> None:
+        """Create the device's MIG instance through NVML and record which it is in `mig`."""
+        if self.nvml is None:
+            raise SharingUnsupported(f"device {dev.name}: creating a MIG instance needs NVML")
+        try:
+            made = self.nvml.create_mig(mig.parent_uuid, mig.profile_id, mig.start)
+        except NvmlCallError as exc:
+            raise NvmlCallError(
+                exc.call, exc.code,
+                f"creating the MIG instance of {dev.name} (profile id {mig.profile_id} at memory slice "
+                f"{mig.start} of GPU {mig.parent_uuid}): {exc}",
+            ) from None  # fmt: skip
+        mig.gi_id, mig.ci_id, mig.uuid = made.gi_id, made.ci_id, made.uuid
+
+    def _destroy_migs(self, uid: str, entry: ClaimEntry) -> str:
+        """Destroy the claim's MIG instances: whatever sits at their placements (none: nothing to do).
+
+        '' when none is left; otherwise what NVML said (the caller keeps the claim to try again).
+        """
+        errors = []
+        for p in entry.devices:
+            m = p.mig
+            if m is None or self.nvml is None:
+                continue
+            try:
+                # By placement, never by the recorded instance id: an id freed by a destroy whose
+                # checkpoint write was lost may belong to another claim's instance by now, while the
+                # placement stays this claim's as long as the checkpoint holds it (_overlaps).
+                self.nvml.destroy_mig_at(m.parent_uuid, m.profile_id, m.start)
+            except NvmlCallError as exc:
+                errors.append(f"destroying the MIG instance of {p.device_name}: {exc}")
+                if self.metrics is not None:
+                    self.metrics.error("unprepare")
+        if errors:
+            log.error("claim %s: %s", uid, "; ".join(errors))
+        return "; ".join(errors)
 
     def _reset_settings(self, uid: str, entry: ClaimEntry, claims: dict[str, ClaimEntry]) -> None:
         """Put a GPU's time-slice back to Default once no other prepared claim time-slices it."""
@@ -505,8 +599,11 @@ class DeviceState:
             self.nvml.set_time_slice(dev.uuid, INTERVAL_VALUES[sharing.interval or "Default"])
         # MIG devices already time-share their compute instance; there is nothing to set.
 
-    def _rollback(self, uid: str) -> None:
+    def _rollback(self, uid: str, entry: ClaimEntry | None = None) -> bool:
+        """Undo a claim's side effects: its MIG instances, then its CDI spec; False when an instance stays."""
+        ok = entry is None or not self._destroy_migs(uid, entry)
         self.cdi.remove(uid)
+        return ok
 
     def _ensure_spec(
         self, ref: ClaimRef, entry: ClaimEntry, claims: dict[str, ClaimEntry]
@@ -531,7 +628,7 @@ class DeviceState:
             ids = self.cdi.write(
                 ref.uid,
                 [
-                    CdiDevice(d, tuple(p.requests), p.share_id, p.consumed_memory)
+                    CdiDevice(_concrete(d, p.mig), tuple(p.requests), p.share_id, p.consumed_memory)
                     for d, p in zip(devs, entry.devices, strict=True)
                     if d
                 ],
@@ -564,7 +661,12 @@ class DeviceState:
             with self.checkpoint.locked():
                 claims = self.checkpoint.load()
                 self.fault("before-unprepare")
-                entry = claims.pop(ref.uid, None)
+                entry = claims.get(ref.uid)
+                failed = self._destroy_migs(ref.uid, entry) if entry is not None else ""
+                if failed:  # the claim stays recorded: the kubelet's retry destroys them then
+                    raise OSError(failed)
+                self.fault("after-mig-destroyed")
+                claims.pop(ref.uid, None)
                 if entry is not None:
                     released = entry.devices
                     self._reset_settings(ref.uid, entry, claims)
@@ -605,7 +707,9 @@ class DeviceState:
                 claims = {}
             for uid, entry in list(claims.items()):
                 if entry.state != PREPARE_COMPLETED:
-                    self._rollback(uid)
+                    if not self._rollback(uid, entry):
+                        report.kept.append(uid)  # an instance NVML would not destroy: try at the next start
+                        continue
                     del claims[uid]
                     report.rolled_back.append(uid)
                     continue
@@ -616,7 +720,9 @@ class DeviceState:
                     report.kept.append(uid)
                     continue
                 if obj is None or _get(obj, "metadata", "uid") != uid:
-                    self._rollback(uid)
+                    if not self._rollback(uid, entry):
+                        report.kept.append(uid)
+                        continue
                     del claims[uid]
                     report.dropped.append(uid)
                 else:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from driver.sim.mig import CI_PROFILE_SLICES, COMPUTE_SLICES, MEMORY_SLICES, GiProfile, profiles_for
+from driver.sim.mig import CI_PROFILE_SLICES, COMPUTE_SLICES, MAX_GPU_INSTANCES, GiProfile, profiles_for
 
 log = logging.getLogger("draguard.driver.sim")
 
@@ -597,7 +597,7 @@ class SimulatedNvml:
                     f"{p.name} at memory slice {start} overlaps an existing GPU instance",
                 )
             ids = set(h.dyn_gis) | {m.gi_id for m in h.migs}
-            gi_id = next(i for i in range(1, MEMORY_SLICES * 2 + 2) if i not in ids)
+            gi_id = next(i for i in range(1, MAX_GPU_INSTANCES + 1) if i not in ids)
             gi = _Gi(gi_id, p, start)
             h.dyn_gis[gi_id] = gi
             return _DynGiHandle(h, gi)

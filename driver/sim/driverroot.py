@@ -16,10 +16,12 @@ import os
 import shlex
 import socket
 from pathlib import Path
+from typing import Any
 
 from driver.cdi import HostLayout
 from driver.driverroot import SIM_MARKER, Root
 from driver.sim import SimulatedNvml
+from driver.sim.mig import MAX_GPU_INSTANCES, profiles_for
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 # (stem, SONAME suffix): most driver libraries have SONAME <stem>.so.1.
@@ -94,6 +96,21 @@ exit 0
 """
 
 
+def _instances(g: Any) -> list[tuple[int, int | None]]:
+    """(GPU instance, compute instance or None) pairs whose capability files the GPU has.
+
+    A GPU whose MIG profiles the simulator knows can have instances created at run time (dynamic MIG),
+    so it gets the files of every GPU instance id and its full compute instance, as the NVIDIA driver
+    lays out all possible ids; others only those of the topology's instances.
+    """
+    pairs: list[tuple[int, int | None]] = []
+    if g.mig_enabled and profiles_for(g.name):
+        pairs += [(gi, ci) for gi in range(1, MAX_GPU_INSTANCES + 1) for ci in (None, 0)]
+    for m in g.migs:
+        pairs += [(m.gi_id, None), (m.gi_id, m.ci_id)]
+    return list(dict.fromkeys(pairs))
+
+
 def _mknod(path: Path, major: int, minor: int) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -139,23 +156,21 @@ def make_driver_root(dest: str | Path, sim: SimulatedNvml, *, device_nodes: bool
             s.bind(str(sock_path))
     caps = root / "proc/driver/nvidia/capabilities"
     for g in sim.gpus:
-        for m in g.migs:
-            for ci in (None, m.ci_id):
-                d = caps / f"gpu{g.minor}/mig/gi{m.gi_id}" / ("" if ci is None else f"ci{ci}")
-                d.mkdir(parents=True, exist_ok=True)
-                minor = cap_minor(g.minor, m.gi_id, ci)
-                text = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
-                (d / "access").write_text(text)
+        for gi, ci in _instances(g):
+            d = caps / f"gpu{g.minor}/mig/gi{gi}" / ("" if ci is None else f"ci{ci}")
+            d.mkdir(parents=True, exist_ok=True)
+            minor = cap_minor(g.minor, gi, ci)
+            text = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+            (d / "access").write_text(text)
     nodes: list[str] = []
     wanted: list[tuple[str, int, int]] = []
     if device_nodes:
         wanted = [("nvidiactl", NVIDIA_MAJOR, 255), ("nvidia-uvm", UVM_MAJOR, 0)]
         wanted += [(f"nvidia{g.minor}", NVIDIA_MAJOR, g.minor) for g in sim.gpus]
         for g in sim.gpus:
-            for m in g.migs:
-                for ci in (None, m.ci_id):
-                    minor = cap_minor(g.minor, m.gi_id, ci)
-                    wanted.append((f"nvidia-caps/nvidia-cap{minor}", CAPS_MAJOR, minor))
+            for gi, ci in _instances(g):
+                minor = cap_minor(g.minor, gi, ci)
+                wanted.append((f"nvidia-caps/nvidia-cap{minor}", CAPS_MAJOR, minor))
         for name, major, minor in wanted:
             if _mknod(root / "dev" / name, major, minor):
                 nodes.append(f"/dev/{name}")

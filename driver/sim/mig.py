@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MEMORY_SLICES = 8
+MAX_GPU_INSTANCES = 14  # GPU instance ids 1..14, as /proc/driver/nvidia-caps/mig-minors numbers them
 COMPUTE_SLICES = 7
 
 # NVML_GPU_INSTANCE_PROFILE_* indices (nvml.h).

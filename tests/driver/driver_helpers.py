@@ -115,9 +115,10 @@ def make_state(
     nvml: Nvml | None = None,
     fault: Any = None,
     sharing: CapacitySharing | None = None,
+    dynamic_mig: bool = False,
 ) -> DeviceState:
     nvml = nvml or open_sim(topology)
-    devices = build_devices(nvml.enumerate(), sharing=sharing)
+    devices = build_devices(nvml.enumerate(), sharing=sharing, dynamic_mig=dynamic_mig)
     return DeviceState(
         driver_name=DRIVER,
         node_name=NODE,

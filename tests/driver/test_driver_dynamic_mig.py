@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from driver_helpers import InMemoryClaims, Kubelet, make_claim, make_state
+
+from driver.checkpoint import Checkpoint
+from driver.cli import main as driver_main
 from driver.devices import build_devices
 from driver.nvml import ERR_IN_USE, ERR_INSUFFICIENT_RESOURCES, ERR_INVALID_ARGUMENT, NvmlCallError, open_sim
+from driver.plugin import PluginServer
+from driver.state import ClaimRef
 
 TOPOLOGY = "a100-2x-dynamic-mig"
 GPU0 = "GPU-70e97c5c-2914-58b6-94be-57df14252df3"
@@ -139,3 +147,174 @@ def test_without_the_mode_a_gpu_in_mig_mode_publishes_its_instances_only():
     assert devices == []
     static = build_devices(open_sim("a100-4x-mig").enumerate(), dynamic_mig=False)
     assert static and all(d.counter_set is None for d in static)
+
+
+# --- prepare and unprepare through the kubelet's API ---------------------------------------------
+
+
+class Killed(BaseException):
+    """The plugin dies at a fault point: nothing after it runs (no handler catches a BaseException)."""
+
+
+@pytest.fixture
+async def dyn(short_dir, claims):
+    """The plugin with dynamic MIG on two A100s in MIG mode, registered with a kubelet."""
+    state = make_state(short_dir, claims, topology=TOPOLOGY, dynamic_mig=True)
+    server = PluginServer(
+        state,
+        driver_name="gpu.nvidia.com",
+        plugin_dir=short_dir / "plugins",
+        registry_dir=short_dir / "registry",
+    )
+    await server.start()
+    kubelet = Kubelet(server.paths.registration)
+    await kubelet.register()
+    try:
+        yield kubelet, state.nvml
+    finally:
+        await kubelet.close()
+        await server.stop(0)
+
+
+def instances(nvml, gpu: int = 0) -> list[tuple[str, int]]:
+    return sorted((m.profile, m.placement_start) for m in nvml.enumerate().gpus[gpu].migs)
+
+
+def spec_of(base: Path, uid: str) -> dict:
+    return json.loads((base / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+
+
+async def test_a_partition_exists_only_while_its_claim_is_prepared(dyn, claims, short_dir):
+    kubelet, nvml = dyn
+    claim = claims.add(make_claim("infer", "uid-p", [("mig", "gpu-0-mig-3g40gb-9-4")]))
+    entry = (await kubelet.prepare(claim)).claims["uid-p"]
+    assert entry.error == ""
+    assert [d.device_name for d in entry.devices] == ["gpu-0-mig-3g40gb-9-4"]
+    (made,) = nvml.enumerate().gpus[0].migs
+    assert (made.profile, made.placement_start) == ("3g.40gb", 4)
+    (dev,) = spec_of(short_dir, "uid-p")["devices"]
+    env = dict(e.split("=", 1) for e in dev["containerEdits"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == made.uuid
+    caps = [n["path"] for n in dev["containerEdits"]["deviceNodes"] if "nvidia-caps" in n["path"]]
+    assert len(caps) == 2  # the GPU instance's and the compute instance's capability nodes
+    recorded = Checkpoint(short_dir / "plugins").load()["uid-p"].devices[0].mig
+    assert (recorded.uuid, recorded.gi_id, recorded.start) == (made.uuid, made.gi_id, 4)
+    # A repeated prepare (kubelet retry) returns the same device, and makes no second instance.
+    assert (await kubelet.prepare(claim)).claims["uid-p"] == entry
+    assert instances(nvml) == [("3g.40gb", 4)]
+
+    assert (await kubelet.unprepare(claim)).claims["uid-p"].error == ""
+    assert instances(nvml) == []
+    assert Checkpoint(short_dir / "plugins").load() == {}
+
+
+async def test_partitions_side_by_side_and_the_full_gpu_alone(dyn, claims, short_dir):
+    kubelet, nvml = dyn
+    a = claims.add(make_claim("a", "uid-a", [("mig", "gpu-0-mig-4g40gb-5-0")]))
+    b = claims.add(make_claim("b", "uid-b", [("mig", "gpu-0-mig-2g20gb-14-4")]))
+    full = claims.add(make_claim("full", "uid-full", [("gpu", "gpu-0")]))
+    over = claims.add(make_claim("over", "uid-over", [("mig", "gpu-0-mig-1g10gb-19-5")]))
+    resp = await kubelet.prepare(a, b)
+    assert resp.claims["uid-a"].error == "" and resp.claims["uid-b"].error == ""
+    assert instances(nvml) == [("2g.20gb", 4), ("4g.40gb", 0)]
+    err = (await kubelet.prepare(full)).claims["uid-full"].error
+    assert "device gpu-0 overlaps gpu-0-mig-4g40gb-5-0, prepared for claim default/a (uid-a)" in err
+    assert "never run together" in err
+    assert "overlaps gpu-0-mig-2g20gb-14-4" in (await kubelet.prepare(over)).claims["uid-over"].error
+    assert instances(nvml) == [("2g.20gb", 4), ("4g.40gb", 0)]  # refused claims made nothing
+    assert (await kubelet.unprepare(a, b)).claims["uid-a"].error == ""
+    # Once the partitions are gone, the full GPU: its whole-GPU instance, every slice.
+    entry = (await kubelet.prepare(full)).claims["uid-full"]
+    assert entry.error == ""
+    assert instances(nvml) == [("7g.80gb", 0)]
+    env = dict(e.split("=", 1) for e in spec_of(short_dir, "uid-full")["devices"][0]["containerEdits"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert (await kubelet.unprepare(full)).claims["uid-full"].error == ""
+    assert instances(nvml) == []
+
+
+async def test_an_instance_nvml_refuses_fails_the_claim_cleanly(dyn, claims, short_dir):
+    kubelet, nvml = dyn
+    ids = profile_ids(nvml)
+    outside = nvml.create_mig(GPU0, ids["1g.10gb"], 5)  # made by hand, outside the driver
+    claim = claims.add(
+        make_claim("c", "uid-c", [("a", "gpu-0-mig-1g10gb-19-0"), ("b", "gpu-0-mig-2g20gb-14-4")])
+    )
+    err = (await kubelet.prepare(claim)).claims["uid-c"].error
+    assert "creating the MIG instance of gpu-0-mig-2g20gb-14-4" in err and "memory slice 4" in err
+    assert f"code {ERR_INSUFFICIENT_RESOURCES}" in err or "overlaps an existing GPU instance" in err
+    # The first partition, made before the refusal, is destroyed again; the hand-made one is untouched.
+    assert [m.uuid for m in nvml.enumerate().gpus[0].migs] == [outside.uuid]
+    assert Checkpoint(short_dir / "plugins").load() == {}
+    assert not (short_dir / "cdi").exists() or not list((short_dir / "cdi").iterdir())
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["after-prepare-started", "after-mig-created", "after-cdi-written", "after-prepare-completed"],
+)
+@pytest.mark.parametrize("deleted", [True, False])
+def test_killed_mid_prepare_nothing_leaks(short_dir, point, deleted):
+    claims = InMemoryClaims()
+    nvml = open_sim(TOPOLOGY)  # the GPUs outlive the plugin: the same simulated NVML after the restart
+
+    def die(at: str) -> None:
+        if at == point:
+            raise Killed(at)
+
+    state = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True, fault=die)
+    claims.add(make_claim("c", "uid-c", [("a", "gpu-1-mig-3g40gb-9-0"), ("b", "gpu-1-mig-1g10gb-19-4")]))
+    with pytest.raises(Killed):
+        state.prepare(ClaimRef("default", "c", "uid-c"))
+    if deleted:
+        claims.delete("default", "c")
+    restarted = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True)
+    report = restarted.recover()
+    completed = point == "after-prepare-completed"
+    if deleted or not completed:
+        assert report.rolled_back + report.dropped == ["uid-c"]
+        assert instances(nvml, 1) == []
+        assert Checkpoint(short_dir / "plugins").load() == {}
+        assert not (short_dir / "cdi").exists() or not list((short_dir / "cdi").iterdir())
+    else:
+        assert report.kept == ["uid-c"] and instances(nvml, 1) == [("1g.10gb", 4), ("3g.40gb", 0)]
+    if not deleted:  # the kubelet retries: prepared once, with exactly its two instances
+        out = restarted.prepare(ClaimRef("default", "c", "uid-c"))
+        assert out.error == "" and instances(nvml, 1) == [("1g.10gb", 4), ("3g.40gb", 0)]
+        assert restarted.unprepare(ClaimRef("default", "c", "uid-c")) == ""
+        assert instances(nvml, 1) == []
+
+
+def test_killed_mid_unprepare_the_retry_destroys_the_instance(short_dir):
+    claims = InMemoryClaims()
+    nvml = open_sim(TOPOLOGY)
+
+    def die(at: str) -> None:
+        if at == "after-mig-destroyed":
+            raise Killed(at)
+
+    state = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True, fault=die)
+    claims.add(make_claim("c", "uid-c", [("a", "gpu-0-mig-7g80gb-0-0")]))
+    assert state.prepare(ClaimRef("default", "c", "uid-c")).error == ""
+    with pytest.raises(Killed):
+        state.unprepare(ClaimRef("default", "c", "uid-c"))
+    assert instances(nvml) == [] and "uid-c" in Checkpoint(short_dir / "plugins").load()
+    # Meanwhile nothing else may take the slices: the claim is still recorded.
+    other = claims.add(make_claim("o", "uid-o", [("a", "gpu-0-mig-1g10gb-19-0")]))
+    restarted = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True)
+    assert "overlaps gpu-0-mig-7g80gb-0-0" in restarted.prepare(ClaimRef("default", "o", "uid-o")).error
+    assert restarted.unprepare(ClaimRef("default", "c", "uid-c")) == ""
+    assert restarted.prepare(ClaimRef("default", "o", "uid-o")).error == ""
+    assert instances(nvml) == [("1g.10gb", 0)]
+    del other
+
+
+def test_inventory_command_takes_the_mode(capsys):
+    assert driver_main(["driver", "inventory", "--sim", TOPOLOGY, "-o", "json", "--dynamic-mig"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s for s in doc["items"] if s["spec"].get("sharedCounters")]
+    assert (
+        driver_main(["driver", "inventory", "--sim", TOPOLOGY, "--dynamic-mig", "--api-version", "v1beta1"])
+        == 1
+    )
+    assert "needs resource.k8s.io v1 or v1beta2" in capsys.readouterr().err

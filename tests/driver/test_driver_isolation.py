@@ -8,6 +8,7 @@ from typing import Any
 
 from driver_helpers import InMemoryClaims, make_claim, make_state, opaque
 
+from driver.sharing import CapacitySharing
 from driver.state import ClaimRef, DeviceState
 
 TIMESLICE_LONG = {
@@ -56,8 +57,10 @@ def test_two_claims_share_a_gpu_only_when_both_configure_sharing(short_dir: Path
 
 def test_share_ids_and_admin_access_mark_intended_sharing(short_dir: Path) -> None:
     claims = InMemoryClaims()
-    state = make_state(short_dir, claims)
-    for name, uid, extra in (("s1", "uid-s1", {"shareID": "a1"}), ("s2", "uid-s2", {"shareID": "b2"}),
+    state = make_state(short_dir, claims, sharing=CapacitySharing())  # shareIDs: GPUs shared by capacity
+    ten = {"consumedCapacity": {"memory": "10Gi"}}
+    for name, uid, extra in (("s1", "uid-s1", {"shareID": "a1", **ten}),
+                             ("s2", "uid-s2", {"shareID": "b2", **ten}),
                              ("adm", "uid-adm", {"adminAccess": True})):  # fmt: skip
         obj = make_claim(name, uid, [("gpu", "gpu-4")])
         obj["status"]["allocation"]["devices"]["results"][0].update(extra)
