@@ -328,6 +328,28 @@ def _device_classes(texts: Mapping[Path, str]) -> dict[str, Any]:
     return out
 
 
+def _train_job_notes(
+    shown: str, data: Mapping[str, Any], specs: list[Mapping[str, Any]], classes: Mapping[str, Any] | None
+) -> list[str]:
+    """Why a TrainJob's device-plugin GPUs are left as they are: its trainer is one container whose
+    pod, and so its claims, the (Cluster)TrainingRuntime declares."""
+    from webhook.engine.migration import find_legacy
+
+    # A resource a DeviceClass serves as its extendedResourceName is a DRA request already (KEP-5004).
+    served = {getattr(c, "extended_resource_name", None) for c in (classes or {}).values()}
+    notes = []
+    for spec in specs:
+        for use in find_legacy(spec, ""):
+            if use.resource in served:
+                continue
+            notes.append(
+                f"{shown}: {_ref(data)} spec.trainer.resourcesPerNode {use.resource}: left unchanged: the "
+                "trainer's pod is declared by its TrainingRuntime; request the GPUs through resourceClaims "
+                "in the runtime's pod template and drop them from spec.trainer.resourcesPerNode"
+            )
+    return notes
+
+
 def rewrite_text(
     text: str, shown: str, policy: Any, placed: dict[tuple[str, str, str], str] | None = None,
     tiers: Any = None, classes: Mapping[str, Any] | None = None,
@@ -349,6 +371,9 @@ def rewrite_text(
     for chunk in chunks:
         out.append(chunk)
         data = _plain(chunk.body)
+        if isinstance(data, Mapping) and data.get("kind") == "TrainJob":
+            trainers = [t.spec for t in pod_templates_of(data) if t.container]
+            notes.extend(_train_job_notes(shown, data, trainers, classes))
         if not isinstance(data, Mapping) or pod_spec_of(data) is None:
             continue
         # Indentation styles differ between documents pasted into one file: follow each one's.
@@ -360,10 +385,11 @@ def rewrite_text(
             meta = data.get("metadata") if isinstance(data.get("metadata"), Mapping) else {}
             ns = str((meta or {}).get("namespace") or "default")
             allowed = tier_allowed(tiers, data, ns, None)
+        templates = pod_templates_of(data)
         plans = [p for p in (
             plan_pod_spec(data, t.pointer, t.spec, policy, namespace=_namespace_of(data), allowed=allowed,
                           rewrite=False, classes=classes)
-            for t in pod_templates_of(data) if not t.container
+            for t in templates if not t.container
         )]  # fmt: skip
         if not plans:
             continue
