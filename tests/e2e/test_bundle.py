@@ -79,16 +79,22 @@ def test_bundle_runs_on_the_real_node(
     logs = kubectl.ok("logs", "-n", "draguard-driver", driver["metadata"]["name"])
     assert "SIMULATED NVML" in logs.upper(), logs[-2000:]
 
-    # The background audit runs in-cluster under its own ServiceAccount: ready once its first scan's
-    # reports are written, the DeviceClasses judged in the ClusterPolicyReport.
+    # The background audit runs in-cluster under its own ServiceAccount, two replicas electing a leader
+    # on a Lease: the leader is ready once its first scan's reports are written, the DeviceClasses
+    # judged in the ClusterPolicyReport. (A follower is ready too, and never scans.)
     def audit_ready() -> dict[str, Any] | None:
+        lease = kubectl.run("get", "lease", "draguard-audit", "-n", "draguard-system", "-o", "json")
+        if lease.returncode != 0:
+            return None
+        holder = (json.loads(lease.stdout).get("spec") or {}).get("holderIdentity") or ""
         for p in kubectl.items("pods", "draguard-system", "-l", "app.kubernetes.io/name=draguard-audit"):
             conds = p["status"].get("conditions") or []
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            if ready and holder and p["metadata"]["name"] in holder:
                 return p
         return None
 
-    audit = wait_for(audit_ready, "the audit pod ready after its first scan", 180)
+    audit = wait_for(audit_ready, "the audit leader ready after its first scan", 180)
     assert audit["spec"]["nodeName"] == real_node
     audit_logs = kubectl.ok("logs", "-n", "draguard-system", audit["metadata"]["name"])
     assert '"scan complete"' in audit_logs, audit_logs[-2000:]
