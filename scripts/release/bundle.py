@@ -48,6 +48,7 @@ import version as versions  # this directory, not an installed package
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_NAME = "ghcr.io/draguard/draguard"  # the name the bundle's manifests use (kustomize images:)
+DEFAULT_SOURCE = os.environ.get("DRAGUARD_SOURCE_URL", "https://github.com/draguard/draguard")
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
 FLUX_CONFIG = "application/vnd.cncf.flux.config.v1+json"
@@ -199,7 +200,7 @@ def build(out: Path, *, tree: Path, version: str, commit: str, created: int, sou
             "layer": layer["digest"], "manifests": digests, "image": image}  # fmt: skip
 
 
-def _commit_time(repo: Path) -> int:
+def commit_time(repo: Path) -> int:
     if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
         return int(os.environ["SOURCE_DATE_EPOCH"])
     res = subprocess.run(["git", "-C", str(repo), "show", "-s", "--format=%ct", "HEAD"],
@@ -212,14 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="directory for the layout and the archives")
     p.add_argument("--image", help="pin the draguard image: NAME@sha256:DIGEST (a release) or NAME:TAG")
     p.add_argument("--version", help="the bundle's version (default: scripts/release/version.py --oci)")
-    p.add_argument("--source", default=os.environ.get("DRAGUARD_SOURCE_URL", "https://github.com/draguard/draguard"),
+    p.add_argument("--source", default=DEFAULT_SOURCE,
                    help="the source repository URL recorded in the annotations")  # fmt: skip
     p.add_argument("--tree", type=Path, default=ROOT / "kustomize", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
         v = versions.derive(ROOT)
         summary = build(args.out, tree=args.tree, version=args.version or v.oci, commit=v.commit,
-                        created=_commit_time(ROOT), source=args.source, image=args.image)  # fmt: skip
+                        created=commit_time(ROOT), source=args.source, image=args.image)  # fmt: skip
     except (BundleError, versions.VersionError) as exc:
         print(f"bundle.py: {exc}", file=sys.stderr)
         return 1
