@@ -15,7 +15,16 @@ from webhook.dra.device import Device
 from webhook.dra.inventory import Inventory
 from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_problems, claim_spec_of
 from webhook.engine.allocate import Verdict, allocate, describe_picks
-from webhook.engine.resolve import Index, namespace_of, per_node_capacity, pod_claims
+from webhook.engine.resolve import (
+    IMPLICIT_CLASS_PREFIX,
+    ExtendedRequest,
+    Index,
+    extended_claims,
+    extended_requests,
+    namespace_of,
+    per_node_capacity,
+    pod_claims,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,4 +378,38 @@ def explain(
                         ref, item.file, line, pc.name, source, req.name, alts, cons, ok, reasons, **whole
                     )
                 )
+        out.extend(_extended(item, ref, index, inventory))
+    return out
+
+
+def _extended(item: SourceObject, ref: ObjectRef, index: Index, inventory: Inventory) -> list[Explanation]:
+    """KEP-5004: a pod's extended resources that a DeviceClass serves (`deviceclass.resource.kubernetes.io/
+    <class>`, or a name a class declares as its `extendedResourceName`) become one claim the scheduler
+    makes for the pod, a request of the pod's effective count per class. Explained like any claim."""
+    found = extended_requests(item.obj, index.classes)
+    if not found:
+        return []
+    per_class = extended_claims(item.obj, index.classes)
+    first: dict[str, ExtendedRequest] = {}
+    for r in found:
+        first.setdefault(r.device_class, r)
+    requests = tuple(
+        DeviceRequest(name=first[cls].resource, device_class=cls, count=n, pointer=first[cls].pointer)
+        for cls, n in sorted(per_class.items())
+        if n > 0 and cls in first
+    )
+    spec = ClaimSpec(requests=requests)
+    verdict = None if inventory.is_empty else allocate(spec, inventory, index.classes, classes_complete=True)
+    out: list[Explanation] = []
+    for req in requests:
+        r = first[req.device_class or ""]
+        alts, cons, ok, reasons = explain_request(req, spec, index, inventory)
+        ok, reasons, whole = _whole(ok, reasons, verdict)
+        implicit = r.resource.startswith(IMPLICIT_CLASS_PREFIX)
+        served = "" if implicit else f", the extendedResourceName of {r.device_class}"
+        out.append(Explanation(
+            ref, item.file, item.line_of(r.pointer), r.resource,
+            f"extended resource (KEP-5004: a claim the scheduler makes for the pod{served})",
+            r.resource, alts, cons, ok, reasons, **whole,
+        ))  # fmt: skip
     return out
