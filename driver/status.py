@@ -30,6 +30,7 @@ from typing import Any
 from driver.checkpoint import PreparedDevice
 from driver.kube import KubeHTTPError
 from driver.kube import request as kube_request
+from driver.slices import format_quantity
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def device_entries(
         }
         if d.share_id:
             entry["shareID"] = d.share_id
+        if d.consumed_memory is not None:  # a share by capacity: the memory it holds, as the user asked
+            entry["data"]["memory"] = format_quantity(d.consumed_memory)
         out.append(entry)
     return tuple(out)
 

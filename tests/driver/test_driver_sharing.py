@@ -332,3 +332,18 @@ def test_a_lost_cdi_spec_of_a_share_is_rewritten_with_its_limit(short_dir):
     )
     assert again.error == "" and again.devices[0].cdi_device_ids == first.devices[0].cdi_device_ids
     assert path.read_text() == written
+
+
+def test_claim_status_shows_each_share_with_its_memory():
+    from driver.checkpoint import PreparedDevice
+    from driver.status import device_entries
+
+    shares = [
+        PreparedDevice(["a"], NODE, "gpu-0", ["id-1"], "s-1", consumed_memory=8 * GI),
+        PreparedDevice(["b"], NODE, "gpu-0", ["id-2"], "s-2", consumed_memory=3 * GI // 2),
+    ]
+    entries = device_entries("gpu.nvidia.com", NODE, shares, {"gpu-0": {"uuid": "GPU-1"}})
+    assert [(e["device"], e["shareID"], e["data"]["memory"]) for e in entries] == [
+        ("gpu-0", "s-1", "8Gi"),
+        ("gpu-0", "s-2", "1536Mi"),
+    ]
