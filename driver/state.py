@@ -145,6 +145,10 @@ class PrepareOutcome:
     error: str = ""
 
 
+class MigCreateError(RuntimeError):
+    """NVML would not create a dynamic-MIG device's instance; the message names device and placement."""
+
+
 class PrepareError(Exception):
     """A per-claim failure; the message goes back to kubelet in the claim's `error`."""
 
@@ -300,10 +304,12 @@ class DeviceState:
                 self.checkpoint.save(claims)  # the instances' ids, for unprepare
             ids = self.cdi.write(ref.uid, cdi)
             self.fault("after-cdi-written")
-        except (SharingUnsupported, NvmlCallError, CdiError, OSError) as exc:
-            self._rollback(ref.uid, started)
-            claims.pop(ref.uid, None)
-            self.checkpoint.save(claims)
+        except (SharingUnsupported, NvmlCallError, MigCreateError, CdiError, OSError) as exc:
+            if self._rollback(ref.uid, started):
+                claims.pop(ref.uid, None)
+                self.checkpoint.save(claims)
+            # else the entry stays (PrepareStarted): its placements stay taken, and the kubelet's
+            # retry or the next start destroys the instance NVML kept this time
             raise PrepareError(f"claim {ref}: {exc}") from None
         for p, cdi_id in zip(prepared, ids, strict=True):
             p.cdi_device_ids = [cdi_id]
@@ -401,11 +407,10 @@ class DeviceState:
         try:
             made = self.nvml.create_mig(mig.parent_uuid, mig.profile_id, mig.start)
         except NvmlCallError as exc:
-            raise NvmlCallError(
-                exc.call, exc.code,
+            raise MigCreateError(
                 f"creating the MIG instance of {dev.name} (profile id {mig.profile_id} at memory slice "
-                f"{mig.start} of GPU {mig.parent_uuid}): {exc}",
-            ) from None  # fmt: skip
+                f"{mig.start} of GPU {mig.parent_uuid}): {exc}"
+            ) from None
         mig.gi_id, mig.ci_id, mig.uuid = made.gi_id, made.ci_id, made.uuid
 
     def _destroy_migs(self, uid: str, entry: ClaimEntry) -> str:

@@ -318,3 +318,43 @@ def test_inventory_command_takes_the_mode(capsys):
         == 1
     )
     assert "needs resource.k8s.io v1 or v1beta2" in capsys.readouterr().err
+
+
+def test_an_instance_nvml_will_not_destroy_keeps_its_claim_recorded(short_dir):
+    claims = InMemoryClaims()
+    nvml = open_sim(TOPOLOGY)
+    state = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True)
+    ref = ClaimRef("default", "c", "uid-c")
+    claims.add(make_claim("c", "uid-c", [("a", "gpu-0-mig-1g10gb-19-0")]))
+    assert state.prepare(ref).error == ""
+    nvml.lib.faults["nvmlGpuInstanceDestroy"] = ERR_IN_USE  # a process still holds the instance
+    err = state.unprepare(ref)
+    assert "destroying the MIG instance of gpu-0-mig-1g10gb-19-0" in err
+    assert "uid-c" in Checkpoint(short_dir / "plugins").load()  # kept: its slices stay taken
+    claims.add(make_claim("o", "uid-o", [("a", "gpu-0-mig-7g80gb-0-0")]))
+    assert "overlaps gpu-0-mig-1g10gb-19-0" in state.prepare(ClaimRef("default", "o", "uid-o")).error
+    del nvml.lib.faults["nvmlGpuInstanceDestroy"]
+    assert state.unprepare(ref) == ""  # the kubelet's retry
+    assert instances(nvml) == [] and Checkpoint(short_dir / "plugins").load() == {}
+    assert state.prepare(ClaimRef("default", "o", "uid-o")).error == ""
+    assert instances(nvml) == [("7g.80gb", 0)]
+
+
+def test_a_failed_prepare_whose_instance_stays_is_cleaned_up_by_the_retry(short_dir):
+    claims = InMemoryClaims()
+    nvml = open_sim(TOPOLOGY)
+    state = make_state(short_dir, claims, nvml=nvml, dynamic_mig=True)
+    outside = nvml.create_mig(GPU0, profile_ids(nvml)["1g.10gb"], 6)  # blocks the second partition
+    ref = ClaimRef("default", "c", "uid-c")
+    claims.add(make_claim("c", "uid-c", [("a", "gpu-0-mig-3g40gb-9-0"), ("b", "gpu-0-mig-3g40gb-9-4")]))
+    nvml.lib.faults["nvmlGpuInstanceDestroy"] = ERR_IN_USE
+    assert "creating the MIG instance of gpu-0-mig-3g40gb-9-4" in state.prepare(ref).error
+    # NVML kept the first one's GPU instance: the claim stays recorded, its placements taken.
+    assert Checkpoint(short_dir / "plugins").load()["uid-c"].state == "PrepareStarted"
+    with pytest.raises(NvmlCallError) as err:
+        nvml.create_mig(GPU0, profile_ids(nvml)["1g.10gb"], 0)
+    assert err.value.code == ERR_INSUFFICIENT_RESOURCES
+    del nvml.lib.faults["nvmlGpuInstanceDestroy"]
+    assert nvml.destroy_mig(GPU0, outside.gi_id, outside.ci_id)
+    assert state.prepare(ref).error == ""  # the retry destroys the leftover, then prepares afresh
+    assert instances(nvml) == [("3g.40gb", 0), ("3g.40gb", 4)]
