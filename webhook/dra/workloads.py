@@ -299,7 +299,7 @@ def _with_managed_dra(spec: Mapping[str, Any], dra: tuple[str, int, str | None])
     are read as the equivalent KEP-5004 request (`deviceclass.resource.kubernetes.io/<class>: N`,
     one claim of N devices of the class per pod), so tier and quota judge them through the class."""
     cls, count, target = dra
-    containers = [c for c in as_list(spec.get("containers"))]
+    containers = list(as_list(spec.get("containers")))
     at = next((i for i, c in enumerate(containers)
                if isinstance(c, Mapping) and (target is None or c.get("name") == target)), None)  # fmt: skip
     if at is None:
