@@ -50,11 +50,18 @@ def _sha256(path: Path) -> str:
 
 def image_archive(out: Path, oci_version: str) -> tuple[Path, str]:
     """The local image build's draguard archive (built or reused), linked into `out`, and its digest."""
-    res = subprocess.run([sys.executable, "-m", "webhook.dev.image", "build", "--print-path"], cwd=ROOT,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "webhook.dev.image", "build", "--print-path"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if res.returncode != 0:
-        raise BuildError(f"image: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else 'failed'} "
-                         "(--no-image leaves the image out)")  # fmt: skip
+        raise BuildError(
+            f"image: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else 'failed'} "
+            "(--no-image leaves the image out)"
+        )
     paths = [Path(p) for p in res.stdout.split() if Path(p).name.startswith("draguard-")]
     if len(paths) != 1:
         raise BuildError(f"image: expected one draguard archive from the image build, got {res.stdout!r}")
@@ -77,8 +84,9 @@ def check_bundle(layout: Path) -> list[dict[str, object]]:
     built = subprocess.run(["bash", str(script), "ocibundle"], capture_output=True, text=True, check=False)
     if built.returncode != 0:
         raise BuildError(f"tools/ocibundle: {built.stderr.strip() or built.stdout.strip()}")
-    tool = subprocess.run(["bash", str(script), "--path", "ocibundle"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    tool = subprocess.run(
+        ["bash", str(script), "--path", "ocibundle"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     res = subprocess.run([tool, "check", str(layout)], capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise BuildError(f"bundle: {res.stderr.strip()}")
@@ -98,10 +106,19 @@ def run(out: Path, with_image: bool) -> dict[str, object]:
         image_ref = f"{bundle.IMAGE_NAME}@{digest}"
         summary["image"] = {"archive": str(archive), "digest": digest}
     created = bundle.commit_time(ROOT)
-    b = bundle.build(out, tree=ROOT / "kustomize", version=v.oci, commit=v.commit, created=created,
-                     source=bundle.DEFAULT_SOURCE, image=image_ref)  # fmt: skip
-    b["checked"] = [{"name": r["name"], "digest": r["digest"], "files": len(r["files"])}  # type: ignore[arg-type]
-                    for r in check_bundle(Path(str(b["layout"])))]  # fmt: skip
+    b = bundle.build(
+        out,
+        tree=ROOT / "kustomize",
+        version=v.oci,
+        commit=v.commit,
+        created=created,
+        source=bundle.DEFAULT_SOURCE,
+        image=image_ref,
+    )
+    b["checked"] = [
+        {"name": r["name"], "digest": r["digest"], "files": len(r["files"])}  # type: ignore[arg-type]
+        for r in check_bundle(Path(str(b["layout"])))
+    ]
     summary["bundle"] = b
     sums = [f"{_sha256(p)}  {p.name}" for p in sorted(out.iterdir()) if p.is_file()]
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")

@@ -94,8 +94,10 @@ def pin_image(kustomization: str, image: str) -> str:
     entry = re.compile(rf"^(?P<indent>[ \t]*)- name: {name}[ \t]*\n(?:(?P=indent)  [^\n]*\n?)*", re.M)
     found = list(entry.finditer(kustomization))
     if len(found) != 1:
-        raise BundleError(f"kustomize/base/kustomization.yaml: expected one images entry for {IMAGE_NAME}, "
-                          f"found {len(found)}")  # fmt: skip
+        raise BundleError(
+            f"kustomize/base/kustomization.yaml: expected one images entry for {IMAGE_NAME}, "
+            f"found {len(found)}"
+        )
     ind = found[0]["indent"]
     lines = [f"{ind}- name: {IMAGE_NAME}", f"{ind}  newName: {m['name']}"]
     pin = f"digest: {m['digest']}" if "digest" in m.groupdict() else f"newTag: {m['tag']}"
@@ -146,8 +148,9 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def build(out: Path, *, tree: Path, version: str, commit: str, created: int, source: str,
-          image: str | None) -> dict[str, object]:  # fmt: skip
+def build(
+    out: Path, *, tree: Path, version: str, commit: str, created: int, source: str, image: str | None
+) -> dict[str, object]:
     """Write the layout directory, its tar and the plain content tar.gz under `out`; return a summary."""
     name = f"draguard-bundle-{version}"
     layout = out / f"{name}.oci"
@@ -168,18 +171,24 @@ def build(out: Path, *, tree: Path, version: str, commit: str, created: int, sou
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.title": "draguard-bundle",
         "org.opencontainers.image.description": "draguard Kustomize bundle: base, overlays (aks, gke, eks, "
-                                                "local) and components",
+        "local) and components",
         "org.opencontainers.image.licenses": "Apache-2.0",
-    }  # fmt: skip
+    }
     manifests = []
     digests: dict[str, str] = {}
     for ref, layer_type in LAYER_TYPES.items():
-        manifest = {"schemaVersion": 2, "mediaType": MANIFEST, "config": config,
-                    "layers": [{"mediaType": layer_type, **layer}], "annotations": annotations}  # fmt: skip
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": config,
+            "layers": [{"mediaType": layer_type, **layer}],
+            "annotations": annotations,
+        }
         desc = _blob(layout, _json(manifest))
         digests[ref] = str(desc["digest"])
-        manifests.append({"mediaType": MANIFEST, **desc,
-                          "annotations": {"org.opencontainers.image.ref.name": ref}})  # fmt: skip
+        manifests.append(
+            {"mediaType": MANIFEST, **desc, "annotations": {"org.opencontainers.image.ref.name": ref}}
+        )
     index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}
     (layout / "index.json").write_bytes(_json(index))
     # The layout as one file (the release asset; `oras cp --from-oci-layout` reads it), and the content
@@ -196,15 +205,25 @@ def build(out: Path, *, tree: Path, version: str, commit: str, created: int, sou
                 tf.addfile(info)
     plain = out / f"{name}.tar.gz"
     plain.write_bytes(content)
-    return {"layout": str(layout), "archive": str(archive), "content": str(plain),
-            "layer": layer["digest"], "manifests": digests, "image": image}  # fmt: skip
+    return {
+        "layout": str(layout),
+        "archive": str(archive),
+        "content": str(plain),
+        "layer": layer["digest"],
+        "manifests": digests,
+        "image": image,
+    }
 
 
 def commit_time(repo: Path) -> int:
     if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    res = subprocess.run(["git", "-C", str(repo), "show", "-s", "--format=%ct", "HEAD"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    res = subprocess.run(
+        ["git", "-C", str(repo), "show", "-s", "--format=%ct", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return int(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip().isdigit() else 0
 
 
@@ -213,14 +232,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="directory for the layout and the archives")
     p.add_argument("--image", help="pin the draguard image: NAME@sha256:DIGEST (a release) or NAME:TAG")
     p.add_argument("--version", help="the bundle's version (default: scripts/release/version.py --oci)")
-    p.add_argument("--source", default=DEFAULT_SOURCE,
-                   help="the source repository URL recorded in the annotations")  # fmt: skip
+    p.add_argument(
+        "--source", default=DEFAULT_SOURCE, help="the source repository URL recorded in the annotations"
+    )
     p.add_argument("--tree", type=Path, default=ROOT / "kustomize", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
         v = versions.derive(ROOT)
-        summary = build(args.out, tree=args.tree, version=args.version or v.oci, commit=v.commit,
-                        created=commit_time(ROOT), source=args.source, image=args.image)  # fmt: skip
+        summary = build(
+            args.out,
+            tree=args.tree,
+            version=args.version or v.oci,
+            commit=v.commit,
+            created=commit_time(ROOT),
+            source=args.source,
+            image=args.image,
+        )
     except (BundleError, versions.VersionError) as exc:
         print(f"bundle.py: {exc}", file=sys.stderr)
         return 1

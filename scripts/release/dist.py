@@ -97,8 +97,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build(out: Path, version: str | None = None, repo: Path = ROOT,
-          python: str = sys.executable) -> dict[str, object]:  # fmt: skip
+def build(
+    out: Path, version: str | None = None, repo: Path = ROOT, python: str = sys.executable
+) -> dict[str, object]:
     v = version or versions.derive(repo).python
     files = tracked_files(repo)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +114,15 @@ def build(out: Path, version: str | None = None, repo: Path = ROOT,
         built.mkdir()
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         names = Path(tmp) / "built.txt"
-        res = subprocess.run([python, "-c", HOOKS, str(built), str(names)], cwd=tree, env=env,
-                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        res = subprocess.run(
+            [python, "-c", HOOKS, str(built), str(names)],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         if res.returncode != 0:
             tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
             raise DistError(f"the build backend failed:\n{tail}")

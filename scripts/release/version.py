@@ -60,8 +60,9 @@ class Version:
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30, check=False
+        )
     except FileNotFoundError:
         raise VersionError("git not found on PATH; the version comes from git tags") from None
 
@@ -90,8 +91,16 @@ def derive(repo: Path = ROOT) -> Version:
     local = f"g{short}" + (".dirty" if dirty else "")  # PEP 440 local part
     suffix = f"g{short}" + ("-dirty" if dirty else "")  # the same in an OCI tag
     # --match takes a glob; TAG then decides. --first-parent: a merged branch's tags do not count.
-    desc = _git(repo, "describe", "--tags", "--long", "--abbrev=12", "--first-parent",
-                "--match", "v[0-9]*.[0-9]*.[0-9]*")  # fmt: skip
+    desc = _git(
+        repo,
+        "describe",
+        "--tags",
+        "--long",
+        "--abbrev=12",
+        "--first-parent",
+        "--match",
+        "v[0-9]*.[0-9]*.[0-9]*",
+    )
     m = DESCRIBE.match(desc.stdout.strip()) if desc.returncode == 0 else None
     tag = m["tag"] if m and TAG.match(m["tag"]) else None
     if tag is None:
@@ -134,9 +143,9 @@ def stamp(version: str, paths: list[Path]) -> None:
             start = re.search(r"^\[project\]\s*$", text, re.M)
             if start is None:
                 raise VersionError(f"{path}: no [project] table")
-            nxt = re.search(r"^\[", text[start.end():], re.M)
+            nxt = re.search(r"^\[", text[start.end() :], re.M)
             end = start.end() + nxt.start() if nxt else len(text)
-            body, n = PYPROJECT_VERSION.subn(rf'\g<1>"{version}"', text[start.end():end])
+            body, n = PYPROJECT_VERSION.subn(rf'\g<1>"{version}"', text[start.end() : end])
             new = text[: start.end()] + body + text[end:]
         else:
             new, n = INIT_VERSION.subn(rf'\g<1>"{version}"', text)
@@ -151,12 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--oci", action="store_true", help="print the OCI tag form")
     out.add_argument("--json", action="store_true", help="print every form as JSON")
-    p.add_argument("--require-release", action="store_true",
-                   help="exit 1 unless HEAD is exactly a vX.Y.Z tag and the tree is clean")  # fmt: skip
-    p.add_argument("--stamp", nargs="+", type=Path, metavar="FILE", default=[],
-                   help="write the Python version into FILEs (pyproject.toml, __init__.py)")  # fmt: skip
-    p.add_argument("--github-output", action="store_true",
-                   help="also append version, oci_tag and release to $GITHUB_OUTPUT")  # fmt: skip
+    p.add_argument(
+        "--require-release",
+        action="store_true",
+        help="exit 1 unless HEAD is exactly a vX.Y.Z tag and the tree is clean",
+    )
+    p.add_argument(
+        "--stamp",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        default=[],
+        help="write the Python version into FILEs (pyproject.toml, __init__.py)",
+    )
+    p.add_argument(
+        "--github-output",
+        action="store_true",
+        help="also append version, oci_tag and release to $GITHUB_OUTPUT",
+    )
     args = p.parse_args(argv)
     try:
         v = derive(args.repo)

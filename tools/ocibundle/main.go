@@ -405,7 +405,12 @@ func serve(addr string) error {
 	if err != nil {
 		return err
 	}
-	if err := emit(map[string]string{"address": ln.Addr().String()}); err != nil {
+	// One line, so a caller can read the address before the server's first request.
+	line, err := json.Marshal(map[string]string{"address": ln.Addr().String()})
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Println(string(line)); err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0))), ReadHeaderTimeout: 10 * time.Second}
