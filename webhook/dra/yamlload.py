@@ -82,14 +82,53 @@ def check_aliases(root: yaml.Node, budget: int = ALIAS_BUDGET) -> None:
             )
 
 
-class SafeLoader(_Base):  # type: ignore[misc, valid-type]
-    """libyaml's safe loader (pure Python when libyaml is missing) with the guards above."""
+class WatchedStream:
+    """A text stream handed to the loader, noting whether `&` and `*` have been read so far.
+
+    libyaml reads a stream ahead of the document it composes, so once a document is composed its
+    whole text has passed through here: a document that holds an alias has made both flags true
+    by then. The flags only ever turn on, so the check stays conservative for later documents.
+    """
+
+    __slots__ = ("_stream", "alias", "anchor")
 
     def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.anchor = False
+        self.alias = False
+
+    def read(self, size: int = -1) -> Any:
+        chunk = self._stream.read(size)
+        if not self.anchor and "&" in chunk:
+            self.anchor = True
+        if not self.alias and "*" in chunk:
+            self.alias = True
+        return chunk
+
+    @property
+    def may_alias(self) -> bool:
+        return self.anchor and self.alias
+
+
+class SafeLoader(_Base):  # type: ignore[misc, valid-type]
+    """libyaml's safe loader (pure Python when libyaml is missing) with the guards above.
+
+    `stream` is text, or a text stream read in chunks (one document at a time is held, not the
+    file): the alias walk then runs only once the text read so far holds both `&` and `*`.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._watch: WatchedStream | None = None
+        if not isinstance(stream, str | bytes):
+            stream = self._watch = WatchedStream(stream)
         super().__init__(stream)
         # An alias needs an anchor (`&a`) and a reference (`*a`): text without both has none, and
         # most manifests skip the walk.
-        self.may_alias = not isinstance(stream, str) or ("&" in stream and "*" in stream)
+        self._text_may_alias = not isinstance(stream, str) or ("&" in stream and "*" in stream)
+
+    @property
+    def may_alias(self) -> bool:
+        return self._watch.may_alias if self._watch is not None else self._text_may_alias
 
     def construct_document(self, node: yaml.Node) -> Any:
         if self.may_alias:

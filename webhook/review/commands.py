@@ -181,10 +181,10 @@ def cmd_review(args: argparse.Namespace) -> int:
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
-    if not reviewed.inputs.objects and not args.allow_empty:
+    if not reviewed.result.objects and not args.allow_empty:
         # A wrong path, a glob that matched nothing or a build that produced nothing must not
         # pass as "no findings".
-        read = len(set(reviewed.inputs.files))
+        read = len(set(reviewed.result.files))
         return _fail(
             "review",
             f"no Kubernetes objects in {' '.join(paths)} ({read} file{'' if read == 1 else 's'} read, "

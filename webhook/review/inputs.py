@@ -6,6 +6,7 @@ finding on `/spec/devices/requests/0` points at that line of the file the user w
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -260,10 +261,11 @@ class Document:
     index: int
 
 
-def parse_yaml_documents(text: str, file: str) -> list[Document]:
-    """Parse a (multi-document) YAML or JSON stream, keeping lines; raise `InputError` with line:column."""
-    loader = _Loader(text)
-    docs: list[Document] = []
+def iter_yaml_documents(stream: Any, file: str) -> Iterator[Document]:
+    """Parse a (multi-document) YAML or JSON stream one document at a time, keeping lines; raise
+    `InputError` with line:column. `stream` is text or a text stream (read in chunks: only the
+    document being built is held)."""
+    loader = _Loader(stream)
     try:
         index = 0
         while loader.check_node():
@@ -278,7 +280,9 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
                 _walk_lines(node, "", lines)
             else:
                 data, lines = built
-            docs.append(Document(data, _first_line(node), lines, index))
+            line = _first_line(node)
+            del node, built  # the node graph is several times the data's size: drop it first
+            yield Document(data, line, lines, index)
             index += 1
     except yaml.MarkedYAMLError as exc:
         raise _marked_error(exc, file) from None
@@ -288,7 +292,11 @@ def parse_yaml_documents(text: str, file: str) -> list[Document]:
         raise InputError(file, f"invalid YAML: {first}") from None
     finally:
         loader.dispose()
-    return docs
+
+
+def parse_yaml_documents(text: str, file: str) -> list[Document]:
+    """Every document of `text` (see `iter_yaml_documents`)."""
+    return list(iter_yaml_documents(text, file))
 
 
 def load_data(text: str, file: str) -> list[Any]:
@@ -409,42 +417,113 @@ def _too_large(shown: str, size: int) -> InputError:
     )
 
 
+def _open_regular(path: Path, shown: str) -> Any:
+    """Open one regular file for reading (binary), refusing devices, FIFOs, sockets and files over
+    `MAX_FILE_BYTES` before reading a byte (a link to /dev/zero would never end, a FIFO would
+    block). OSErrors are the caller's to word."""
+    before = os.stat(path)
+    if stat.S_ISDIR(before.st_mode):
+        raise IsADirectoryError
+    if not stat.S_ISREG(before.st_mode):
+        kind = _kind_of(before.st_mode)
+        raise InputError(shown, f"is {kind}; review reads only regular files: remove it")
+    if before.st_size > MAX_FILE_BYTES:
+        raise _too_large(shown, before.st_size)
+    # O_NONBLOCK: should the path have become a FIFO since the stat, opening it cannot hang;
+    # the fstat below then refuses it.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise InputError(shown, "is not a regular file; review reads only regular files: remove it")
+    return fh
+
+
+def _os_error(shown: str, exc: OSError) -> InputError:
+    if isinstance(exc, FileNotFoundError):
+        return InputError(shown, "no such file or directory")
+    if isinstance(exc, IsADirectoryError):
+        return InputError(shown, "is a directory")
+    if isinstance(exc, PermissionError):
+        return InputError(shown, "permission denied (cannot read the file)")
+    return InputError(shown, f"cannot read: {exc.strerror or exc}")
+
+
 def read_text(path: Path, shown: str) -> str:
     """Read one regular file as UTF-8 text, with a one-line error for every way that can fail.
 
-    Devices, FIFOs and sockets are refused before they are opened for reading (a link to
-    /dev/zero would never end, a FIFO would block), and no more than `MAX_FILE_BYTES` is read.
+    Devices, FIFOs and sockets are refused before they are opened for reading, and no more than
+    `MAX_FILE_BYTES` is read.
     """
     try:
-        before = os.stat(path)
-        if stat.S_ISDIR(before.st_mode):
-            raise IsADirectoryError
-        if not stat.S_ISREG(before.st_mode):
-            kind = _kind_of(before.st_mode)
-            raise InputError(shown, f"is {kind}; review reads only regular files: remove it")
-        if before.st_size > MAX_FILE_BYTES:
-            raise _too_large(shown, before.st_size)
-        # O_NONBLOCK: should the path have become a FIFO since the stat, opening it cannot hang;
-        # the fstat below then refuses it.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise InputError(shown, "is not a regular file; review reads only regular files: remove it")
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError(shown, "no such file or directory") from None
-    except IsADirectoryError:
-        raise InputError(shown, "is a directory") from None
-    except PermissionError:
-        raise InputError(shown, "permission denied (cannot read the file)") from None
+        with _open_regular(path, shown) as fh:
+            # Sized by the file, not the limit: `read(n)` sets aside n bytes before it reads.
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(min(size, MAX_FILE_BYTES) + 1)
+            if len(data) > size:  # it grew since: read on, still no further than the limit
+                data += fh.read(MAX_FILE_BYTES + 1 - len(data))
     except OSError as exc:
-        raise InputError(shown, f"cannot read: {exc.strerror or exc}") from None
+        raise _os_error(shown, exc) from None
     if len(data) > MAX_FILE_BYTES:
         raise _too_large(shown, len(data))
     try:
-        return data.decode("utf-8-sig")
+        return str(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
         raise InputError(shown, f"not UTF-8 text (byte {exc.start}); review reads YAML or JSON") from None
+
+
+class _Limited:
+    """A text stream that refuses to give more than `MAX_FILE_BYTES` characters (a file that grows
+    while it is read)."""
+
+    __slots__ = ("_left", "_shown", "_stream")
+
+    def __init__(self, stream: Any, shown: str) -> None:
+        self._stream = stream
+        self._shown = shown
+        self._left = MAX_FILE_BYTES
+
+    def read(self, size: int = -1) -> str:
+        chunk: str = self._stream.read(size if size >= 0 else self._left + 1)
+        self._left -= len(chunk)
+        if self._left < 0:
+            raise _too_large(self._shown, MAX_FILE_BYTES + 1)
+        return chunk
+
+
+def iter_file(path: Path, shown: str | None = None) -> Iterator[tuple[list[SourceObject], list[Skipped]]]:
+    """The objects of one file, one document at a time: memory holds the document being read, not
+    the file. JSON (one document, often a `kubectl get -o json` List) is read whole, as before.
+    Errors are the same one-line `InputError`s `read_file` raises."""
+    shown = shown or display_path(path)
+    if path.name.endswith(".json"):
+        yield from _whole_file(path, shown)
+        return
+    try:
+        fh = _open_regular(path, shown)
+    except OSError as exc:
+        raise _os_error(shown, exc) from None
+    with fh:
+        try:
+            head = fh.peek(256)[:256].lstrip(b"\xef\xbb\xbf \t\r\n")
+        except OSError as exc:
+            raise _os_error(shown, exc) from None
+        if head.startswith((b"{", b"[")):
+            yield from _whole_file(path, shown)
+            return
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
+        try:
+            for doc in iter_yaml_documents(_Limited(text, shown), shown):
+                yield objects_of([doc], shown)
+        except UnicodeDecodeError:
+            read_text(path, shown)  # raises the error naming the byte
+            raise InputError(shown, "not UTF-8 text; review reads YAML or JSON") from None
+        except OSError as exc:
+            raise _os_error(shown, exc) from None
+
+
+def _whole_file(path: Path, shown: str) -> Iterator[tuple[list[SourceObject], list[Skipped]]]:
+    yield objects_of(parse_text(read_text(path, shown), shown), shown)
 
 
 def read_file(path: Path, shown: str | None = None) -> Inputs:
@@ -621,14 +700,23 @@ def _referenced_kustomizations(dirs: Sequence[Path]) -> set[Path]:
     return referenced
 
 
-def read_paths(
+@dataclass(frozen=True, slots=True)
+class FileSource:
+    """A manifest file to read (lazily: `iter_file` streams it)."""
+
+    path: Path
+    shown: str
+
+
+def sources(
     paths: Sequence[str],
     *,
     exclude: Sequence[Path] = (),
     stdin: Any = None,
     root: Path | str | None = None,
-) -> Inputs:
-    """Read every path the user named; directories are walked, `-` is stdin.
+) -> Iterator[FileSource | Inputs]:
+    """What the paths the user named hold, in order: files still to read, and inputs read already
+    (stdin, kustomize builds, helm renders). Directories are walked, `-` is stdin.
 
     `exclude` lists paths skipped while walking directories (the policy directory and the
     inventory file), never when named explicitly. `root` is the reviewed tree (default: the
@@ -636,10 +724,9 @@ def read_paths(
     """
     from webhook.review import helm, kustomize  # local: both import this module
 
-    result = Inputs()
     for raw in paths:
         if raw == STDIN:
-            result.extend(read_stdin(stdin))
+            yield read_stdin(stdin)
             continue
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
@@ -648,10 +735,10 @@ def read_paths(
         resolve_in_tree(path, tree, raw)
         if path.is_dir():
             if is_kustomization_dir(path):
-                result.extend(kustomize.build(path, tree=tree))
+                yield kustomize.build(path, tree=tree)
                 continue
             if helm.is_chart_dir(path):
-                result.extend(helm.render(path, tree=tree))
+                yield helm.render(path, tree=tree)
                 continue
             items = list(walk(path, exclude, tree))
             referenced = _referenced_kustomizations([i for i in items if i.is_dir()])
@@ -659,11 +746,24 @@ def read_paths(
                 if item.is_dir() and item.resolve() in referenced:
                     continue  # built as part of the overlay that uses it
                 if item.is_dir() and helm.is_chart_dir(item) and not is_kustomization_dir(item):
-                    result.extend(helm.render(item, tree=tree))
+                    yield helm.render(item, tree=tree)
                 elif item.is_dir():
-                    result.extend(kustomize.build(item, tree=tree))
+                    yield kustomize.build(item, tree=tree)
                 else:
-                    result.extend(read_file(item))
+                    yield FileSource(item, display_path(item))
         else:
-            result.extend(read_file(path, display_path(path)))
+            yield FileSource(path, display_path(path))
+
+
+def read_paths(
+    paths: Sequence[str],
+    *,
+    exclude: Sequence[Path] = (),
+    stdin: Any = None,
+    root: Path | str | None = None,
+) -> Inputs:
+    """Read every path the user named, all at once (see `sources`)."""
+    result = Inputs()
+    for src in sources(paths, exclude=exclude, stdin=stdin, root=root):
+        result.extend(src if isinstance(src, Inputs) else read_file(src.path, src.shown))
     return result

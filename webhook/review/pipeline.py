@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from webhook.core.findings import ObjectRef
+from webhook.core.findings import Finding, ObjectRef, Report
 from webhook.core.source import SourceObject
 from webhook.engine.context import Context
 from webhook.review.formats import ReviewedObject, ReviewResult
-from webhook.review.inputs import InputError, Inputs, display_path, read_paths
+from webhook.review.inputs import InputError, Inputs, Skipped, display_path
 
 if TYPE_CHECKING:
     from webhook.dra.inventory import Inventory
@@ -192,6 +192,352 @@ def evaluate_inputs(
     )
 
 
+CHUNK = 1024
+"""Objects evaluated together while streaming: enough to spread the engine's per-call set-up, few
+enough that their documents are a small part of the memory."""
+
+_CLAIM_NAME_KEYS = frozenset({"resourceClaimTemplateName", "resourceClaimName"})
+_WALK_NODES = 100_000  # containers a reference scan visits in one object (hostile input is bounded)
+
+
+def _referenced_claims(obj: Mapping[str, Any]) -> set[str]:
+    """Names of the claims and templates a workload's pod specs name, found by key anywhere in the
+    object (so every workload CRD is covered without the workload table); may name more than the
+    engine resolves, never fewer."""
+    found: set[str] = set()
+    stack: list[Any] = [obj]
+    seen = 0
+    while stack and seen < _WALK_NODES:
+        node = stack.pop()
+        seen += 1
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if k in _CLAIM_NAME_KEYS and isinstance(v, str):
+                    found.add(v)
+                elif isinstance(v, Mapping | list):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, Mapping | list))
+    return found
+
+
+def _owner_pods(obj: Mapping[str, Any]) -> list[str]:
+    meta = obj.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    if not isinstance(refs, list):
+        return []
+    return [
+        r["name"] for r in refs[:64]
+        if isinstance(r, Mapping) and r.get("kind") == "Pod" and isinstance(r.get("name"), str)
+    ]
+
+
+def _key(item: SourceObject, default_namespace: str) -> tuple[str | None, ObjectRef]:
+    """What a finding on `item` carries (its file and the engine's reference to it)."""
+    from webhook.dra.objects import as_map, as_str
+    from webhook.engine.resolve import namespace_of
+
+    obj = item.obj
+    meta = as_map(obj.get("metadata"))
+    return item.file, ObjectRef(
+        api_version=as_str(obj.get("apiVersion")) or "",
+        kind=as_str(obj.get("kind")) or "",
+        namespace=namespace_of(obj, default_namespace),
+        name=as_str(meta.get("name")) or as_str(meta.get("generateName")) or "<unnamed>",
+    )
+
+
+class _Owners:
+    """Which object of a call a finding is on: its file and reference, and among objects that share
+    both (the same object twice in a file), the one whose text holds the finding's line."""
+
+    def __init__(self, default_namespace: str) -> None:
+        self.default_namespace = default_namespace
+        self.by_key: dict[tuple[str | None, ObjectRef], list[tuple[int, int]]] = {}
+
+    def add(self, item: SourceObject, seq: int) -> None:
+        self.by_key.setdefault(_key(item, self.default_namespace), []).append((item.line or 0, seq))
+
+    def of(self, f: Finding) -> int | None:
+        found = self.by_key.get((f.file, f.object))
+        if not found:
+            return None
+        if len(found) == 1 or f.line is None:
+            return found[0][1]
+        best = found[0][1]
+        for line, seq in sorted(found):
+            if line <= f.line:
+                best = seq
+        return best
+
+
+@dataclass(slots=True)
+class _Record:
+    """What is kept of every object read, once its findings are taken: where to find it again (the
+    source and its place there), its namespace, and when it was judged. Pods keep their name, in
+    case a claim read later names one as its owner."""
+
+    seq: int
+    source: int
+    ordinal: int
+    namespace: str | None
+    version: int
+    detection: str | None
+    refs: tuple[str, ...] = ()
+    pod: str | None = None
+
+
+class _Stream:
+    """A review read one document at a time (see `review`)."""
+
+    def __init__(
+        self,
+        policies: PolicySet,
+        inventory: Inventory,
+        *,
+        namespace: str,
+        cluster_labels: Mapping[str, Mapping[str, str]],
+        kubernetes_version: str | None,
+        driver_schema: str | None,
+        progress: Progress | None,
+    ) -> None:
+        self.policies = policies
+        self.inventory = inventory
+        self.namespace = namespace
+        self.cluster_labels = cluster_labels
+        self.kubernetes_version = kubernetes_version
+        self.driver_setting = driver_schema
+        self.progress = progress
+        # Kept in full until the end: the resource.k8s.io objects (claims, templates, classes,
+        # slices), which other objects' verdicts read and which are judged last, against all of
+        # them; and the labels of the Namespace objects read. Everything else is judged CHUNK
+        # objects at a time and dropped, keeping a `_Record` and its findings.
+        self.dra: list[tuple[int, SourceObject]] = []
+        self.dra_by_name: dict[tuple[str | None, str], list[SourceObject]] = {}
+        self.cluster_dra: list[SourceObject] = []
+        self.requested: set[str] = set()
+        self.ns_labels: dict[str, dict[str, str]] = {}
+        # Context versions: a judged object is judged again at the end when context that can
+        # change its verdict came after it: a claim or template of its namespace under a name it
+        # refers to, its namespace's labels, any cluster-scoped resource.k8s.io object (classes),
+        # or a change of the driver detected.
+        self.version = 0
+        self.ns_version: dict[str | None, int] = {}
+        self.name_version: dict[tuple[str | None, str], int] = {}
+        self.cluster_version = 0
+        self.pending: list[tuple[int, int, int, SourceObject]] = []  # (seq, source, ordinal, object)
+        self.records: list[_Record] = []
+        self.findings: dict[int, list[Finding]] = {}
+        self.unattributed: list[Finding] = []
+        self.reviewed: list[ReviewedObject] = []
+        self.ignored = 0
+        self.objects = 0
+        self.seq = 0
+
+    # -- context ---------------------------------------------------------------------------------
+
+    def _labels(self) -> dict[str, Mapping[str, str]]:
+        return {**self.cluster_labels, **self.ns_labels}
+
+    def _detection(self) -> str | None:
+        """The driver schema to judge by, worked out from all resource.k8s.io objects read so far
+        (what the engine detects from one input set): chunks see only part of the set."""
+        if self.driver_setting:
+            return self.driver_setting
+        from webhook.dra.drivers import detect, from_devices
+        from webhook.dra.objects import read_device_class
+
+        classes = dict(self.inventory.classes)
+        for item in self.cluster_dra:
+            if item.obj.get("kind") == "DeviceClass":
+                dc = read_device_class(item.obj)
+                if dc.name:
+                    classes[dc.name] = dc
+        evidence = self.inventory.cached(("driver-evidence",), lambda: from_devices(self.inventory.devices))
+        return str(detect(None, (), classes, self.requested, evidence=evidence).schema.name)
+
+    def _add_context(self, item: SourceObject) -> None:
+        from webhook.dra.objects import claim_spec_of, dra_version
+        from webhook.engine.resolve import namespace_of
+
+        obj = item.obj
+        ns = namespace_of(obj, self.namespace)
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        self.version += 1
+        if ns is None:
+            self.cluster_dra.append(item)
+            self.cluster_version = self.version
+        elif isinstance(name, str):
+            self.name_version[(ns, name)] = self.version
+            self.dra_by_name.setdefault((ns, name), []).append(item)
+        try:
+            read = claim_spec_of(obj) if dra_version(obj.get("apiVersion")) else None
+        except Exception:  # the engine reports a malformed claim; here it only names no class
+            read = None
+        if read is not None:  # the class names claims request are evidence of the driver
+            self.requested.update(c for r in read[0].requests for c in r.device_classes() if c)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def add(self, source: int, ordinal: int, item: SourceObject) -> None:
+        from webhook.dra.objects import GROUP, split_api_version
+
+        self.objects += 1
+        self.reviewed.append(ReviewedObject(object_ref(item), item.file, item.line))
+        try:
+            group = split_api_version(item.obj.get("apiVersion"))[0]
+        except Exception:
+            group = None
+        if group == GROUP:
+            self.dra.append((self.seq, item))
+            self.seq += 1
+            self._add_context(item)
+            return
+        if item.obj.get("kind") == "Namespace":
+            found = namespace_labels_of([item.obj])
+            for ns, labels in found.items():
+                if ns not in self.ns_labels:  # the first of duplicates wins, as in namespace_labels_of
+                    self.version += 1
+                    self.ns_labels[ns] = labels
+                    self.ns_version[ns] = self.version
+        self.pending.append((self.seq, source, ordinal, item))
+        self.seq += 1
+        if len(self.pending) >= CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        """Judge the objects read since the last flush."""
+        from webhook.engine.resolve import namespace_of
+
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        detection = self._detection()
+        records: list[tuple[_Record, SourceObject]] = []
+        for seq, source, ordinal, item in batch:
+            ns = namespace_of(item.obj, self.namespace)
+            pod = None
+            if item.obj.get("kind") == "Pod":
+                meta = item.obj.get("metadata")
+                name = meta.get("name") if isinstance(meta, Mapping) else None
+                pod = name if isinstance(name, str) else None
+            refs = tuple(sorted(_referenced_claims(item.obj)))
+            records.append((_Record(seq, source, ordinal, ns, self.version, detection, refs, pod), item))
+        self._judge(records, detection)
+        self.records.extend(r for r, _ in records)
+
+    def _support(self, records: Sequence[_Record]) -> list[SourceObject]:
+        """The resource.k8s.io objects read so far that `records` may resolve: every cluster-scoped
+        one (classes) and the claims and templates they name in their namespace."""
+        out: dict[int, SourceObject] = {id(o): o for o in self.cluster_dra}
+        if self.dra_by_name:
+            for rec in records:
+                for name in rec.refs:
+                    for o in self.dra_by_name.get((rec.namespace, name), ()):
+                        out[id(o)] = o
+        return list(out.values())
+
+    def _stale(self, rec: _Record, detection: str | None) -> bool:
+        return (
+            rec.detection != detection
+            or rec.version < self.cluster_version
+            or rec.version < self.ns_version.get(rec.namespace, 0)
+            or any(rec.version < self.name_version.get((rec.namespace, n), 0) for n in rec.refs)
+        )
+
+    def _judge(self, records: list[tuple[_Record, SourceObject]], detection: str | None) -> None:
+        """Evaluate `records`' objects with the context they may read; keep their findings only."""
+        items = [item for _, item in records]
+        support = self._support([r for r, _ in records])
+        report = self._evaluate([*support, *items], detection)
+        mine = _Owners(self.namespace)
+        for rec, item in records:
+            mine.add(item, rec.seq)
+            self.findings.pop(rec.seq, None)
+        for f in report.findings:
+            seq = mine.of(f)
+            if seq is not None:
+                self.findings.setdefault(seq, []).append(f)
+        self.ignored += report.ignored - self._unread(support)
+
+    def _unread(self, support: Sequence[SourceObject]) -> int:
+        """How many of `support` the engine counts as ignored (kinds no rule reads): they are
+        counted where they are judged themselves."""
+        from webhook.dra.workloads import is_workload_kind, using_crd_table
+        from webhook.engine.evaluate import KNOWN_KINDS
+
+        with using_crd_table(self.policies.crd_table):
+            return sum(
+                1 for o in support
+                if not (isinstance(k := o.obj.get("kind"), str) and (k in KNOWN_KINDS or is_workload_kind(k)))
+            )
+
+    def _evaluate(self, objects: list[SourceObject], detection: str | None) -> Report:
+        from webhook.engine.evaluate import evaluate
+
+        ctx = Context(
+            default_namespace=self.namespace, namespace_labels=self._labels(),
+            kubernetes_version=self.kubernetes_version, driver_schema=detection,
+        )
+        return evaluate(objects, self.policies, self.inventory, ctx)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self, reread: Callable[[dict[int, set[int]]], dict[tuple[int, int], SourceObject]]) -> Report:
+        """Judge what is left: the last chunk, objects judged before context that concerns them
+        came, and the resource.k8s.io objects against everything (with the pods that own claims)."""
+        self.flush()
+        detection = self._detection()
+        stale = [r for r in self.records if self._stale(r, detection)]
+        owners = {
+            (ns, pod)
+            for _, item in self.dra
+            for pod in _owner_pods(item.obj)
+            for ns in (namespace_of_item(item, self.namespace),)
+        }
+        owner_records = [r for r in self.records if r.pod is not None and (r.namespace, r.pod) in owners]
+        wanted: dict[int, set[int]] = {}
+        for r in (*stale, *owner_records):
+            wanted.setdefault(r.source, set()).add(r.ordinal)
+        found = reread(wanted) if wanted else {}
+        if stale and self.progress is not None and self.progress.enabled:
+            self.progress.say(f"judging {len(stale)} objects again: context they read came after them")
+        for i in range(0, len(stale), CHUNK):
+            batch = stale[i:i + CHUNK]
+            part = [(r, found[r.source, r.ordinal]) for r in batch if (r.source, r.ordinal) in found]
+            before = self.ignored
+            for r, _ in part:
+                r.version, r.detection = self.version, detection
+            self._judge(part, detection)
+            # Judged twice: count the kinds no rule reads once.
+            self.ignored = before
+        pods = [found[(r.source, r.ordinal)] for r in owner_records if (r.source, r.ordinal) in found]
+        # The last call: every resource.k8s.io object against all the others, the owning pods as
+        # support; the findings on no object of the input (expired exceptions) come from it alone.
+        dra_items = [item for _, item in self.dra]
+        report = self._evaluate([*pods, *dra_items], detection)
+        mine = _Owners(self.namespace)
+        for seq, item in self.dra:
+            mine.add(item, seq)
+        pod_keys = {_key(p, self.namespace) for p in pods}
+        for f in report.findings:
+            owner = mine.of(f)
+            if owner is not None:
+                self.findings.setdefault(owner, []).append(f)
+            elif (f.file, f.object) not in pod_keys:
+                self.unattributed.append(f)
+        self.ignored += report.ignored - self._unread(pods)
+        ordered = [f for seq in sorted(self.findings) for f in self.findings[seq]]
+        return Report(findings=[*ordered, *self.unattributed], objects=self.objects, ignored=self.ignored)
+
+
+def namespace_of_item(item: SourceObject, default: str) -> str | None:
+    from webhook.engine.resolve import namespace_of
+
+    return namespace_of(item.obj, default)
+
+
 def review(
     paths: Sequence[str],
     *,
@@ -206,7 +552,15 @@ def review(
     driver_schema: str | None = None,
     root: str | Path | None = None,
 ) -> Reviewed:
-    """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable."""
+    """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable.
+
+    Streamed: files are parsed one document at a time and judged CHUNK objects at a time, so
+    memory follows the largest document and the resource.k8s.io objects (kept for the rules that
+    read across objects), not the input. The verdicts are those of `evaluate_inputs` on the whole
+    input set: an object judged before context that concerns it was read is judged again.
+    """
+    from webhook.review.inputs import FileSource, iter_file, sources
+
     policy_set = load_policy_set(policies, required=policies_required)
     if policies and not policy_set.all() and not Path(policies).exists():
         print(
@@ -214,20 +568,103 @@ def review(
             file=sys.stderr,
         )
     inv = load_inventory_file(inventory)
+    labels = load_cluster_state(cluster_state)
     exclude = [Path(p) for p in (policies, inventory) if p]
+    stream = _Stream(
+        policy_set, inv, namespace=namespace, cluster_labels=labels, kubernetes_version=kubernetes_version,
+        driver_schema=driver_schema, progress=progress,
+    )
+    # Sources read already (stdin, kustomize builds, helm renders) are kept to be found again;
+    # files are read again from disk.
+    held: dict[int, Inputs] = {}
+    files: dict[int, FileSource] = {}
+    shown: list[str] = []
+    skipped: list[Skipped] = []
+    ticker = _Ticker(progress)
+    t0 = time.monotonic()
+
+    def read(index: int, src: FileSource | Inputs) -> Iterator[tuple[int, SourceObject]]:
+        ordinal = 0
+        if isinstance(src, Inputs):
+            for item in src.objects:
+                yield ordinal, item
+                ordinal += 1
+            return
+        for objs, _skips in iter_file(src.path, src.shown):
+            for item in objs:
+                yield ordinal, item
+                ordinal += 1
+
     try:
-        # `root`: the reviewed tree, which no symbolic link may leave (default: the working directory).
-        inputs = read_paths(paths, exclude=exclude, stdin=stdin, root=root)
+        for index, src in enumerate(sources(paths, exclude=exclude, stdin=stdin, root=root)):
+            if isinstance(src, Inputs):
+                held[index] = src
+                shown.extend(src.files)
+                skipped.extend(src.skipped)
+                for ordinal, item in enumerate(src.objects):
+                    stream.add(index, ordinal, item)
+                    ticker.tick(stream.objects)
+                continue
+            files[index] = src
+            shown.append(src.shown)
+            ordinal = 0
+            for objs, skips in iter_file(src.path, src.shown):
+                skipped.extend(skips)
+                for item in objs:
+                    stream.add(index, ordinal, item)
+                    ordinal += 1
+                    ticker.tick(stream.objects)
+
+        def reread(wanted: dict[int, set[int]]) -> dict[tuple[int, int], SourceObject]:
+            out: dict[tuple[int, int], SourceObject] = {}
+            for index, ordinals in wanted.items():
+                src: FileSource | Inputs = held[index] if index in held else files[index]
+                last = max(ordinals)
+                for ordinal, item in read(index, src):
+                    if ordinal in ordinals:
+                        out[(index, ordinal)] = item
+                    if ordinal >= last:
+                        break
+            return out
+
+        if progress is not None and stream.objects > PROGRESS_THRESHOLD:
+            progress.say(
+                f"evaluating {stream.objects} documents from {len(set(shown))} files: all read, "
+                "judging the last of them and the claims, templates and classes"
+            )
+        report = stream.finish(reread)
     except InputError as exc:
         raise ReviewError(str(exc)) from None
-    if progress is not None and len(inputs.objects) > PROGRESS_THRESHOLD:
-        progress.say(f"read {len(inputs.objects)} documents from {len(set(inputs.files))} files")
-    labels = load_cluster_state(cluster_state)
-    result = evaluate_inputs(
-        inputs, policy_set, inv, namespace=namespace, progress=progress, namespace_labels=labels,
-        kubernetes_version=kubernetes_version, driver_schema=driver_schema,
+    if progress is not None and stream.objects > PROGRESS_THRESHOLD:
+        dt = time.monotonic() - t0
+        progress.say(f"reviewed {stream.objects} objects from {len(set(shown))} files in {dt:.1f}s")
+    result = ReviewResult(
+        report=report,
+        files=list(dict.fromkeys(shown)),
+        objects=stream.reviewed,
+        ignored=report.ignored + len(skipped),
+        kubernetes_version=kubernetes_version,
     )
-    return Reviewed(result, inputs)
+    return Reviewed(result, Inputs([], skipped, shown))
+
+
+class _Ticker:
+    """A progress line every few seconds while objects are read and judged."""
+
+    EVERY = 2.0
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress if progress is not None and progress.enabled else None
+        self.start = self.last = time.monotonic()
+
+    def tick(self, objects: int) -> None:
+        if self.progress is None or objects % 64:
+            return
+        now = time.monotonic()
+        if now - self.last >= self.EVERY:
+            self.last = now
+            rate = objects / (now - self.start) if now > self.start else 0.0
+            self.progress.say(f"{objects} objects reviewed ({rate:.0f}/s)")
 
 
 __all__ = [
