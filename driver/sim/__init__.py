@@ -41,6 +41,9 @@ NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 EVENT_XID_CRITICAL = 8
 EVENTS_ENV = "DRAGUARD_NVML_SIM_EVENTS"  # a JSON-lines file: {"uuid": U, "xid": N} or {"lost": U}
+# A JSON file holding the MIG instances made at run time, so that they outlive the process as they
+# outlive the plugin on a real GPU (crash tests, and a simulated node's driver restarts).
+MIG_STATE_ENV = "DRAGUARD_NVML_SIM_MIG_STATE"
 BRANDS = {
     "Unknown": 0, "Quadro": 1, "Tesla": 2, "NVS": 3, "Grid": 4, "GeForce": 5, "Titan": 6,
     "NvidiaVApps": 7, "NvidiaVPC": 8, "NvidiaVCS": 9, "NvidiaVWS": 10, "NvidiaCloudGaming": 11,
@@ -273,6 +276,8 @@ class SimulatedNvml:
         self._event_cond = threading.Condition()
         self._events_file = os.environ.get(EVENTS_ENV) or None
         self._events_offset = 0
+        self._mig_state = os.environ.get(MIG_STATE_ENV) or None
+        self._load_migs()
 
     # --- lifecycle -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -527,6 +532,58 @@ class SimulatedNvml:
         raise SimNVMLError(NVML_ERROR_NOT_FOUND, f"no GPU instance profile {profile_id}")
 
     # --- dynamic MIG: GPU and compute instances made and destroyed at run time ----------------------
+    def _load_migs(self) -> None:
+        """Recreate the instances the state file records (each GPU's, by its profiles)."""
+        if not self._mig_state:
+            return
+        try:
+            doc = json.loads(Path(self._mig_state).read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise TopologyError(f"{self._mig_state}: unreadable MIG state ({exc})") from None
+        try:
+            for g in self.gpus:
+                for rec in doc.get(g.uuid, []) if isinstance(doc, dict) else []:
+                    prof = next((p for p in profiles_for(g.name) if p.id == rec.get("profileId")), None)
+                    if prof is None:
+                        continue
+                    gi = _Gi(int(rec["gi"]), prof, int(rec["start"]))
+                    g.dyn_gis[gi.gi_id] = gi
+                    g.created = max(g.created, int(rec.get("created", 0)))
+                    if rec.get("uuid"):
+                        gi.ci = self._new_ci(g, gi, str(rec["uuid"]))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise TopologyError(f"{self._mig_state}: malformed MIG state ({exc})") from None
+
+    def _save_migs(self) -> None:
+        if not self._mig_state:
+            return
+        doc = {
+            g.uuid: [
+                {"gi": gi.gi_id, "profileId": gi.profile.id, "start": gi.start, "created": g.created,
+                 "uuid": gi.ci.uuid if gi.ci is not None else None}
+                for gi in g.dyn_gis.values()
+            ]
+            for g in self.gpus
+        }  # fmt: skip
+        tmp = Path(f"{self._mig_state}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self._mig_state)
+
+    @staticmethod
+    def _new_ci(h: _Gpu, g: _Gi, mig_uuid: str) -> _Mig:
+        p = g.profile
+        mig = _Mig(
+            uuid=mig_uuid, profile=p.name, gi_profile_id=p.id, placement_start=g.start,
+            placement_size=p.size, gi_id=g.gi_id, ci_id=0, memory_mb=p.memory_mb,
+            multiprocessors=p.multiprocessors, copy_engines=p.copy_engines, decoders=p.decoders,
+            encoders=p.encoders, jpeg_engines=p.jpeg_engines, ofa_engines=p.ofa_engines,
+            gi_slices=p.compute, ci_slices=p.compute,
+        )  # fmt: skip
+        h.migs.append(mig)
+        return mig
+
     @staticmethod
     def _profile_info(p: GiProfile) -> SimpleNamespace:
         return SimpleNamespace(
@@ -600,6 +657,7 @@ class SimulatedNvml:
             gi_id = next(i for i in range(1, MAX_GPU_INSTANCES + 1) if i not in ids)
             gi = _Gi(gi_id, p, start)
             h.dyn_gis[gi_id] = gi
+            self._save_migs()
             return _DynGiHandle(h, gi)
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -622,18 +680,10 @@ class SimulatedNvml:
             if g.ci is not None:
                 raise SimNVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES, f"GPU instance {g.gi_id} is full")
             h.created += 1
-            p = g.profile
-            mig = _Mig(
-                uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, f'{h.uuid}/{g.gi_id}/{h.created}')}",
-                profile=p.name, gi_profile_id=p.id, placement_start=g.start, placement_size=p.size,
-                gi_id=g.gi_id, ci_id=0, memory_mb=p.memory_mb, multiprocessors=p.multiprocessors,
-                copy_engines=p.copy_engines, decoders=p.decoders, encoders=p.encoders,
-                jpeg_engines=p.jpeg_engines, ofa_engines=p.ofa_engines, gi_slices=p.compute,
-                ci_slices=p.compute,
-            )  # fmt: skip
-            g.ci = mig
-            h.migs.append(mig)
-            return _CiHandle(h, g, mig)
+            made = uuid.uuid5(uuid.NAMESPACE_OID, f"{h.uuid}/{g.gi_id}/{h.created}")
+            g.ci = self._new_ci(h, g, f"MIG-{made}")
+            self._save_migs()
+            return _CiHandle(h, g, g.ci)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi: _DynGiHandle, ci_id: int) -> _CiHandle:
         self._check(gi)
@@ -652,6 +702,7 @@ class SimulatedNvml:
                 raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, "compute instance already destroyed")
             ci.gi.ci = None
             ci.gpu.migs.remove(ci.mig)
+            self._save_migs()
 
     def nvmlGpuInstanceDestroy(self, gi: _GiHandle | _DynGiHandle) -> None:
         self._check(gi)
@@ -661,6 +712,7 @@ class SimulatedNvml:
             if gi.gpu.dyn_gis.get(gi.gi.gi_id) is not gi.gi:
                 raise SimNVMLError(NVML_ERROR_INVALID_ARGUMENT, "GPU instance already destroyed")
             del gi.gpu.dyn_gis[gi.gi.gi_id]
+            self._save_migs()
 
     # --- NVLink ----------------------------------------------------------------------------------
     def nvmlDeviceGetNvLinkState(self, h: _Gpu, link: int) -> int:

@@ -48,7 +48,11 @@ async def main(cfg: dict[str, Any]) -> None:
     state = DeviceState(
         driver_name="gpu.nvidia.com",
         node_name=cfg["node"],
-        devices=build_devices(nvml.enumerate(), sharing=parse_capacity_sharing(cfg.get("shareByCapacity"))),
+        devices=build_devices(
+            nvml.enumerate(),
+            sharing=parse_capacity_sharing(cfg.get("shareByCapacity")),
+            dynamic_mig=bool(cfg.get("dynamicMig")),
+        ),
         checkpoint=Checkpoint(base / "plugins"),
         # `simRoot`: a simulated driver root made beforehand (the plugin may not be able to write base/).
         cdi=CdiWriter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,19 +28,26 @@ class PluginProcess:
         self.claims_file.write_text(json.dumps(list(claims)))
 
     def start(
-        self, crash_at: str | None = None, version: str = "0.1.0", share_by_capacity: str | None = None
+        self,
+        crash_at: str | None = None,
+        version: str = "0.1.0",
+        share_by_capacity: str | None = None,
+        topology: str = "h100-8x-nvlink",
+        dynamic_mig: bool = False,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         cfg = self.base / "cfg.json"
         cfg.write_text(
             json.dumps(
                 {
                     "base": str(self.base),
-                    "topology": "h100-8x-nvlink",
+                    "topology": topology,
                     "node": NODE,
                     "claims": str(self.claims_file),
                     "crashAt": crash_at,
                     "version": version,
                     "shareByCapacity": share_by_capacity,
+                    "dynamicMig": dynamic_mig,
                 }
             )
         )
@@ -48,6 +56,7 @@ class PluginProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 from driver_helpers import InMemoryClaims, Kubelet, make_claim, make_state
+from test_driver_crash import PluginProcess
 
 from driver.checkpoint import Checkpoint
 from driver.cli import main as driver_main
 from driver.devices import build_devices
 from driver.nvml import ERR_IN_USE, ERR_INSUFFICIENT_RESOURCES, ERR_INVALID_ARGUMENT, NvmlCallError, open_sim
 from driver.plugin import PluginServer
+from driver.sim import MIG_STATE_ENV
 from driver.state import ClaimRef
 
 TOPOLOGY = "a100-2x-dynamic-mig"
@@ -358,3 +361,35 @@ def test_a_failed_prepare_whose_instance_stays_is_cleaned_up_by_the_retry(short_
     assert nvml.destroy_mig(GPU0, outside.gi_id, outside.ci_id)
     assert state.prepare(ref).error == ""  # the retry destroys the leftover, then prepares afresh
     assert instances(nvml) == [("3g.40gb", 0), ("3g.40gb", 4)]
+
+
+@pytest.mark.parametrize("point", ["after-prepare-started", "after-mig-created", "after-cdi-written"])
+async def test_plugin_process_killed_mid_prepare_leaves_no_instance(short_dir, point):
+    """The plugin process dies (os._exit) mid-prepare; the simulated GPUs keep their instances in a file."""
+    state_file = short_dir / "mig-state.json"
+    env = {MIG_STATE_ENV: str(state_file)}
+    proc = PluginProcess(short_dir)
+    claim = make_claim("c", "uid-c", [("a", "gpu-0-mig-2g20gb-14-2"), ("b", "gpu-0-mig-3g40gb-9-4")])
+    proc.set_claims(claim)
+    try:
+        proc.start(crash_at=point, topology=TOPOLOGY, dynamic_mig=True, env=env)
+        kubelet = Kubelet(short_dir / "registry" / "gpu.nvidia.com-reg.sock")
+        await kubelet.register()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.prepare(claim)
+        await kubelet.close()
+        assert proc.wait_dead() == 137
+        with pytest.MonkeyPatch.context() as mp:  # what the GPUs hold now, read as the next plugin reads it
+            mp.setenv(MIG_STATE_ENV, str(state_file))
+            left = instances(open_sim(TOPOLOGY))
+        made = {"after-prepare-started": [], "after-mig-created": [("2g.20gb", 2)]}
+        assert left == made.get(point, [("2g.20gb", 2), ("3g.40gb", 4)])  # what the kill left behind
+        proc.set_claims()  # the claim is deleted while the plugin is down
+        report = proc.start(topology=TOPOLOGY, dynamic_mig=True, env=env)
+        assert report["rolledBack"] == ["uid-c"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(MIG_STATE_ENV, str(state_file))
+            assert instances(open_sim(TOPOLOGY)) == []
+        assert Checkpoint(short_dir / "plugins").load() == {}
+    finally:
+        proc.stop()
