@@ -74,8 +74,7 @@ def _pyproject_version(repo: Path) -> str:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise VersionError(f"{path}: cannot read the [project] version: {exc}") from None
     version = data.get("project", {}).get("version")
-    m = isinstance(version, str) and re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version)
-    if not m:
+    if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise VersionError(f"{path}: [project] version {version!r} is not X.Y.Z")
     return version
 
@@ -105,9 +104,9 @@ def derive(repo: Path = ROOT) -> Version:
     tag = m["tag"] if m and TAG.match(m["tag"]) else None
     if tag is None:
         # No version tag reachable (a new repository, or a shallow clone without tags).
-        count = _git(repo, "rev-list", "--count", "HEAD").stdout.strip() or "0"
+        commits = _git(repo, "rev-list", "--count", "HEAD").stdout.strip() or "0"
         base = _pyproject_version(repo)
-        return Version(f"{base}.dev{count}+{local}", f"{base}-dev.{count}.{suffix}", False, None, commit)
+        return Version(f"{base}.dev{commits}+{local}", f"{base}-dev.{commits}.{suffix}", False, None, commit)
     assert m is not None
     t = TAG.match(tag)
     assert t is not None

@@ -65,7 +65,10 @@ def test_local_build_makes_wheel_sdist_and_bundle_of_the_derived_version(
 def test_sha256sums_lists_every_file_with_its_digest(built: tuple[Path, dict[str, Any]]) -> None:
     out, _ = built
     lines = (out / "SHA256SUMS").read_text().splitlines()
-    listed = dict(reversed(line.split("  ", 1)) for line in lines)
+    listed: dict[str, str] = {}
+    for line in lines:
+        digest, name = line.split("  ", 1)
+        listed[name] = digest
     files = {p.name for p in out.iterdir() if p.is_file() and p.name != "SHA256SUMS"}
     assert set(listed) == files
     for name, digest in listed.items():
