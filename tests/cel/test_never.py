@@ -100,6 +100,24 @@ CASES = [
         ["returns -1, 0 or 1", "> 1"],
         [">= 0"],
     ),
+    (
+        f"{GUARD} && !has({NV}.numaNode) && {NV}.numaNode < 3",
+        "cel/no-match",
+        ["`!has(device.attributes['gpu.nvidia.com'].numaNode)` holds only where"],
+        ["!has("],
+    ),
+    (
+        f"{GUARD} && !('numaNode' in {NV}) && {NV}.numaNode == 1",
+        "cel/no-match",
+        ["!('numaNode' in", "read where it is not published"],
+        [],
+    ),
+    (
+        f"{GUARD} && {NV}.productName == 'NVIDIA L4' && {NV}.productName.contains('H100')",
+        "cel/no-match",
+        ["contains('H100')", "cannot all hold"],
+        [],
+    ),
     # Constants that fail at evaluation, in a part the selector always evaluates.
     (
         f"{GUARD} && {CAP}.memory.compareTo(quantity('40GiB')) >= 0",
@@ -132,6 +150,7 @@ CASES = [
         [],
     ),
     (f"{GUARD} && {CAP}.memory.compareTo(quantity('0')) < 0", "cel/no-match", ["never negative"], []),
+    (f"{GUARD} && {NV}.type.startsWith('NVIDIA')", "cel/no-match", [BY_SCHEMA, "type 'gpu' or 'mig'"], []),
     (f"{GUARD} && {CAP}.memory.isLessThan(quantity('-1Gi'))", "cel/no-match", ["never negative"], []),
     (
         f"{GUARD} && device.attributes['compute-domain.nvidia.com'].id == 0",
@@ -228,6 +247,9 @@ def test_the_warning_points_at_the_part() -> None:
         "device.attributes['fpga.example.com'].model == 'u250' && "
         "device.attributes['fpga.example.com'].model != 'x'",
         f"{GUARD} && {NV}.type == 'gpu' && {NV}.type == 'gpu'",
+        f"{GUARD} && (!has({NV}.profile) || {NV}.profile == '3g.20gb')",
+        f"{GUARD} && has({NV}.numaNode) && {NV}.numaNode < 3",
+        f"{GUARD} && {NV}.type.startsWith('m') && {NV}.productName.contains('A100')",
     ],
 )
 def test_selectors_that_can_match_are_not_warned(expression: str) -> None:
@@ -448,7 +470,7 @@ def over_schema() -> tuple[list[tuple[str, bool]], list[Device], int]:
 
 def test_generated_corpus_claims_hold(generated: tuple[list[tuple[str, bool]], list[Device], int]) -> None:
     claims, pool, total = generated
-    # Measured: 66 of 2,000 generated selectors (seed 31); a drop means the analysis stopped looking.
+    # Measured: 64 of 2,000 generated selectors (seed 31); a drop means the analysis stopped looking.
     assert len(claims) >= 40, len(claims)
     devices_by_basis = {False: pool, True: inventory()}
     wrong = [(s, d.name) for s, by_schema in claims for d in devices_by_basis[by_schema] if _selected(s, d)]
@@ -461,17 +483,7 @@ def test_schema_selector_claims_hold(over_schema: tuple[list[tuple[str, bool]], 
     assert len(claims) >= 200, len(claims)
     wrong = [(s, d.name) for s, _ in claims for d in devices if _selected(s, d)]
     assert wrong == [], wrong[:5]
-    # Selectors that select none of these devices, and how many of them draguard explains.
-    none = 0
-    for selector in schema_selectors(random.Random(31), 1500):
-        if not isinstance(compile_or_issue(selector), CelIssue) and not any(
-            _selected(selector, d) for d in devices
-        ):
-            none += 1
-    print(
-        f"\nover the schema: {len(claims)} of {total} selectors never select a device; "
-        f"{none} select none of {len(devices)} schema-shaped devices"
-    )
+    print(f"\nover the schema: {len(claims)} of {total} selectors never select a device")
 
 
 def _oracle_disagreements(claims: list[tuple[str, bool]], devices: list[Device]) -> list[str]:

@@ -226,7 +226,9 @@ def unparse(node: Expr, types: dict[int, str], *, display: bool = False, depth: 
         if node.target is None and fn == "_[_]" and len(texts) == 2:
             return f"{texts[0]}[{texts[1]}]"
         if node.target is None and fn in ("!_", "-_") and len(texts) == 1:
-            return wrap(f"{fn[0]}{texts[0]}")
+            inner = node.args[0]
+            grouped = display and inner.kind == CALL and inner.target is None and inner.function in _BINARY
+            return wrap(f"{fn[0]}({texts[0]})" if grouped else f"{fn[0]}{texts[0]}")
         if node.target is None and fn == "_?_:_" and len(texts) == 3:
             return wrap(f"{texts[0]} ? {texts[1]} : {texts[2]}")
         if not (fn[:1].isalpha() or fn[:1] == "_") or (fn.startswith("_") and fn.endswith("_")):
@@ -402,13 +404,23 @@ class Atom:
     basis: str = "always"
 
 
+_STRING_TESTS = {"startsWith": "startswith", "endsWith": "endswith", "contains": "__contains__"}
+
+
 def _holds(atom: Atom, value: Val) -> bool:
     """Whether the atom may hold when the subject equals `value` (False only when it surely cannot)."""
     if atom.op == "in":
         return any(_holds(Atom(atom.subject, "==", (v,), atom.text), value) for v in atom.values)
+    if atom.op == "absent":
+        return False  # the subject has a value, so it is there
     other = atom.values[0]
+    if atom.op in _STRING_TESTS:
+        if value.family != "str" or other.family != "str":
+            return False  # no such overload: the call fails
+        assert isinstance(value.value, str) and isinstance(other.value, str)
+        return bool(getattr(value.value, _STRING_TESTS[atom.op])(other.value))
     order = value.compare(other)
-    if atom.op == "==":
+    if atom.op in ("==", "is"):
         return order == 0
     if atom.op == "!=":
         # Versions of equal precedence may still differ (build metadata): not surely equal.
@@ -420,7 +432,7 @@ def _holds(atom: Atom, value: Val) -> bool:
 
 def _contradiction(atoms: list[Atom], integral: bool) -> list[Atom] | None:
     """The atoms (of one subject) that cannot hold together, None when they can (or when unsure)."""
-    equal = [a for a in atoms if a.op in ("==", "in")]
+    equal = [a for a in atoms if a.op in ("==", "in", "is")]
     if equal:
         first = equal[0]
         candidates = list(first.values[:MAX_CANDIDATES])
@@ -556,12 +568,28 @@ class _Analyzer:
             return [
                 Atom(
                     found[0],
-                    "==",
+                    "is",
                     (Val("bool", not negated, "false" if negated else "true"),),
                     f"`{self.show(node)}`",
                     node.id,
                 )
             ]
+        if negated and bare.kind in (SELECT, CALL):
+            access = self.accesses.get(bare.id)
+            if access is not None and access.presence:
+                # `!has(x)`: x is absent, so reading it fails.
+                subject = (access.kind, access.domain, access.name)
+                return [Atom(subject, "absent", (), f"`{self.show(node)}`", node.id)]
+        if (
+            node.kind == CALL
+            and node.target is not None
+            and node.function in _STRING_TESTS
+            and len(node.args) == 1
+        ):
+            found = self.subject(node.target)
+            value = const_value(node.args[0], types)
+            if found is not None and value is not None and value.family == "str":
+                return [Atom(found[0], node.function, (value,), f"`{self.show(node)}`", node.id)]
         if node.kind != CALL or node.target is not None:
             return self.order_method_atoms(node)
         op = _COMPARISONS.get(node.function)
@@ -714,23 +742,24 @@ class _Analyzer:
             rules = [a for a in extra if a.op != "kind"]
             if kind is not None:
                 family = self.schema_type(subject)
+                # Equality only: an ordering or a string test of the wrong type fails, which
+                # `misuse` explains with the operation's own words.
                 wrong = next(
                     (
                         a
                         for a in own
-                        if any(v.family != family for v in a.values)
-                        and (a.op != "in" or all(v.family != family for v in a.values))
-                        and a.op != "!="
+                        if a.op in ("==", "in") and a.values and all(v.family != family for v in a.values)
                     ),
                     None,
                 )
-                if wrong is not None:
+                if wrong is not None and family is not None:
                     access = self.accesses.get(self.access_node(wrong))
+                    fix = _fix_for(family, access) if access else f"compare with {_FAMILY_WORD[family]}"
                     return Reason(
                         UNKNOWN,
-                        f"{kind.text}, so {wrong.text} is never true (the value has "
-                        "another type: equality is false, ordering fails)",
-                        f"compare with {_FAMILY_WORD[family or 'str']}",
+                        f"{kind.text}, so {wrong.text} is never true (values of different types are never "
+                        "equal)",
+                        fix,
                         wrong.node_id,
                         "schema",
                         access is not None and self.view.reported(access),
@@ -763,7 +792,10 @@ class _Analyzer:
         said = [a.text for a in culprits if a.node_id is not None]
         rules = [a.text for a in culprits if a.node_id is None]
         parts = " and ".join(dict.fromkeys(said)) if said else "this"
-        if rules:
+        if any(a.op == "absent" for a in culprits):
+            message = f"{parts} cannot all hold: the value is read where it is not published"
+            fix = f"drop one of the conditions, or read it only where it exists: `!has({name}) || ...`"
+        elif rules:
             message = f"{parts} cannot hold: {'; '.join(dict.fromkeys(rules))} ({name})"
             fix = "compare with a value the driver publishes (`draguard driver inventory` lists them)"
         else:
@@ -806,6 +838,16 @@ class _Analyzer:
             return None
         subject = (access.kind, access.domain, access.name)
         shown = f"device.{access.kind}['{access.domain}'].{access.name}"
+        absent = next((a for a in atoms if a.op == "absent" and a.subject == subject), None)
+        if absent is not None:
+            return Reason(
+                NO_MATCH,
+                f"{absent.text} holds only where {shown} is not published, and reading it fails there",
+                f"drop one of the two conditions, or read it only where it exists: `!has({shown}) || ...`",
+                node.id,
+                "always",
+                access=access,
+            )
         if self.view.schema_domain(access.domain):
             spec = self.view.spec(*subject)
             if spec is None:
@@ -1074,8 +1116,10 @@ def _constant_fix(node: Expr) -> str:
             "normalise a short one: semver('1.2', true)"
         )
     if node.kind == CALL and node.function == "quantity":
-        return ("write a Kubernetes quantity such as '40Gi', '512Mi', '1.5' or '500m' "
-                "(suffixes Ki Mi Gi Ti, k M G T)")
+        return (
+            "write a Kubernetes quantity such as '40Gi', '512Mi', '1.5' or '500m' "
+            "(suffixes Ki Mi Gi Ti, k M G T)"
+        )
     return "correct or remove this part: it fails the same way on every device"
 
 
