@@ -11,7 +11,7 @@ webhook/engine/allocate.py (as an inventory), so only the two allocators differ.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DRIVER = "gpu.nvidia.com"
@@ -52,6 +52,7 @@ class Scenario:
     held: list[dict[str, Any]]  # ResourceClaims other pods hold, with status.allocation
     nodes: list[dict[str, Any]]
     claims: list[dict[str, Any]]  # the pod's ResourceClaims, allocated together
+    taint_rules: list[dict[str, Any]] = field(default_factory=list)  # DeviceTaintRules
 
     def oracle_input(self) -> dict[str, Any]:
         node = next(n for n in self.nodes if n["metadata"]["name"] == NODE)
@@ -61,11 +62,12 @@ class Scenario:
             "resourceSlices": self.slices,
             "claims": self.claims,
             "allocatedClaims": self.held,
+            "deviceTaintRules": self.taint_rules,
             "node": {"name": NODE, "labels": node["metadata"].get("labels", {})},
         }
 
     def inventory_objects(self) -> list[dict[str, Any]]:
-        return [*self.classes, *self.slices, *self.held, *self.nodes]
+        return [*self.classes, *self.slices, *self.held, *self.nodes, *self.taint_rules]
 
     def merged_claim(self) -> dict[str, Any]:
         """The pod's claims as one claim spec: requests renamed per claim, each claim's constraints
@@ -278,12 +280,23 @@ def generate(seed: int) -> Scenario:
             if dev["name"] in taken and not dev.get("allowMultipleAllocations"):
                 continue  # one exclusive device is held by one claim
             held.append(g.held_claim(i, pool, dev))
+    rules: list[dict[str, Any]] = []
+    if g.chance(0.2):
+        for i in range(r.randint(1, 2)):
+            pool, devs = r.choice(pools)
+            device = r.choice(devs)["name"]
+            whole = {"driver": DRIVER, "pool": pool, "device": device}
+            selectors = [{"driver": DRIVER}, {"pool": pool}, whole, {"device": device}]
+            selector = r.choice(selectors)
+            rules.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                          "metadata": {"name": f"rule-{i}"},
+                          "spec": {"deviceSelector": selector, "taint": g.taints()[0]}})  # fmt: skip
     # Admin access only in a pod with one claim: the test judges a pod's claims as one merged claim,
     # and an admin-access request may share a device with another claim of the pod, not with a
     # request of its own claim (the merge would forbid what the scheduler allows).
     n = 1 if g.chance(0.7) else 2
     claims = [g.claim(k, n == 1) for k in range(n)]
-    return Scenario(seed, classes(), slices, held, nodes(zone), claims)
+    return Scenario(seed, classes(), slices, held, nodes(zone), claims, rules)
 
 
 def classes() -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@
 //
 //	{"id": any, "deviceClasses": [DeviceClass], "resourceSlices": [ResourceSlice],
 //	 "claims": [ResourceClaim], "allocatedClaims": [ResourceClaim],
+//	 "deviceTaintRules": [DeviceTaintRule],
 //	 "node": {"name": "n", "labels": {...}}}
 //
 // `claims` are allocated together on the node, as the scheduler does for the
@@ -39,9 +40,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/dynamic-resource-allocation/structured"
 )
 
@@ -51,12 +56,13 @@ type nodeSpec struct {
 }
 
 type scenario struct {
-	ID              json.RawMessage              `json:"id"`
-	DeviceClasses   []*resourceapi.DeviceClass   `json:"deviceClasses"`
-	ResourceSlices  []*resourceapi.ResourceSlice `json:"resourceSlices"`
-	Claims          []*resourceapi.ResourceClaim `json:"claims"`
-	AllocatedClaims []*resourceapi.ResourceClaim `json:"allocatedClaims"`
-	Node            nodeSpec                     `json:"node"`
+	ID               json.RawMessage                `json:"id"`
+	DeviceClasses    []*resourceapi.DeviceClass     `json:"deviceClasses"`
+	ResourceSlices   []*resourceapi.ResourceSlice   `json:"resourceSlices"`
+	Claims           []*resourceapi.ResourceClaim   `json:"claims"`
+	AllocatedClaims  []*resourceapi.ResourceClaim   `json:"allocatedClaims"`
+	DeviceTaintRules []*resourceapi.DeviceTaintRule `json:"deviceTaintRules"`
+	Node             nodeSpec                       `json:"node"`
 }
 
 type pick struct {
@@ -166,6 +172,50 @@ func defaults(c *resourceapi.ResourceClaim) {
 	}
 }
 
+// patchedSlices returns the slices as the scheduler sees them: with the taints
+// of DeviceTaintRules added by the same ResourceSlice tracker kube-scheduler
+// runs (here over an in-memory client holding just these objects).
+func patchedSlices(ctx context.Context, slices []*resourceapi.ResourceSlice, rules []*resourceapi.DeviceTaintRule) ([]*resourceapi.ResourceSlice, error) {
+	if len(rules) == 0 {
+		return slices, nil
+	}
+	objs := make([]runtime.Object, 0, len(slices)+len(rules))
+	for _, s := range slices {
+		objs = append(objs, s)
+	}
+	for _, r := range rules {
+		objs = append(objs, r)
+	}
+	// The plain object tracker, as kube-scheduler's own tests feed the slice tracker.
+	client := fake.NewSimpleClientset(objs...)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	ctx, cancel := context.WithCancel(ctx)
+	t, err := tracker.StartTracker(ctx, tracker.Options{
+		EnableDeviceTaintRules:   true,
+		EnableConsumableCapacity: true,
+		SliceInformer:            factory.Resource().V1().ResourceSlices(),
+		TaintInformer:            factory.Resource().V1().DeviceTaintRules(),
+		KubeClient:               client,
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("starting the ResourceSlice tracker: %w", err)
+	}
+	factory.Start(ctx.Done())
+	// The informers end with the context: cancel first, then wait for them.
+	defer func() {
+		cancel()
+		t.Stop()
+		factory.Shutdown()
+	}()
+	select {
+	case <-t.HasSyncedChecker().Done():
+	case <-ctx.Done():
+		return nil, errors.New("the ResourceSlice tracker did not sync")
+	}
+	return t.ListPatchedResourceSlices()
+}
+
 func run(s *scenario) output {
 	out := output{ID: s.ID}
 	classes := classLister{}
@@ -202,8 +252,13 @@ func run(s *scenario) output {
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Node.Name, Labels: s.Node.Labels}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	slices, err := patchedSlices(ctx, s.ResourceSlices, s.DeviceTaintRules)
+	if err != nil {
+		out.Error = "bad input: " + err.Error()
+		return out
+	}
 	alloc, err := structured.NewAllocator(ctx, features, allocatedState(s.AllocatedClaims), classes,
-		s.ResourceSlices, dracel.NewCache(100, dracel.Features{EnableConsumableCapacity: true}))
+		slices, dracel.NewCache(100, dracel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		out.Error = err.Error()
 		return out
