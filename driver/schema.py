@@ -86,7 +86,14 @@ def _c(name: str, types: frozenset[str], desc: str, *, optional: bool = False) -
 ATTRIBUTES: tuple[AttrSpec, ...] = (
     # Attributes (driver domain).
     _a("type", "string", _BOTH, 'Device type: "gpu" for a full GPU, "mig" for a MIG device.'),
-    _a("uuid", "string", _BOTH, "NVML UUID of the GPU or MIG device."),
+    _a(
+        "uuid",
+        "string",
+        _BOTH,
+        "NVML UUID of the GPU or MIG device; absent on a dynamic MIG partition, whose instance (and UUID) "
+        "is made at prepare.",
+        optional=True,
+    ),
     _a("productName", "string", _BOTH, 'Marketing name from NVML, e.g. "NVIDIA H100 80GB HBM3".'),
     _a("brand", "string", _BOTH, "NVML brand: Tesla, Nvidia, GeForce, Quadro, NvidiaRTX, ..."),
     _a("architecture", "string", _BOTH, 'GPU architecture: Ampere, Hopper, "Ada Lovelace", Blackwell, ...'),
