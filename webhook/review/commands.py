@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from webhook.cel import versions
 from webhook.core.findings import Mode
+from webhook.review.config import CONFIG_NAME, ConfigError
 from webhook.review.formats import (
     FORMATS,
     RULES_URL,
@@ -123,10 +124,51 @@ def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
 # --------------------------------------------------------------------------- review
 
 
+def apply_config(args: argparse.Namespace) -> None:
+    """Fill every review option the command line left unset from `.draguard.yaml` (see
+    webhook/review/config.py), then from the built-in defaults. Raises ConfigError."""
+    from webhook.review.config import ReviewConfig, find_config, load_config
+
+    cfg = ReviewConfig()
+    if args.config and not args.no_config:
+        explicit = Path(args.config)
+        if not explicit.is_file():
+            raise ConfigError(f"{args.config}: config file not found (fix: check --config, or drop it to use "
+                              f"the {CONFIG_NAME} of this directory or the repository root)")
+        cfg = load_config(explicit, args.config)
+    elif not args.no_config:
+        top = Path(repo_root(args.root))
+        found = find_config(Path.cwd(), top)
+        if found is not None:
+            from webhook.review.inputs import display_path
+
+            cfg = load_config(found, display_path(found))
+    # A policy path someone chose (flag or file) must exist; the default may be absent.
+    args.policies_required = args.policies is not None or cfg.get("policies") is not None
+    defaults: dict[str, Any] = {
+        "policies": DEFAULT_POLICIES, "inventory": None, "cluster_state": None, "namespace": "default",
+        "output": None, "fail_on": "error", "allow_empty": False, "kubernetes_version": versions.DEFAULT,
+        "driver": None, "rules_url": RULES_URL, "root": None,
+    }
+    for attr, default in defaults.items():
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, cfg.get(attr.replace("_", "-"), default))
+    if not args.paths:
+        args.paths = cfg.get("paths") or ["."]
+    if args.format is None and cfg.get("format"):
+        args.format = [format_spec(v) for v in cfg.get("format")]
+    args.exclude = cfg.get("exclude", [])
+    args.config_file = str(cfg.path) if cfg.path is not None else None
+
+
 def cmd_review(args: argparse.Namespace) -> int:
-    paths: list[str] = args.paths or ["."]
+    try:
+        apply_config(args)
+    except ConfigError as exc:
+        return _fail("review", str(exc))
+    paths: list[str] = args.paths
     progress = Progress((args.progress or sys.stderr.isatty()) and not args.no_progress)
-    policies_required = args.policies != DEFAULT_POLICIES
+    policies_required = args.policies_required
     try:
         version = versions.parse_version(args.kubernetes_version)
         outputs = _outputs(args.format, args.output)
@@ -178,6 +220,7 @@ def cmd_review(args: argparse.Namespace) -> int:
             kubernetes_version=version,
             driver_schema=args.driver,
             root=root,
+            exclude=args.exclude,
         )
     except ReviewError as exc:
         return _fail("review", str(exc))
@@ -336,11 +379,20 @@ def register(subparsers: Any) -> None:
         "refused, kustomize and helm run without network, and every name is escaped for its format.",
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="files, directories or - (default: .)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="DIR", help="policy directory or file")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"review's defaults (default: {CONFIG_NAME} of the working directory, else of the repository "
+        "root); options given here win over it",
+    )
+    p.add_argument("--no-config", action="store_true", help=f"read no {CONFIG_NAME}")
+    p.add_argument(
+        "--policies", metavar="DIR", help=f"policy directory or file (default: {DEFAULT_POLICIES})"
+    )
     p.add_argument(
         "--inventory", metavar="FILE", help="ResourceSlices and DeviceClasses, as kubectl get -o yaml"
     )
-    p.add_argument("--namespace", default="default", help="namespace for objects that set none")
+    p.add_argument("--namespace", help="namespace for objects that set none (default: default)")
     p.add_argument(
         "--format",
         "-f",
@@ -354,13 +406,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--fail-on",
         choices=FAIL_ON,
-        default="error",
         help="exit 1 on findings of this level or above: error (enforce mode, the default), warning "
         "(warn mode too), info (audit findings too), never (exit 1 is never used; 2 still is)",
     )
     p.add_argument(
         "--allow-empty",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="exit 0 when the paths hold no Kubernetes object (default: exit 2, as a wrong path does)",
     )
     p.add_argument("--base", metavar="REF", help="git ref to compare with: report only verdicts that changed")
@@ -372,7 +423,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--kubernetes-version",
-        default=versions.DEFAULT,
         metavar="X.Y",
         help=f"the cluster's Kubernetes release ({', '.join(versions.SUPPORTED)}; default "
         f"{versions.DEFAULT}): CEL functions and device fields its API server does not accept yet "
@@ -392,7 +442,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--rules-url",
-        default=RULES_URL,
         metavar="URL",
         help="where docs/rules.md is published, for SARIF help links (URL#<rule anchor>); default: "
         "the project's repository",

@@ -551,8 +551,10 @@ def review(
     kubernetes_version: str | None = None,
     driver_schema: str | None = None,
     root: str | Path | None = None,
+    exclude: Sequence[str | Path] = (),
 ) -> Reviewed:
     """Review paths with policies and an inventory; raise `ReviewError` for anything unreadable.
+    `exclude`: paths skipped when directories are walked (besides the policies and inventory).
 
     Streamed: files are parsed one document at a time and judged CHUNK objects at a time, so
     memory follows the largest document and the resource.k8s.io objects (kept for the rules that
@@ -569,7 +571,7 @@ def review(
         )
     inv = load_inventory_file(inventory)
     labels = load_cluster_state(cluster_state)
-    exclude = [Path(p) for p in (policies, inventory) if p]
+    skip = [Path(p) for p in (policies, inventory, *exclude) if p]
     stream = _Stream(
         policy_set, inv, namespace=namespace, cluster_labels=labels, kubernetes_version=kubernetes_version,
         driver_schema=driver_schema, progress=progress,
@@ -596,7 +598,7 @@ def review(
                 ordinal += 1
 
     try:
-        for index, src in enumerate(sources(paths, exclude=exclude, stdin=stdin, root=root)):
+        for index, src in enumerate(sources(paths, exclude=skip, stdin=stdin, root=root)):
             if isinstance(src, Inputs):
                 held[index] = src
                 shown.extend(src.files)
