@@ -83,10 +83,6 @@ class _TooLarge(Exception):
     pass
 
 
-class _Refused(Exception):
-    """The scheduler stops with an error for this claim (not a "does not fit" it backtracks from)."""
-
-
 def choices_of(spec: ClaimSpec) -> list[list[Choice]]:
     """Per request, its ways to be satisfied in the order the scheduler tries them."""
     out: list[list[Choice]] = []
@@ -228,6 +224,7 @@ class _Search:
         self.values: list[list[AttrValue | tuple[AttrValue, ...]]] = [[] for _ in self.constraints]
         self.picks: list[Pick] = []
         self.constraint_failed = False  # set by why_not when a constraint refused the device
+        self.refusal: str | None = None  # where the scheduler would stop with an error, if it got there
         # (request, why without the device's name) -> devices refused for it
         self.rejections: dict[tuple[str, str], list[str]] = {}
 
@@ -399,12 +396,15 @@ class _Search:
         for dev in devices:
             self.constraint_failed = False
             if not self._step(dev, choice):
-                if self.constraint_failed:
+                if self.constraint_failed and self.refusal is None:
                     # The scheduler does not backtrack here: a claim whose constraint rules out
-                    # one of the devices "All" names is an error for it, the claim is refused.
-                    raise _Refused(
+                    # one of the devices "All" names is an error for it, the claim is refused. It
+                    # meets this only if it tried the same devices first (its order of a pool's
+                    # slices is by name, which the inventory does not keep), so the search goes on
+                    # to learn whether another choice would fit.
+                    self.refusal = (
                         f"request {choice.name!r} (allocationMode All): {dev.name} breaks the claim's "
-                        "constraint; the scheduler refuses such a claim outright"
+                        "constraint, and the scheduler refuses a claim when that happens"
                     )
                 ok = False
                 break
@@ -875,15 +875,19 @@ def allocate(
         except _TooLarge:
             undecided_nodes.append(where)
             break
-        except _Refused as refused:
-            failures.append(f"on {where}: {refused}")
+        if search.refusal is not None and not fits:
+            failures.append(f"on {where}: {search.refusal}")
             outcomes[sig] = ("fail", [], [], True)
             continue
-        if fits and failing_here:
-            # The claim fits, but the scheduler evaluates the selectors device by device and stops
-            # at the first run-time error: whether it meets one first depends on its order.
+        if fits and (failing_here or search.refusal is not None):
+            # The claim fits, but the scheduler stops at the first error it meets (a selector failing
+            # at run time, an "All" request against a constraint): whether it meets one before it
+            # has found its devices depends on the order it tries them.
             risky_nodes.append(where)
-            risky.extend(failing_here)
+            if failing_here:
+                risky.append(_summary("a selector fails at run time on some devices", failing_here))
+            if search.refusal is not None:
+                risky.append(search.refusal)
             outcomes[sig] = ("risky", [], [], False)
             continue
         if fits:
@@ -902,16 +906,19 @@ def allocate(
             unknown_nodes.append(where)
     notes = list(dict.fromkeys(notes))
     if risky:
-        notes.append(_summary("a selector fails at run time on some devices; the scheduler refuses the claim "
-                              "when it evaluates one", list(dict.fromkeys(risky))))  # fmt: skip
+        notes.append(_summary("the scheduler may refuse the claim, depending on the order it tries devices",
+                              list(dict.fromkeys(risky))))  # fmt: skip
     if ok_nodes:
         return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes), (*risky_nodes, *unknown_nodes))
     if risky_nodes:
         return Verdict(
             None,
             reasons=(
-                f"may be refused: the claim fits on {_devices(risky_nodes)}, but a selector fails at run "
-                "time on a device there, and the scheduler stops at the first such error it meets",
+                _summary(
+                    f"may be refused: the claim fits on {_devices(risky_nodes)}, but the scheduler stops "
+                    "at the first error it meets there, which depends on the order it tries devices",
+                    list(dict.fromkeys(risky)),
+                ),
             ),
             notes=tuple(notes),
             unsure=tuple(risky_nodes),
