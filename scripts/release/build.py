@@ -98,7 +98,12 @@ def run(out: Path, with_image: bool) -> dict[str, object]:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    summary: dict[str, object] = {"version": v.python, "oci_tag": v.oci, "release": v.release}
+    summary: dict[str, object] = {
+        "version": v.python,
+        "oci_tag": v.oci,
+        "release": v.release,
+        "commit": v.commit,
+    }
     summary["python"] = dist.build(out, v.python)
     image_ref = None
     if with_image:

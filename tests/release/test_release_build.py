@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from packaging.version import Version
 from release_scripts import ROOT, SCRIPTS, load
 
 from tests.gotool import go_tool
 
 dist = load("dist")
-version = load("version")
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 
 
@@ -45,14 +45,17 @@ def test_local_build_makes_wheel_sdist_and_bundle_of_the_derived_version(
     built: tuple[Path, dict[str, Any]],
 ) -> None:
     out, summary = built
-    v = version.derive(ROOT)
-    assert summary["version"] == v.python and summary["oci_tag"] == v.oci
+    # The version of the commit the build ran on (the checkout may have moved on since).
+    py, oci, commit = summary["version"], summary["oci_tag"], summary["commit"]
+    Version(py)  # PEP 440
+    assert summary["release"] or (f"g{commit[:12]}" in py and f"g{commit[:12]}" in oci)
+    assert "+" not in oci and oci.split("-")[0] == Version(py).base_version
     names = sorted(p.name for p in out.iterdir())
-    assert f"draguard-{v.python}.tar.gz" in names and f"draguard-{v.python}-py3-none-any.whl" in names
-    assert f"draguard-bundle-{v.oci}.oci.tar" in names and f"draguard-bundle-{v.oci}.tar.gz" in names
-    with zipfile.ZipFile(out / f"draguard-{v.python}-py3-none-any.whl") as zf:
+    assert f"draguard-{py}.tar.gz" in names and f"draguard-{py}-py3-none-any.whl" in names
+    assert f"draguard-bundle-{oci}.oci.tar" in names and f"draguard-bundle-{oci}.tar.gz" in names
+    with zipfile.ZipFile(out / f"draguard-{py}-py3-none-any.whl") as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        assert f"\nVersion: {v.python}\n" in zf.read(meta).decode()
+        assert f"\nVersion: {py}\n" in zf.read(meta).decode()
         entry = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
         assert "draguard = " in zf.read(entry).decode()
     # Both manifests were read back by their engine's rules, with every file of the tree.
