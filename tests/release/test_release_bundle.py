@@ -274,3 +274,63 @@ def test_push_to_a_registry_and_pull_as_flux_and_as_argocd(tmp_path: Path) -> No
     finally:
         reg.terminate()
         reg.wait(timeout=10)
+
+
+def _layout_with_layer(root: Path, layer: bytes) -> Path:
+    """A layout whose only manifest (`argocd`) has `layer` as its content, digests all correct."""
+    layout = root / "hostile.oci"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+
+    def put(data: bytes) -> dict[str, Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        (layout / "blobs" / "sha256" / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    config = {"mediaType": FLUX_CONFIG, **put(b"{}")}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config,
+        "layers": [{"mediaType": OCI_LAYER, **put(layer)}],
+    }
+    desc = put(json.dumps(manifest).encode())
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                **desc,
+                "annotations": {"org.opencontainers.image.ref.name": "argocd"},
+            }
+        ],
+    }
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("../escape.yaml", "outside the extraction directory"),
+        ("/etc/cron.d/x", "outside the extraction directory"),
+    ],
+)
+def test_ocibundle_refuses_a_layer_that_would_write_outside_its_directory(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        info = tarfile.TarInfo(entry)
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"x: "))
+    layout = _layout_with_layer(tmp_path, gzip.compress(raw.getvalue()))
+    res = subprocess.run(
+        [str(go_tool("ocibundle")), "check", str(layout)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 1 and message in res.stderr, res.stderr
+    assert not (tmp_path / "escape.yaml").exists()
