@@ -905,7 +905,7 @@ def allocate(
         if unknown_reach:
             unknown_nodes.append(where)
     notes = list(dict.fromkeys(notes))
-    if risky:
+    if risky and ok_nodes:  # when no node fits cleanly, the reason says it
         notes.append(_summary("the scheduler may refuse the claim, depending on the order it tries devices",
                               list(dict.fromkeys(risky))))  # fmt: skip
     if ok_nodes:
