@@ -54,8 +54,9 @@ class Scenario:
     claims: list[dict[str, Any]]  # the pod's ResourceClaims, allocated together
     taint_rules: list[dict[str, Any]] = field(default_factory=list)  # DeviceTaintRules
 
-    def oracle_input(self) -> dict[str, Any]:
-        node = next(n for n in self.nodes if n["metadata"]["name"] == NODE)
+    def oracle_input(self, name: str = NODE) -> dict[str, Any]:
+        """The scheduler's question for one node."""
+        node = next(n for n in self.nodes if n["metadata"]["name"] == name)
         return {
             "id": self.seed,
             "deviceClasses": self.classes,
@@ -63,7 +64,7 @@ class Scenario:
             "claims": self.claims,
             "allocatedClaims": self.held,
             "deviceTaintRules": self.taint_rules,
-            "node": {"name": NODE, "labels": node["metadata"].get("labels", {})},
+            "node": {"name": name, "labels": node["metadata"].get("labels", {})},
         }
 
     def inventory_objects(self) -> list[dict[str, Any]]:

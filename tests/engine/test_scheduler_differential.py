@@ -6,7 +6,8 @@ by default. Both get the same objects (tests/engine/sched_scenarios.py): seeded 
 with shared counters in their own slices, multi-allocatable devices with request policies, taints,
 per-pool node selection and claims other pods hold; pods with one or two claims of several requests
 (firstAvailable, All/ExactCount, selectors, tolerations, capacity requests, constraints, admin
-access). The question compared is the scheduler's: do all the pod's claims fit on node "n"?
+access). The question compared is the scheduler's: do all the pod's claims fit on node "n" (and, asked
+again, on node "m")?
 
 A scheduler error (a selector failing at run time, a constraint that rules out one of "All" devices)
 counts as "does not fit": the pod stays unschedulable. The engine may answer "cannot be decided"
@@ -48,8 +49,8 @@ UNDECIDABLE = {
 }
 
 
-def oracle(scenarios: list[sc.Scenario]) -> list[dict[str, Any]]:
-    res = run_tool("schedoracle", stdin="".join(json.dumps(s.oracle_input()) + "\n" for s in scenarios),
+def oracle(scenarios: list[sc.Scenario], node: str = sc.NODE) -> list[dict[str, Any]]:
+    res = run_tool("schedoracle", stdin="".join(json.dumps(s.oracle_input(node)) + "\n" for s in scenarios),
                    timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr
     out = [json.loads(line) for line in res.stdout.splitlines()]
@@ -59,17 +60,17 @@ def oracle(scenarios: list[sc.Scenario]) -> list[dict[str, Any]]:
     return out
 
 
-def engine(s: sc.Scenario) -> tuple[bool | None, Verdict]:
-    """The engine's answer for node n: True/False, or None when it says it cannot decide."""
+def engine(s: sc.Scenario, node: str = sc.NODE) -> tuple[bool | None, Verdict]:
+    """The engine's answer for one node: True/False, or None when it says it cannot decide."""
     v = allocate(
         read_claim_spec(s.merged_claim(), "resource.k8s.io/v1"), Inventory.from_objects(s.inventory_objects())
     )
-    if sc.NODE in v.unsure:
+    if node in v.unsure:
         return None, v
     if v.allocatable is True:
-        return sc.NODE in v.nodes, v
+        return node in v.nodes, v
     if v.allocatable is None and v.unsure:
-        return False, v  # undecided elsewhere; node n was judged and does not fit
+        return False, v  # undecided elsewhere; this node was judged and does not fit
     return v.allocatable, v
 
 
@@ -85,19 +86,20 @@ def undecidable_class(v: Verdict) -> str | None:
     return None
 
 
-def compare(scenarios: list[sc.Scenario]) -> tuple[Counter[str], list[str]]:
+def compare(scenarios: list[sc.Scenario], node: str = sc.NODE) -> tuple[Counter[str], list[str]]:
     tally: Counter[str] = Counter()
     problems: list[str] = []
-    for s, o in zip(scenarios, oracle(scenarios), strict=True):
+    for s, o in zip(scenarios, oracle(scenarios, node), strict=True):
         fits = bool(o["allocated"]) and not o.get("error")
-        got, v = engine(s)
+        got, v = engine(s, node)
         tally["scheduler allocates" if fits else "scheduler refuses (error)" if o.get("error") else
               "scheduler: does not fit"] += 1  # fmt: skip
         if got is None:
             cls = undecidable_class(v)
             tally[f"undecided: {cls}"] += 1
             if cls is None:
-                problems.append(f"seed {s.seed}: engine cannot decide ({'; '.join(v.reasons)}), scheduler "
+                why = "; ".join(v.reasons)
+                problems.append(f"seed {s.seed}: engine cannot decide on {node} ({why}), scheduler "
                                 f"{'allocates' if fits else 'does not'} {o.get('error', '')}")  # fmt: skip
         elif got == fits:
             tally["agree"] += 1
@@ -105,23 +107,32 @@ def compare(scenarios: list[sc.Scenario]) -> tuple[Counter[str], list[str]]:
             tally["disagree"] += 1
             said = f"allocates {json.dumps(o.get('results'))}" if fits else f"does not {o.get('error', '')}"
             problems.append(
-                f"seed {s.seed}: engine {'allocates' if got else 'does not'} on {sc.NODE}, scheduler {said}; "
+                f"seed {s.seed}: engine {'allocates' if got else 'does not'} on {node}, scheduler {said}; "
                 f"engine reasons: {'; '.join(v.reasons)[:400]}"
             )
     return tally, problems
 
 
-def test_the_engine_agrees_with_kube_schedulers_allocator(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("node", "min_allocates"),
+    [
+        (sc.NODE, SCENARIOS // 5),  # the node every scenario publishes devices on
+        (sc.OTHER, SCENARIOS // 10),  # another node: remote, fabric, zonal and per-device pools only
+    ],
+)
+def test_the_engine_agrees_with_kube_schedulers_allocator(
+    node: str, min_allocates: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     scenarios = [sc.generate(seed) for seed in range(SEED0, SEED0 + SCENARIOS)]
-    tally, problems = compare(scenarios)
+    tally, problems = compare(scenarios, node)
     decided = tally["agree"] + tally["disagree"]
     with capsys.disabled():
-        print(f"\nscheduler differential: {tally['agree']}/{SCENARIOS} agree "
+        print(f"\nscheduler differential on node {node}: {tally['agree']}/{SCENARIOS} agree "
               f"({100 * tally['agree'] / SCENARIOS:.1f} %), {tally['disagree']} disagree, "
               f"{SCENARIOS - decided} undecided; {dict(sorted(tally.items()))}")  # fmt: skip
     assert not problems, "\n".join(problems[:20])
     # The sample exercises both answers and the scheduler's errors, not one verdict.
-    assert tally["scheduler allocates"] >= SCENARIOS // 5
+    assert tally["scheduler allocates"] >= min_allocates
     assert tally["scheduler: does not fit"] >= SCENARIOS // 5
     assert tally["scheduler refuses (error)"] >= 5
     assert tally["agree"] >= 0.97 * SCENARIOS
