@@ -130,10 +130,11 @@ def object_ref(item: SourceObject) -> ObjectRef:
     meta = item.obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     ns = meta.get("namespace")
+    # Interned: one ObjectRef is kept per object read, and these few strings repeat across them.
     return ObjectRef(
-        api_version=str(item.obj.get("apiVersion") or ""),
-        kind=str(item.obj.get("kind") or ""),
-        namespace=ns if isinstance(ns, str) and ns else None,
+        api_version=sys.intern(str(item.obj.get("apiVersion") or "")),
+        kind=sys.intern(str(item.obj.get("kind") or "")),
+        namespace=sys.intern(ns) if isinstance(ns, str) and ns else None,
         name=str(meta.get("name") or meta.get("generateName") or "<unnamed>"),
     )
 
@@ -417,6 +418,7 @@ class _Stream:
         records: list[tuple[_Record, SourceObject]] = []
         for seq, source, ordinal, item in batch:
             ns = namespace_of(item.obj, self.namespace)
+            ns = sys.intern(ns) if ns is not None else None
             pod = None
             if item.obj.get("kind") == "Pod":
                 meta = item.obj.get("metadata")
