@@ -773,6 +773,13 @@ def _check_exact(body: Mapping[str, Any], ptr: str, out: list[SpecProblem]) -> N
     elif isinstance(count, int) and not isinstance(count, bool) and count < 0:
         # 0 is the unset value: the API server defaults it to 1.
         _add(out, f"{ptr}/count", f"count {count} must be greater than zero")
+    for k, sel in enumerate(as_list(body.get("selectors"))):
+        sp = f"{ptr}/selectors/{k}"
+        cel = as_map(sel).get("cel")
+        if not isinstance(cel, Mapping):
+            _add(out, f"{sp}/cel", "cel is required: a selector is `cel: {expression: <CEL>}`")
+        elif not isinstance(cel.get("expression"), str) or not cel["expression"].strip():
+            _add(out, f"{sp}/cel/expression", "expression is required: a CEL expression that selects devices")
 
 
 def claim_spec_problems(
