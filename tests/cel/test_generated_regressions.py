@@ -150,6 +150,13 @@ CASES: list[tuple[str, str, str]] = [
      'selects', 'no'),
     ("[" * 40 + "[1][5] == 1" + "][0]" * 40,
      'no', 'no'),
+    # substring(start, end) with `end` equal to the length is valid in cel-go (the runtime refused it).
+    ("'u250'.substring(2, 4).matches('[0-9]+')", 'selects', 'selects'),
+    ("'abcd'.substring(0, 4) == 'abcd'", 'selects', 'selects'),
+    ("'abcd'.substring(0, 5) == 'abcd'", 'no', 'no'),
+    ("'abcd'.substring(3, 2) == ''", 'no', 'no'),
+    # cel.bind evaluates its value only when the body uses it.
+    ("cel.bind(x, [][1], true)", 'selects', 'selects'),
 ]
 
 

@@ -248,6 +248,8 @@ def test_the_warning_points_at_the_part() -> None:
         "device.attributes['fpga.example.com'].model != 'x'",
         f"{GUARD} && {NV}.type == 'gpu' && {NV}.type == 'gpu'",
         f"{GUARD} && (!has({NV}.profile) || {NV}.profile == '3g.20gb')",
+        f"cel.bind(x, [][1], {GUARD})",
+        f"{GUARD} && 'u250'.substring(2, 4) == '50'",
         f"{GUARD} && has({NV}.numaNode) && {NV}.numaNode < 3",
         f"{GUARD} && {NV}.type.startsWith('m') && {NV}.productName.contains('A100')",
     ],

@@ -286,6 +286,18 @@ _REGEX_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("findAll", ("string", "string", "int"), "list(string)", _find_all, member=True),
 )
 
+def _substring_range(text: str, start: int, end: int) -> str:
+    """cel-go's `s.substring(start, end)`: code points, `end` exclusive and at most the length (the
+    native runtime refuses an `end` equal to the length)."""
+    if start > end:
+        raise LibraryError(f"invalid substring range. start: {start}, end: {end}")
+    if start < 0 or start > len(text):
+        raise LibraryError(f"index out of range: {start}")
+    if end > len(text):
+        raise LibraryError(f"index out of range: {end}")
+    return text[start:end]
+
+
 def _index_of_offset(text: str, sub: str, offset: int) -> int:
     """cel-go's strings extension: a negative offset fails; past the end, "" matches at the end and
     anything else finds nothing (the native runtime fails there instead)."""
@@ -377,6 +389,7 @@ _OFFSET_FUNCTIONS: tuple[FunctionSpec, ...] = (
     _spec("__draguard_decimalAsInteger", ("tagged",), "int", _held_as_decimal, member=True),
     _spec("__draguard_indexOf", ("string", "string", "int"), "int", _index_of_offset, member=True),
     _spec("__draguard_lastIndexOf", ("string", "string", "int"), "int", _last_index_of_offset, member=True),
+    _spec("__draguard_substring", ("string", "int", "int"), "string", _substring_range, member=True),
 )
 
 EXTENDS_RUNTIME = frozenset({"indexOf", "lastIndexOf"})

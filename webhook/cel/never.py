@@ -382,10 +382,13 @@ def strict_parts(node: Expr) -> Iterator[Expr]:
         elif current.kind in (LIST, STRUCT):
             stack.extend(current.children())
         elif current.kind == COMPREHENSION:
-            # The range and the initial value always; a cel.bind's body too (it always runs once).
-            stack.extend(c for c in (current.iter_range, current.accu_init) if c is not None)
-            if _is_bind(current) and current.result is not None:
-                stack.append(current.result)
+            if _is_bind(current):
+                # cel.bind evaluates its value lazily (only where the body uses it); the body always.
+                if current.result is not None:
+                    stack.append(current.result)
+            else:
+                # The range and the initial value always; the body only per element.
+                stack.extend(c for c in (current.iter_range, current.accu_init) if c is not None)
 
 
 # ---- atoms: what one conjunct says about one value -------------------------------------------------

@@ -8,7 +8,8 @@ domain lookup into an optional one, `device.attributes[?key].orValue({})`, and e
 `has(device.attributes.x)` into `true`; the data carries the published domains only.
 
 The same pass sends `s.indexOf(sub, offset)` / `s.lastIndexOf(sub, offset)` to functions with
-cel-go's offset rules (an offset past the end is -1 there, an error in the native runtime).
+cel-go's offset rules (an offset past the end is -1 there, an error in the native runtime), and
+`s.substring(start, end)` to one that accepts an `end` equal to the length, as cel-go does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
 _ROOTS = frozenset({"attributes", "capacity"})
 RESERVED = "__draguard_"
 """Prefix of functions only the rewritten text may call; a selector naming one does not compile."""
-OFFSET_FUNCTIONS = {"indexOf": f"{RESERVED}indexOf", "lastIndexOf": f"{RESERVED}lastIndexOf"}
+OFFSET_FUNCTIONS = {"indexOf": f"{RESERVED}indexOf", "lastIndexOf": f"{RESERVED}lastIndexOf",
+                    "substring": f"{RESERVED}substring"}
 _OPEN = "([{"
 _CLOSE = ")]}"
 
@@ -101,7 +103,8 @@ def rewrite(text: str, ast: CheckedAst) -> str | None:
             inserts.append((close + 1, close + 1, ".orValue({})"))
         elif node.kind == CALL and node.function in OFFSET_FUNCTIONS and node.target is not None \
                 and len(node.args) == 2:
-            # s.indexOf(sub, offset): cel-go's offset rules (see library.py), under a reserved name.
+            # s.indexOf(sub, offset), s.substring(start, end): cel-go's offset rules (see library.py),
+            # under a reserved name.
             if not text.startswith("(", offset):
                 return None
             end = offset
