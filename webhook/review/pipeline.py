@@ -463,6 +463,15 @@ class _Stream:
                 self.findings.setdefault(seq, []).append(f)
         self.ignored += report.ignored - self._unread(support)
 
+    def _judge_again(self, part: list[tuple[_Record, SourceObject]], detection: str | None) -> None:
+        if not part:
+            return
+        before = self.ignored
+        for r, _ in part:
+            r.version, r.detection = self.version, detection
+        self._judge(part, detection)
+        self.ignored = before  # judged twice: the kinds no rule reads are counted once
+
     def _unread(self, support: Sequence[SourceObject]) -> int:
         """How many of `support` the engine counts as ignored (kinds no rule reads): they are
         counted where they are judged themselves."""
@@ -486,7 +495,9 @@ class _Stream:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def finish(self, reread: Callable[[dict[int, set[int]]], dict[tuple[int, int], SourceObject]]) -> Report:
+    def finish(
+        self, reread: Callable[[dict[int, set[int]]], Iterator[tuple[tuple[int, int], SourceObject]]]
+    ) -> Report:
         """Judge what is left: the last chunk, objects judged before context that concerns them
         came, and the resource.k8s.io objects against everything (with the pods that own claims)."""
         self.flush()
@@ -502,19 +513,23 @@ class _Stream:
         wanted: dict[int, set[int]] = {}
         for r in (*stale, *owner_records):
             wanted.setdefault(r.source, set()).add(r.ordinal)
-        found = reread(wanted) if wanted else {}
         if stale and self.progress is not None and self.progress.enabled:
             self.progress.say(f"judging {len(stale)} objects again: context they read came after them")
-        for i in range(0, len(stale), CHUNK):
-            batch = stale[i:i + CHUNK]
-            part = [(r, found[r.source, r.ordinal]) for r in batch if (r.source, r.ordinal) in found]
-            before = self.ignored
-            for r, _ in part:
-                r.version, r.detection = self.version, detection
-            self._judge(part, detection)
-            # Judged twice: count the kinds no rule reads once.
-            self.ignored = before
-        pods = [found[(r.source, r.ordinal)] for r in owner_records if (r.source, r.ordinal) in found]
+        by_place = {(r.source, r.ordinal): r for r in stale}
+        owner_places = {(r.source, r.ordinal) for r in owner_records}
+        pods: list[SourceObject] = []
+        part: list[tuple[_Record, SourceObject]] = []
+        # Read again in order and judged CHUNK at a time, as on the first read: memory stays bounded.
+        for place, item in reread(wanted) if wanted else iter(()):
+            if place in owner_places:
+                pods.append(item)  # kept for the last call (pods a claim names as its owner)
+            rec = by_place.get(place)
+            if rec is not None:
+                part.append((rec, item))
+                if len(part) >= CHUNK:
+                    self._judge_again(part, detection)
+                    part = []
+        self._judge_again(part, detection)
         # The last call: every resource.k8s.io object against all the others, the owning pods as
         # support; the findings on no object of the input (expired exceptions) come from it alone.
         dra_items = [item for _, item in self.dra]
@@ -619,17 +634,17 @@ def review(
                     ordinal += 1
                     ticker.tick(stream.objects)
 
-        def reread(wanted: dict[int, set[int]]) -> dict[tuple[int, int], SourceObject]:
-            out: dict[tuple[int, int], SourceObject] = {}
-            for index, ordinals in wanted.items():
+        def reread(wanted: dict[int, set[int]]) -> Iterator[tuple[tuple[int, int], SourceObject]]:
+            """The objects at these places, read again one document at a time, in input order."""
+            for index in sorted(wanted):
+                ordinals = wanted[index]
                 src: FileSource | Inputs = held[index] if index in held else files[index]
                 last = max(ordinals)
                 for ordinal, item in read(index, src):
                     if ordinal in ordinals:
-                        out[(index, ordinal)] = item
+                        yield (index, ordinal), item
                     if ordinal >= last:
                         break
-            return out
 
         if progress is not None and stream.objects > PROGRESS_THRESHOLD:
             progress.say(
