@@ -124,10 +124,11 @@ def test_quick_run_builds_the_cluster_and_measures_every_step(tmp_path: Path) ->
     rows = res["rows"]
     assert [r["nodes"] for r in rows] == [0, 2, 4]
     for r in rows:
+        # Two arms of 20 creates (10/s for 2 s): with the webhook and without it.
         # assess, reading the live cluster, finds the driver's devices this step published.
         assert r["assess_devices"] == r["devices"] == 8 * r["nodes"]
         assert r["assess_driver_nodes"] == r["nodes"]
-        assert r["admit_n"] == 20 and r["admit_error_count"] == 0
+        assert r["admit_n"] == 40 and r["admit_error_count"] == 0
         assert r["audit_rc"] == 0 and r["assess_rc"] == 0
         for m in cs.METRICS:
             assert math.isfinite(r[m]) and r[m] > 0, (r["nodes"], m, r[m])
@@ -135,3 +136,64 @@ def test_quick_run_builds_the_cluster_and_measures_every_step(tmp_path: Path) ->
     assert [s["errors"] for s in res["setup"]] == [0, 0, 0]
     for line in ("webhook cache sync", "audit full scan", "assess peak RSS", "memory to request"):
         assert line in proc.stdout
+
+
+def test_judging_claim_after_claim_reads_each_allocation_once_not_once_per_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by this bench: the audit's scan grew with the square of the claims, because every
+    claim's verdict read every other claim's allocation again. What other claims hold is now built
+    once per inventory; an allocated claim still leaves its own devices out of its verdict."""
+    import webhook.engine.allocate as alloc
+    from webhook.dra.inventory import parse_inventory_text
+    from webhook.dra.objects import read_claim_spec
+
+    maker = cs.SliceMaker()
+    node = maker.slices("sim-gpu-00000", "uid-a")[0]
+    node["metadata"]["name"] = "s-0"
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": cs.CLASS},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+    }
+    n = 300
+    claims = [cs.claim("team-0000", f"c-{i}") for i in range(n)]
+    # The first claim holds all 8 GPUs; the others are pending.
+    claims[0]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 8
+    claims[0]["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.nvidia.com",
+                        "pool": "sim-gpu-00000",
+                        "device": d["name"],
+                    }
+                    for d in node["spec"]["devices"]
+                ]
+            }
+        }
+    }
+    inv = parse_inventory_text(
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": [cls, node, *claims]})
+    )
+    reads = 0
+    real = alloc.read_allocation
+
+    def counted(obj: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(obj)
+
+    monkeypatch.setattr(alloc, "read_allocation", counted)
+    verdicts = []
+    for i, c in enumerate(claims):
+        spec = read_claim_spec(c["spec"], "resource.k8s.io/v1")
+        verdicts.append(alloc.allocate(spec, inv, claim_key=("team-0000", f"c-{i}")).allocatable)
+    # The allocated claim fits on its own devices; every pending one finds them all taken.
+    assert verdicts[0] is True
+    assert set(verdicts[1:]) == {False}
+    # Before: n * n reads (90,000 here); now about two per claim.
+    assert reads <= 4 * n, reads

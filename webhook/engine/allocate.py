@@ -190,6 +190,28 @@ class _Baseline:
                                 self.counters[key] = self.counters.get(key, Fraction(0)) + amount
 
 
+def _baseline(
+    inventory: Inventory, by_key: Mapping[DeviceKey, Device], skip: tuple[str, str] | None
+) -> _Baseline:
+    """What other claims hold, built once per inventory (its claims and devices) and shared by every
+    verdict that skips no allocated claim. The audit and the webhook judge claim after claim against
+    one inventory; building this for each made a scan's cost grow with the square of the claims."""
+    if skip is not None:
+        rec = inventory.claims.get(skip)
+        if rec is not None and read_allocation(rec.obj):
+            return _Baseline(inventory, by_key, skip)  # its own devices must not count against it
+    claims = inventory.claims
+    # The memo may be carried over to an inventory with other claims: the entry keeps the objects it
+    # was built from (so their ids cannot be reused meanwhile) and is used only for those.
+    hit = inventory.cached(
+        ("allocate", "baseline", id(claims), id(by_key)),
+        lambda: (claims, by_key, _Baseline(inventory, by_key, None)),
+    )
+    if hit[0] is claims and hit[1] is by_key:
+        return hit[2]
+    return _Baseline(inventory, by_key, None)
+
+
 class _Search:
     """The backtracking search of one claim on one node."""
 
@@ -762,7 +784,7 @@ def allocate(
         return Verdict(False, reasons=tuple(dict.fromkeys(mine)), notes=tuple(dict.fromkeys(notes)))
     by_key = _derived(inventory, "by-key", lambda: {d.key: d for d in inventory.devices})
     contents = _derived(inventory, "contents", lambda: {id(d): _content(d) for d in inventory.devices})
-    baseline = _Baseline(inventory, by_key, claim_key)
+    baseline = _baseline(inventory, by_key, claim_key)
     budget = [max_steps]
     ok_nodes: list[str | None] = []
     first_picks: tuple[Pick, ...] = ()
