@@ -322,6 +322,8 @@ def test_hostile_selectors_stay_bounded() -> None:
     # Many contradictory-looking conjuncts and a deep `||`: the analysis gives up or answers, quickly.
     wide = " && ".join(f"{NV}.numaNode != {i}" for i in range(300))
     assert never_issues(f"{GUARD} && {wide}") == []
+    lists = " && ".join(f"{NV}.type in ['gpu', 'mig', 'a{i}', 'b', 'c', 'd', 'e', 'f']" for i in range(60))
+    assert never_issues(f"{GUARD} && {lists}") == []
     deep = " || ".join(f"{NV}.type == 'x{i}'" for i in range(30))
     issue = the_warning(f"{GUARD} && ({deep})")
     assert len(issue.message) < 20_000

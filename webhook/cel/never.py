@@ -413,7 +413,7 @@ _STRING_TESTS = {"startsWith": "startswith", "endsWith": "endswith", "contains":
 def _holds(atom: Atom, value: Val) -> bool:
     """Whether the atom may hold when the subject equals `value` (False only when it surely cannot)."""
     if atom.op == "in":
-        return any(_holds(Atom(atom.subject, "==", (v,), atom.text), value) for v in atom.values)
+        return any(value.compare(v) == 0 for v in atom.values)
     if atom.op == "absent":
         return False  # the subject has a value, so it is there
     other = atom.values[0]
@@ -817,16 +817,39 @@ class _Analyzer:
         if not own:
             return None
         values = {str(v.value) for v in own[0].values if v.family == "str"}
-        return frozenset(
-            v for v in values if all(_holds(a, Val("str", v, v)) for a in atoms if a.subject == subject)
-        )
+        for a in atoms:
+            if a.subject != subject or not values:
+                continue
+            if a.op in ("==", "in") and all(v.family == "str" for v in a.values):
+                # String equality is set membership: a 1,000-value `in` list against itself is one
+                # intersection, not a million comparisons (a hostile selector's cost stays linear).
+                values &= {str(v.value) for v in a.values}
+            else:
+                values = {v for v in values if _holds(a, Val("str", v, v))}
+        return frozenset(values)
 
-    def leaf(self, conjunct: Expr, atoms: list[Atom]) -> Reason | None:
-        drivers = self.pinned(atoms, DRIVER)
+    def pins(self, atoms: list[Atom]) -> tuple[frozenset[str] | None, dict[Subject, frozenset[str]]]:
+        """The drivers and the device types (per `type` attribute) the atoms allow, computed once
+        per set of atoms: every lookup of the selector is judged against them."""
+        types: dict[Subject, frozenset[str]] = {}
+        for subject in dict.fromkeys(a.subject for a in atoms):
+            if subject[0] == "attributes" and subject[2] == "type" and self.view.type_values(subject[1]):
+                pinned = self.pinned(atoms, subject)
+                if pinned is not None:
+                    types[subject] = pinned
+        return self.pinned(atoms, DRIVER), types
+
+    def leaf(
+        self,
+        conjunct: Expr,
+        atoms: list[Atom],
+        pins: tuple[frozenset[str] | None, dict[Subject, frozenset[str]]],
+    ) -> Reason | None:
+        drivers, types = pins
         found: Reason | None = None
         for part in strict_parts(conjunct):
             reason = (
-                self.access_reason(part, atoms, drivers)
+                self.access_reason(part, atoms, drivers, types)
                 or self.misuse(part, conjunct)
                 or self.constant_error(part)
             )
@@ -835,7 +858,13 @@ class _Analyzer:
             found = found or reason
         return found
 
-    def access_reason(self, node: Expr, atoms: list[Atom], drivers: frozenset[str] | None) -> Reason | None:
+    def access_reason(
+        self,
+        node: Expr,
+        atoms: list[Atom],
+        drivers: frozenset[str] | None,
+        types: dict[Subject, frozenset[str]],
+    ) -> Reason | None:
         access = self.accesses.get(node.id)
         if access is None or access.presence:
             return None
@@ -863,15 +892,7 @@ class _Analyzer:
                     True,
                     access,
                 )
-            types_domain_atoms = [
-                a
-                for a in atoms
-                if a.subject[0] == "attributes"
-                and a.subject[2] == "type"
-                and self.view.type_values(a.subject[1])
-            ]
-            for atom_subject in dict.fromkeys(a.subject for a in types_domain_atoms):
-                pinned = self.pinned(atoms, atom_subject)
+            for pinned in types.values():
                 if pinned is not None and pinned and not pinned & spec[1]:
                     have = ", ".join(sorted(spec[1]))
                     word = "attribute" if access.kind == "attributes" else "capacity"
@@ -1057,8 +1078,9 @@ class _Analyzer:
         best = self.contradiction(atoms)
         if best is not None and not best.known:
             return best
+        pins = self.pins(atoms)
         for conjunct in conjuncts:
-            reason = self.leaf(conjunct, atoms) or self.branches(conjunct, atoms, depth)
+            reason = self.leaf(conjunct, atoms, pins) or self.branches(conjunct, atoms, depth)
             if reason is not None and not reason.known:
                 return reason
             best = best or reason
