@@ -3,6 +3,7 @@ document order, while holding a bounded amount of memory."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import tracemalloc
@@ -148,6 +149,27 @@ def write_gpu_workloads(path: Path, size: int) -> None:
         total += len(doc) + 4
         i += 1
     path.write_text("---\n".join(parts), encoding="utf-8")
+
+
+def test_stdin_is_streamed_and_read_again_like_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stdin is copied to a temporary file and streamed: workloads read before the templates they
+    name are judged again from it, and the report is the file's, named <stdin>."""
+    monkeypatch.setattr(pipeline, "CHUNK", 2)
+    text = "---\n".join([*(_vllm("ml", f"serve-{i}", "gpu-small") for i in range(5)),
+                         _template("ml", "gpu-small", "gpu.nvidia.com-a100")])
+    f = tmp_path / "in.yaml"
+    f.write_text(text, encoding="utf-8")
+    from_file = _streamed([str(f)], policies=POLICIES, inventory=INVENTORY)
+    from_stdin = _streamed(["-"], policies=POLICIES, inventory=INVENTORY, stdin=io.StringIO(text))
+    assert sum(x.rule.startswith("tier/") for x in from_stdin.report.findings) == 5
+    shown = from_file.files[0]
+    def rows(r: pipeline.ReviewResult) -> list[str]:  # all but the file, which differs by design
+        return [repr(_row(x)[:4] + _row(x)[5:]) for x in r.report.findings]
+
+    assert [row.replace("<stdin>", shown) for row in rows(from_stdin)] == rows(from_file)
+    assert {x.file for x in from_stdin.report.findings} == {"<stdin>"}
 
 
 def test_memory_follows_the_largest_document_not_the_input(

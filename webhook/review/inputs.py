@@ -27,6 +27,7 @@ _Loader = SafeLoader
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 STDIN = "-"
+STDIN_NAME = "<stdin>"
 # A manifest larger than this is refused before it is read: the reviewed tree may come from an
 # untrusted branch, and the whole file is held in memory while parsed.
 MAX_FILE_BYTES = 128 * 1024 * 1024
@@ -547,6 +548,29 @@ def read_stdin(stream: Any = None) -> Inputs:
     return Inputs(objs, skipped, ["<stdin>"])
 
 
+def spool_stdin(into: Any, stream: Any = None) -> None:
+    """Copy stdin into `into` (a binary file) a chunk at a time, so it can be read one document at
+    a time like a file, and read again; the bounds and errors of `read_stdin`."""
+    stream = stream if stream is not None else sys.stdin
+    total = 0
+    try:
+        while True:
+            chunk = stream.read(1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise _too_large("<stdin>", total)
+            # surrogateescape: bytes a lenient stdin could not decode come back as they were, and
+            # the reader names the first one.
+            into.write(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8", "surrogateescape"))
+    except UnicodeDecodeError:
+        raise InputError("<stdin>", "not UTF-8 text; review reads YAML or JSON") from None
+    except OSError as exc:
+        raise InputError("<stdin>", f"cannot read: {exc}") from None
+    into.flush()
+
+
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
@@ -714,19 +738,27 @@ def sources(
     exclude: Sequence[Path] = (),
     stdin: Any = None,
     root: Path | str | None = None,
+    stdin_file: Path | None = None,
 ) -> Iterator[FileSource | Inputs]:
     """What the paths the user named hold, in order: files still to read, and inputs read already
     (stdin, kustomize builds, helm renders). Directories are walked, `-` is stdin.
 
     `exclude` lists paths skipped while walking directories (the policy directory and the
     inventory file), never when named explicitly. `root` is the reviewed tree (default: the
-    working directory): no symbolic link is followed out of it (see `tree_for`).
+    working directory): no symbolic link is followed out of it (see `tree_for`). `stdin_file`:
+    where stdin was copied (`spool_stdin`), to be streamed like a file.
     """
     from webhook.review import helm, kustomize  # local: both import this module
 
+    stdin_read = False
     for raw in paths:
         if raw == STDIN:
-            yield read_stdin(stdin)
+            if stdin_file is not None:
+                # Named twice, stdin is read once, as a stream is: the second time it is empty.
+                yield Inputs(files=[STDIN_NAME]) if stdin_read else FileSource(stdin_file, STDIN_NAME)
+                stdin_read = True
+            else:
+                yield read_stdin(stdin)
             continue
         path = Path(raw)
         if not path.exists() and not path.is_symlink():

@@ -578,7 +578,9 @@ def review(
     read across objects), not the input. The verdicts are those of `evaluate_inputs` on the whole
     input set: an object judged before context that concerns it was read is judged again.
     """
-    from webhook.review.inputs import FileSource, iter_file, sources
+    import tempfile
+
+    from webhook.review.inputs import STDIN, FileSource, iter_file, sources, spool_stdin
 
     policy_set = load_policy_set(policies, required=policies_required)
     if policies and not policy_set.all() and not Path(policies).exists():
@@ -614,8 +616,15 @@ def review(
                 yield ordinal, item
                 ordinal += 1
 
+    spooled = None
     try:
-        for index, src in enumerate(sources(paths, exclude=skip, stdin=stdin, root=root)):
+        stdin_file = None
+        if STDIN in paths:
+            spooled = tempfile.NamedTemporaryFile(prefix="draguard-stdin-", suffix=".yaml")  # noqa: SIM115
+            spool_stdin(spooled, stdin)
+            stdin_file = Path(spooled.name)
+        found = sources(paths, exclude=skip, stdin=stdin, root=root, stdin_file=stdin_file)
+        for index, src in enumerate(found):
             if isinstance(src, Inputs):
                 held[index] = src
                 shown.extend(src.files)
@@ -654,6 +663,9 @@ def review(
         report = stream.finish(reread)
     except InputError as exc:
         raise ReviewError(str(exc)) from None
+    finally:
+        if spooled is not None:
+            spooled.close()  # removes it
     if progress is not None and stream.objects > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
         progress.say(f"reviewed {stream.objects} objects from {len(set(shown))} files in {dt:.1f}s")
