@@ -172,9 +172,11 @@ _DOCS: tuple[RuleDoc, ...] = (
         "`draguard explain` lists what the inventory publishes.",
     ),
     RuleDoc(
-        "cel/no-match", "A CEL selector matches no device of the inventory: the claim would stay "
-        "pending.", _W, Mode.WARN, _CEL_SHIPPED,
-        "Check the values against the inventory, or review with the cluster's current inventory.",
+        "cel/no-match", "A CEL selector matches no device of the inventory, or can never select any "
+        "device whatever the inventory (contradictory conditions, a constant that always fails, a value "
+        "the driver's schema never publishes): the claim would stay pending.", _W, Mode.WARN, _CEL_SHIPPED,
+        "Check the values against the inventory (`draguard driver inventory` lists what the driver "
+        "publishes), or review with the cluster's current inventory.",
     ),
     RuleDoc(
         "cel/limits", "A CEL selector exceeds the API server's cost or length limits.", _E, Mode.ENFORCE,
