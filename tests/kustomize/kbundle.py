@@ -30,6 +30,8 @@ COMPONENTS = (
     "network-policy",
     "apiserver-client-auth",
     "enforce-without-webhook",
+    "gpu-sharing",
+    "dynamic-mig",
 )
 
 Obj = dict[str, Any]

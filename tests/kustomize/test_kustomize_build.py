@@ -37,6 +37,9 @@ VARIANTS = (
         ("eks", ("eks-host-network",)),
         ("aks", ("cert-manager", "monitoring", "fail-open-validation")),
         ("local", ("monitoring",)),
+        ("aks", ("gpu-sharing",)),
+        ("gke", ("dynamic-mig",)),
+        ("local", ("gpu-sharing", "dynamic-mig")),
     ]
 )
 
