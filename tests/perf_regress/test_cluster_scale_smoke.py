@@ -143,14 +143,15 @@ def test_judging_claim_after_claim_reads_each_allocation_once_not_once_per_claim
 ) -> None:
     """Found by this bench: the audit's scan grew with the square of the claims, because every
     claim's verdict read every other claim's allocation again. What other claims hold is now built
-    once per inventory; an allocated claim still leaves its own devices out of its verdict."""
+    once per inventory; an allocated claim takes only its own devices back out of it."""
     import webhook.engine.allocate as alloc
     from webhook.dra.inventory import parse_inventory_text
     from webhook.dra.objects import read_claim_spec
 
     maker = cs.SliceMaker()
-    node = maker.slices("sim-gpu-00000", "uid-a")[0]
-    node["metadata"]["name"] = "s-0"
+    nodes = [maker.slices(cs.node_name(i), f"uid-{i}")[0] for i in range(38)]  # 304 GPUs
+    for i, sl in enumerate(nodes):
+        sl["metadata"]["name"] = f"s-{i}"
     cls = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -158,27 +159,20 @@ def test_judging_claim_after_claim_reads_each_allocation_once_not_once_per_claim
         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
     }
     n = 300
-    claims = [cs.claim("team-0000", f"c-{i}") for i in range(n)]
-    # The first claim holds all 8 GPUs; the others are pending.
-    claims[0]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 8
-    claims[0]["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {
-                        "request": "gpu",
-                        "driver": "gpu.nvidia.com",
-                        "pool": "sim-gpu-00000",
-                        "device": d["name"],
-                    }
-                    for d in node["spec"]["devices"]
-                ]
-            }
+    claims = [cs.claim("team-0000", f"c-{i}") for i in range(n + 2)]
+    for i in range(n):  # one GPU each, in node order: the last node keeps 4 free
+        sl = nodes[i // cs.GPUS_PER_NODE]
+        result = {
+            "request": "gpu",
+            "driver": "gpu.nvidia.com",
+            "pool": sl["spec"]["pool"]["name"],
+            "device": sl["spec"]["devices"][i % cs.GPUS_PER_NODE]["name"],
         }
-    }
-    inv = parse_inventory_text(
-        json.dumps({"apiVersion": "v1", "kind": "List", "items": [cls, node, *claims]})
-    )
+        claims[i]["status"] = {"allocation": {"devices": {"results": [result]}}}
+    for c in claims[n:]:  # pending, 8 GPUs on one node: none has them free any more
+        c["spec"]["devices"]["requests"][0]["exactly"]["count"] = 8
+    items = [cls, *nodes, *claims]
+    inv = parse_inventory_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     reads = 0
     real = alloc.read_allocation
 
@@ -192,8 +186,77 @@ def test_judging_claim_after_claim_reads_each_allocation_once_not_once_per_claim
     for i, c in enumerate(claims):
         spec = read_claim_spec(c["spec"], "resource.k8s.io/v1")
         verdicts.append(alloc.allocate(spec, inv, claim_key=("team-0000", f"c-{i}")).allocatable)
-    # The allocated claim fits on its own devices; every pending one finds them all taken.
-    assert verdicts[0] is True
-    assert set(verdicts[1:]) == {False}
-    # Before: n * n reads (90,000 here); now about two per claim.
-    assert reads <= 4 * n, reads
+    # Each allocated claim fits on its own GPU; the pending ones find too few free on any node.
+    assert set(verdicts[:n]) == {True}
+    assert verdicts[n:] == [False, False]
+    # Before: a read of every claim per verdict (91,204 here); now a few per claim.
+    assert reads <= 4 * len(claims), reads
+
+
+def test_a_claims_own_devices_come_out_of_the_shared_baseline_exactly() -> None:
+    """The shared baseline with one allocated claim taken out equals one built without that claim:
+    exclusive holders (two claims on one device included), shares, consumed capacity, counters."""
+    from webhook.dra.inventory import parse_inventory_text
+    from webhook.engine.allocate import _Baseline, _baseline
+
+    def dev(name: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "attributes": {"type": {"string": "gpu"}}, **extra}
+
+    uses = [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "40Gi"}}}]
+    devices = [
+        dev("gpu-0", consumesCounters=uses),
+        dev("gpu-0-mig-0", consumesCounters=uses),
+        dev("gpu-0-mig-1", consumesCounters=uses),
+        dev("shared-0", allowMultipleAllocations=True, capacity={"memory": {"value": "80Gi"}}),
+        dev("gpu-1"),
+    ]
+    counters = {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}
+    slices = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"s-{i}"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 2},
+                **body,
+            },
+        }
+        for i, body in enumerate(({"sharedCounters": [counters]}, {"devices": devices}))
+    ]
+
+    def held(name: str, *results: dict[str, Any]) -> dict[str, Any]:
+        c = cs.claim("ml", name)
+        base = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a"}
+        c["status"] = {"allocation": {"devices": {"results": [{**base, **r} for r in results]}}}
+        return c
+
+    share = {"device": "shared-0", "shareID": "s", "consumedCapacity": {"memory": "10Gi"}}
+    claims = [
+        held("a", {"device": "gpu-0"}),
+        held("b", {"device": "gpu-0"}, {"device": "gpu-1"}),  # the same device twice: a conflict
+        held("c", share),
+        held("d", share, {**share, "consumedCapacity": {"memory": "20Gi"}}),
+        held("e", {"device": "gpu-0-mig-0"}),
+        held("f", {"device": "gpu-0-mig-1", "adminAccess": True}),
+        held("g", {"device": "gpu-0-mig-1"}),
+        cs.claim("ml", "pending"),
+    ]
+    inv = parse_inventory_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [*slices, *claims]}))
+    by_key = {d.key: d for d in inv.devices}
+
+    def view(b: Any) -> tuple[Any, ...]:
+        return (
+            dict(b.taken),
+            set(b.shared),
+            dict(b.capacity),
+            {k: sorted(v) for k, v in b.capacity_of.items()},
+            dict(b.counters),
+            bool(b.taken or b.shared or b.counters),
+        )
+
+    for c in claims:
+        key = ("ml", c["metadata"]["name"])
+        assert view(_baseline(inv, by_key, key)) == view(_Baseline(inv, by_key, key)), key
+    assert view(_baseline(inv, by_key, None)) == view(_Baseline(inv, by_key, None))

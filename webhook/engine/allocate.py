@@ -13,7 +13,7 @@ steps: past the bound the answer is "too large to decide offline", never a guess
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import partial
@@ -29,6 +29,8 @@ from webhook.dra.quantity import Quantity
 from webhook.dra.taints import DeviceToleration, untolerated
 
 T = TypeVar("T")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 # Devices tried, over all nodes, before a claim is "too large to decide offline".
 MAX_STEPS = 200_000
@@ -151,14 +153,26 @@ def _fmt(value: Fraction) -> str:
 class _Baseline:
     """What other claims already hold: devices in use, counters and capacity consumed."""
 
+    taken: Mapping[DeviceKey, str]  # device -> "ns/claim" holding it exclusively
+    shared: Collection[DeviceKey]  # multi-allocatable devices with some share allocated
+    capacity: Mapping[CapKey, Fraction]
+    capacity_of: Mapping[DeviceKey, Sequence[tuple[str, str, Fraction]]]
+    counters: Mapping[CounterKey, Fraction]
+
     def __init__(
         self, inventory: Inventory, by_key: Mapping[DeviceKey, Device], skip: tuple[str, str] | None
     ) -> None:
-        self.taken: dict[DeviceKey, str] = {}  # device -> "ns/claim" holding it exclusively
-        self.shared: set[DeviceKey] = set()  # multi-allocatable devices with some share allocated
-        self.capacity: dict[CapKey, Fraction] = {}
-        self.capacity_of: dict[DeviceKey, list[tuple[str, str, Fraction]]] = {}
-        self.counters: dict[CounterKey, Fraction] = {}
+        taken: dict[DeviceKey, str] = {}
+        shared: set[DeviceKey] = set()
+        capacity: dict[CapKey, Fraction] = {}
+        capacity_of: dict[DeviceKey, list[tuple[str, str, Fraction]]] = {}
+        counters: dict[CounterKey, Fraction] = {}
+        # Who contributed what, so one claim's share can be taken out again (`_without`):
+        self.holders: dict[DeviceKey, list[str]] = {}  # exclusive holders, in the order above
+        self.results: dict[DeviceKey, int] = {}  # results per device (shares included)
+        self.shares: dict[DeviceKey, int] = {}
+        self.cap_adds: dict[CapKey, int] = {}  # additions to each capacity sum
+        self.counter_adds: dict[CounterKey, int] = {}  # and to each counter sum
         charged: set[DeviceKey] = set()
         for (ns, name), rec in inventory.claims.items():
             if (ns, name) == skip:
@@ -167,19 +181,23 @@ class _Baseline:
                 dev = by_key.get(a.key)
                 if a.admin_access or dev is None:
                     continue  # admin access leaves a device free for others
+                self.results[a.key] = self.results.get(a.key, 0) + 1
                 # The scheduler counts a result as a share only when it carries a shareID; any
                 # other result holds the device whole, multi-allocatable or not.
                 if dev.allow_multiple_allocations and a.share_id is not None:
-                    self.shared.add(a.key)
+                    shared.add(a.key)
+                    self.shares[a.key] = self.shares.get(a.key, 0) + 1
                     for k, text in a.consumed_capacity.items():
                         dom, cap = qualify(k, dev.driver)
                         amount = _q(text)
                         if amount is not None:
                             ck = (a.key, dom, cap)
-                            self.capacity[ck] = self.capacity.get(ck, Fraction(0)) + amount
-                            self.capacity_of.setdefault(a.key, []).append((dom, cap, amount))
+                            capacity[ck] = capacity.get(ck, Fraction(0)) + amount
+                            self.cap_adds[ck] = self.cap_adds.get(ck, 0) + 1
+                            capacity_of.setdefault(a.key, []).append((dom, cap, amount))
                 else:
-                    self.taken[a.key] = f"{ns}/{name}"
+                    taken[a.key] = f"{ns}/{name}"
+                    self.holders.setdefault(a.key, []).append(f"{ns}/{name}")
                 if a.key not in charged:  # a shared device's counters are charged once
                     charged.add(a.key)
                     for use in dev.consumes_counters:
@@ -187,19 +205,129 @@ class _Baseline:
                             amount = _q(text)
                             if amount is not None:
                                 key = (dev.driver, dev.pool, use.counter_set, counter)
-                                self.counters[key] = self.counters.get(key, Fraction(0)) + amount
+                                counters[key] = counters.get(key, Fraction(0)) + amount
+                                self.counter_adds[key] = self.counter_adds.get(key, 0) + 1
+        self.taken, self.shared, self.capacity = taken, shared, capacity
+        self.capacity_of, self.counters = capacity_of, counters
+
+
+_GONE = object()
+
+
+class _Changed(Mapping[_K, _V]):
+    """`base` with a few entries replaced or removed, without copying it (one claim's share out)."""
+
+    def __init__(self, base: Mapping[_K, _V], changed: Mapping[_K, object]) -> None:
+        self.base, self.changed = base, changed
+        self._len = len(base) + sum((v is not _GONE) - (k in base) for k, v in changed.items())
+
+    def __getitem__(self, key: _K) -> _V:
+        if key in self.changed:
+            v = self.changed[key]
+            if v is _GONE:
+                raise KeyError(key)
+            return v  # type: ignore[return-value]
+        return self.base[key]
+
+    def __iter__(self) -> Iterator[_K]:
+        yield from (k for k in self.base if self.changed.get(k, None) is not _GONE)
+        yield from (k for k, v in self.changed.items() if v is not _GONE and k not in self.base)
+
+    def __len__(self) -> int:
+        return self._len
+
+
+def _without(
+    full: _Baseline, inventory: Inventory, by_key: Mapping[DeviceKey, Device], skip_key: tuple[str, str]
+) -> _Baseline:
+    """`full` as it would be had claim `skip_key` no allocation: only its own devices are
+    worked out again, so a verdict on one allocated claim costs what that claim holds, not what every
+    claim holds. Equal to building the baseline without it (tests/engine/test_allocate.py)."""
+    skip = f"{skip_key[0]}/{skip_key[1]}"
+    rec = inventory.claims[skip_key]
+    own: list[tuple[DeviceKey, Device, bool, dict[str, str]]] = []
+    for a in read_allocation(rec.obj):
+        dev = by_key.get(a.key)
+        if not a.admin_access and dev is not None:
+            share = dev.allow_multiple_allocations and a.share_id is not None
+            own.append((a.key, dev, share, dict(a.consumed_capacity)))
+    taken: dict[DeviceKey, object] = {}
+    shared_out: set[DeviceKey] = set()
+    lefts: dict[DeviceKey, list[tuple[str, str, Fraction]]] = {}
+    cap_minus: dict[CapKey, tuple[Fraction, int]] = {}
+    counter_minus: dict[CounterKey, tuple[Fraction, int]] = {}
+    results: dict[DeviceKey, int] = {}
+    shares: dict[DeviceKey, int] = {}
+    for key, dev, share, consumed in own:
+        results[key] = results.get(key, 0) + 1
+        if share:
+            shares[key] = shares.get(key, 0) + 1
+            left = lefts.setdefault(key, list(full.capacity_of.get(key, ())))
+            for k, text in consumed.items():
+                dom, cap = qualify(k, dev.driver)
+                amount = _q(text)
+                if amount is not None:
+                    ck = (key, dom, cap)
+                    m = cap_minus.get(ck, (Fraction(0), 0))
+                    cap_minus[ck] = (m[0] + amount, m[1] + 1)
+                    left.remove((dom, cap, amount))
+        else:
+            rest = [h for h in full.holders.get(key, ()) if h != skip]
+            taken[key] = rest[-1] if rest else _GONE
+    for key, n in shares.items():
+        if full.shares.get(key, 0) - n <= 0:
+            shared_out.add(key)
+    for key, n in results.items():
+        if full.results.get(key, 0) - n > 0:
+            continue  # another claim's result still charges the device's counters
+        dev = by_key[key]
+        for use in dev.consumes_counters:
+            for counter, text in use.counters.items():
+                amount = _q(text)
+                if amount is not None:
+                    ck2 = (dev.driver, dev.pool, use.counter_set, counter)
+                    m = counter_minus.get(ck2, (Fraction(0), 0))
+                    counter_minus[ck2] = (m[0] + amount, m[1] + 1)
+    out = object.__new__(_Baseline)
+    out.taken = _Changed(full.taken, taken)
+    out.shared = _SetLess(full.shared, shared_out)
+    out.capacity = _Changed(full.capacity, _less(full.capacity, cap_minus, full.cap_adds))
+    out.capacity_of = _Changed(full.capacity_of, {k: v if v else _GONE for k, v in lefts.items()})
+    out.counters = _Changed(full.counters, _less(full.counters, counter_minus, full.counter_adds))
+    return out
+
+
+def _less(
+    base: Mapping[_K, Fraction], minus: Mapping[_K, tuple[Fraction, int]], adds: Mapping[_K, int]
+) -> dict[_K, object]:
+    """Sums with some additions taken back; a sum nothing else added to is gone, as if never made."""
+    return {k: _GONE if adds.get(k, 0) - n <= 0 else base[k] - amount for k, (amount, n) in minus.items()}
+
+
+class _SetLess(Collection[_K]):
+    """`base` without `removed`, without copying it."""
+
+    def __init__(self, base: Collection[_K], removed: set[_K]) -> None:
+        self.base, self.removed = base, removed
+        self._len = len(base) - sum(1 for k in removed if k in base)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.base and key not in self.removed
+
+    def __iter__(self) -> Iterator[_K]:
+        return (k for k in self.base if k not in self.removed)
+
+    def __len__(self) -> int:
+        return self._len
 
 
 def _baseline(
     inventory: Inventory, by_key: Mapping[DeviceKey, Device], skip: tuple[str, str] | None
 ) -> _Baseline:
     """What other claims hold, built once per inventory (its claims and devices) and shared by every
-    verdict that skips no allocated claim. The audit and the webhook judge claim after claim against
-    one inventory; building this for each made a scan's cost grow with the square of the claims."""
-    if skip is not None:
-        rec = inventory.claims.get(skip)
-        if rec is not None and read_allocation(rec.obj):
-            return _Baseline(inventory, by_key, skip)  # its own devices must not count against it
+    verdict; for an allocated claim, its own devices are taken out of it (`_without`). The audit and
+    the webhook judge claim after claim against one inventory; building this for each made a scan's
+    cost grow with the square of the claims."""
     claims = inventory.claims
     # The memo may be carried over to an inventory with other claims: the entry keeps the objects it
     # was built from (so their ids cannot be reused meanwhile) and is used only for those.
@@ -207,9 +335,12 @@ def _baseline(
         ("allocate", "baseline", id(claims), id(by_key)),
         lambda: (claims, by_key, _Baseline(inventory, by_key, None)),
     )
-    if hit[0] is claims and hit[1] is by_key:
-        return hit[2]
-    return _Baseline(inventory, by_key, None)
+    full = hit[2] if hit[0] is claims and hit[1] is by_key else _Baseline(inventory, by_key, None)
+    if skip is not None:
+        rec = claims.get(skip)
+        if rec is not None and read_allocation(rec.obj):
+            return _without(full, inventory, by_key, skip)
+    return full
 
 
 class _Search:
