@@ -154,6 +154,9 @@ class Progress:
 
 @dataclass(slots=True)
 class Reviewed:
+    """A review's result and what was read. From `review` (streamed), `inputs` holds the files and
+    the skipped documents only: the objects are not kept (`result.objects` lists them)."""
+
     result: ReviewResult
     inputs: Inputs
 
