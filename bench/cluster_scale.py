@@ -612,11 +612,11 @@ def extrapolate(rows: list[dict[str, Any]], m: str, nodes: int) -> tuple[float, 
 def report(rows: list[dict[str, Any]], gr: list[dict[str, Any]], rate: float) -> list[str]:
     lines = []
     head = (
-        f"{'':<26}" + "".join(f"{r['nodes']:>10}" for r in rows) + f"{'@' + format(EXTRAPOLATE_TO, ','):>12}"
+        f"{'':<32}" + "".join(f"{r['nodes']:>10}" for r in rows) + f"{'@' + format(EXTRAPOLATE_TO, ','):>12}"
     )
     lines.append("nodes / devices / claims / pods per step (a baseline with no nodes first):")
     for what in ("nodes", "devices", "claims", "pods", "namespaces"):
-        lines.append(f"  {what:<24}" + "".join(f"{r[what]:>10,}" for r in rows))
+        lines.append(f"  {what:<30}" + "".join(f"{r[what]:>10,}" for r in rows))
     lines.append("")
     lines.append(
         f"measured (admission: GPU pods at {rate:g}/s through the API server); last column extrapolated:"
@@ -625,20 +625,20 @@ def report(rows: list[dict[str, Any]], gr: list[dict[str, Any]], rate: float) ->
     for m, (label, unit) in METRICS.items():
         est = extrapolate(rows, m, EXTRAPOLATE_TO)[0]
         vals = "".join(f"{float(r.get(m, math.nan)):>10.1f}" for r in rows)
-        lines.append(f"  {label + ' (' + unit + ')':<24}{vals}{est:>12.1f}")
+        lines.append(f"  {label + ' (' + unit + ')':<30}{vals}{est:>12.1f}")
     if gr:
         lines.append("")
         lines.append(
             "growth: (metric ratio) / (size ratio) between steps, over the baseline; <= 1 is linear or better"
         )
-        lines.append(f"{'':<26}" + "".join(f"{str(g['from']) + '->' + str(g['to']):>12}" for g in gr))
+        lines.append(f"{'':<32}" + "".join(f"{str(g['from']) + '->' + str(g['to']):>12}" for g in gr))
         for m, (label, _unit) in METRICS.items():
-            lines.append(f"  {label:<24}" + "".join(f"{g[m]:>12.2f}" for g in gr))
+            lines.append(f"  {label:<30}" + "".join(f"{g[m]:>12.2f}" for g in gr))
     lines.append("")
     lines.append("memory to request (fixed + per 1,000 nodes, from the last two steps):")
     for comp, m in SIZING:
         _est, fixed, per_k = extrapolate(rows, m, EXTRAPOLATE_TO)
-        lines.append(f"  {comp:<24} {fixed:>8.0f} MiB + {per_k:>7.0f} MiB per 1,000 nodes")
+        lines.append(f"  {comp:<30} {fixed:>8.0f} MiB + {per_k:>7.0f} MiB per 1,000 nodes")
     return lines
 
 
