@@ -340,3 +340,54 @@ def held_claim(results: list[dict[str, Any]], i: int = 0) -> dict[str, Any]:
         "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "any"}}]}},
         "status": {"allocation": {"devices": {"results": results}}},
     }  # fmt: skip
+
+
+def renamed(s: Scenario, prefix: str, node_names: dict[str, str], namespace: str) -> Scenario:
+    """The same scenario under names of its own, for a cluster that holds many at once.
+
+    The driver becomes `<prefix>.draguard.io` (so no DeviceClass of another scenario, which selects
+    by driver, can see these devices), cluster-scoped objects and claims get `prefix` before their
+    names, every claim moves to `namespace`, and the nodes "n" and "m" become `node_names[...]` (in
+    slices, devices and Node objects alike). Only names change: what can be allocated where does not.
+    """
+    driver = f"{prefix}.draguard.io"
+    classes = {c["metadata"]["name"]: f"{prefix}-{c['metadata']['name']}" for c in s.classes}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            out = {k: walk(v) for k, v in x.items()}
+            if isinstance(out.get("deviceClassName"), str):
+                out["deviceClassName"] = classes.get(out["deviceClassName"], out["deviceClassName"])
+            if isinstance(out.get("nodeName"), str):
+                out["nodeName"] = node_names.get(out["nodeName"], out["nodeName"])
+            return out
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str):
+            return x.replace(DRIVER, driver)  # driver names, CEL selectors, qualified attribute names
+        return x
+
+    def named(objs: list[dict[str, Any]], ns: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for o in objs:
+            o = walk(o)
+            meta = {**o["metadata"], "name": f"{prefix}-{o['metadata']['name']}"}
+            if ns is not None:
+                meta["namespace"] = ns
+            out.append({**o, "metadata": meta})
+        return out
+
+    def node(n: dict[str, Any]) -> dict[str, Any]:
+        name = node_names[n["metadata"]["name"]]
+        labels = {**n["metadata"].get("labels", {}), "kubernetes.io/hostname": name}
+        return {**n, "metadata": {**n["metadata"], "name": name, "labels": labels}}
+
+    return Scenario(
+        s.seed,
+        named(s.classes),
+        named(s.slices),
+        named(s.held, namespace),
+        [node(n) for n in s.nodes],
+        named(s.claims, namespace),
+        named(s.taint_rules),
+    )
