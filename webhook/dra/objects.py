@@ -777,7 +777,9 @@ def _check_exact(body: Mapping[str, Any], ptr: str, out: list[SpecProblem]) -> N
         sp = f"{ptr}/selectors/{k}"
         cel = as_map(sel).get("cel")
         if not isinstance(cel, Mapping):
-            _add(out, f"{sp}/cel", "cel is required: a selector is `cel: {expression: <CEL>}`")
+            stray = "expression" in as_map(sel)
+            _add(out, f"{sp}/cel", "cel is required: a selector is `cel: {expression: <CEL>}`"
+                 + ("; `expression` sits beside `cel:` here: indent it under `cel:`" if stray else ""))
         elif not isinstance(cel.get("expression"), str) or not cel["expression"].strip():
             _add(out, f"{sp}/cel/expression", "expression is required: a CEL expression that selects devices")
 
