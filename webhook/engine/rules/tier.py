@@ -80,13 +80,25 @@ def _workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:
     api = as_str(obj.get("apiVersion")) or ""
     if api.startswith("ray.io/"):
         _ray_app(as_map(obj.get("spec")), tokens, modules)
-    elif api.startswith("serving.kserve.io/") and obj.get("kind") == "LLMInferenceService" and not images:
-        # No image of its own: the pods run KServe's preset (kserve-config-llm-template), vLLM.
+    elif api.startswith("serving.kserve.io/") and obj.get("kind") == "LLMInferenceService" and (
+            _kserve_preset_main(specs)):
+        # The model server is KServe's preset (kserve-config-llm-template: container `main`, llm-d's
+        # vLLM image), merged by container name: a template without `main`, or whose `main` has no
+        # image of its own, runs vLLM whatever image a sidecar beside it names.
         tokens.append("vllm")
     elif api.startswith("serving.kserve.io/") and _kserve_hf_generates(as_map(obj.get("spec"))):
         tokens.append("vllm")
     labels, annotations = pod_labels_and_annotations(obj)
     return WorkloadFacts(labels, annotations, tuple(images), tuple(tokens), tuple(modules))
+
+
+def _kserve_preset_main(specs: Sequence[Mapping[str, Any]]) -> bool:
+    """No pod template of an LLMInferenceService gives its `main` container an image."""
+    for spec in specs:
+        for c in as_list(spec.get("containers")):
+            if isinstance(c, Mapping) and c.get("name") == "main" and as_str(c.get("image")):
+                return False
+    return True
 
 
 # What a KubeRay object runs beyond its pods' containers (ray-operator/apis/ray/v1): RayService's
