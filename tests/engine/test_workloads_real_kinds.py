@@ -86,13 +86,16 @@ def test_kserve_llms_on_a_served_class_are_judged_by_it(name: str) -> None:
     assert not [f for f in report.findings if f.rule == "migrate/legacy-gpu"]
 
 
-def test_kserve_model_form_gpus_are_reported_not_rewritten() -> None:
+def test_kserve_model_form_gpus_are_rewritten_into_the_predictor_pod_spec() -> None:
     ctx = Context(namespace_labels={"team-ml": {"draguard.io/migration-mode": "migrate"}}, admission=True)
     report = evaluate([_source("kserve-huggingface-llama3.yaml")], POLICIES, Inventory.empty(), ctx,
                       rule_modules=("migrate",))
     (f,) = [f for f in report.findings if f.rule == "migrate/legacy-gpu"]
-    assert f.patch is None and "no automatic rewrite" in f.message
-    assert "spec.predictor.resourceClaims" in f.fix and f.line is not None
+    assert f.patch and f.line is not None
+    paths = {op["path"] for op in f.patch}
+    # The claim in the predictor's PodSpec, the reference in the model container (KServe's types).
+    assert "/spec/predictor/resourceClaims" in paths and "/spec/predictor/model/resources/claims" in paths
+    assert "/spec/predictor/model/resources/limits/nvidia.com~1gpu" in paths
 
 
 def test_volcano_job_is_migrated_per_task() -> None:

@@ -198,11 +198,14 @@ def _parse_count(value: Any) -> int | None:
     return None
 
 
-def find_legacy(podspec: Mapping[str, Any], pointer: str) -> list[LegacyUse]:
+def find_legacy(
+    podspec: Mapping[str, Any], pointer: str, at: Mapping[int, str] | None = None
+) -> list[LegacyUse]:
     """Every legacy GPU resource in init containers and containers (limits or requests).
 
     The count is the limit (the device plugin allocates by limit); a request alone counts too,
-    since it is what the user asked for, although the API server requires the limit.
+    since it is what the user asked for, although the API server requires the limit. `at` gives the
+    pointer of a `containers` item that sits elsewhere in the object (see `with_forms`).
     """
     found: list[LegacyUse] = []
     for section in ("initContainers", "containers"):
@@ -232,13 +235,77 @@ def find_legacy(podspec: Mapping[str, Any], pointer: str) -> list[LegacyUse]:
                         container=str(c.get("name") or f"{section}-{i}"),
                         resource=name,
                         count=count or 0,
-                        pointer=f"{pointer}/{section}/{i}",
+                        pointer=f"{pointer}/{section}/{i}" if section != "containers" or not at
+                        else at.get(i, f"{pointer}/{section}/{i}"),
                         in_limits=name in limits,
                         in_requests=name in requests,
                         bad_count=None if count is not None else str(raw),
                     )
                 )
     return found
+
+
+# KServe (serving.kserve.io/v1beta1, pkg/apis/serving/v1beta1/predictor.go, explainer.go): a
+# PredictorSpec or ExplainerSpec inlines a PodSpec beside its one-container forms (`tensorflow`,
+# `pytorch`, `huggingface`, `model`, ..., `art`), each inlining a corev1.Container. The controller
+# builds the pod from that PodSpec (merged over the ServingRuntime's) and the form's container
+# (`kserve-container`), so the form's claims go in the component's `resourceClaims` and its
+# container names them in `resources.claims`.
+KSERVE_ISVC = ("serving.kserve.io", "InferenceService")
+# KServe's pod mutator (pkg/webhook/admission/pod/accelerator_injector.go) adds the node selector
+# `cloud.google.com/gke-accelerator: <value>` to a pod with an nvidia.com/gpu limit that carries this
+# annotation (the InferenceService's or the component's annotations reach the pod).
+KSERVE_GKE_ACCELERATOR = "serving.kserve.io/gke-accelerator"
+
+
+def _is_kserve_isvc(obj: Mapping[str, Any]) -> bool:
+    api = obj.get("apiVersion")
+    return isinstance(api, str) and (api.rpartition("/")[0], obj.get("kind")) == KSERVE_ISVC
+
+
+Forms = Sequence[tuple[str, Mapping[str, Any]]]
+
+
+def hosted_forms(obj: Mapping[str, Any], templates: Sequence[Any]) -> dict[str, Forms]:
+    """host pod spec pointer -> [(pointer, container)] of the one-container templates (`container`
+    set, `pointer` and `spec` as `pod_templates_of` gives them) whose pod that pod spec is: KServe's
+    component forms. Other container templates (a TrainJob's trainer) have no host and are absent."""
+    if not _is_kserve_isvc(obj):
+        return {}
+    hosts = {t.pointer for t in templates if not t.container}
+    out: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for t in templates:
+        parent = t.pointer.rpartition("/")[0]
+        if t.container and parent in hosts:
+            container = as_map(t.spec).get("containers")
+            if isinstance(container, list) and container and isinstance(container[0], Mapping):
+                out.setdefault(parent, []).append((t.pointer, container[0]))
+    return {host: tuple(found) for host, found in out.items()}
+
+
+def with_forms(
+    podspec: Mapping[str, Any], forms: Sequence[tuple[str, Mapping[str, Any]]]
+) -> tuple[Mapping[str, Any], dict[int, str]]:
+    """The pod spec with the hosted forms' containers appended to `containers`, as the pod runs them,
+    and the pointer of each appended container (its place in the object, not in the pod spec)."""
+    if not forms:
+        return podspec, {}
+    own = podspec.get("containers")
+    base = list(own) if isinstance(own, list) else []
+    at = {len(base) + i: ptr for i, (ptr, _c) in enumerate(forms)}
+    return {**podspec, "containers": [*base, *(c for _p, c in forms)]}, at
+
+
+def implied_node_labels(obj: Mapping[str, Any], podspec: Mapping[str, Any]) -> dict[str, str]:
+    """Node labels a controller adds to the pods beyond what the pod spec says: KServe's
+    gke-accelerator annotation (on the InferenceService or the component)."""
+    if not _is_kserve_isvc(obj):
+        return {}
+    notes = {**as_map(as_map(obj.get("metadata")).get("annotations")), **as_map(podspec.get("annotations"))}
+    value = notes.get(KSERVE_GKE_ACCELERATOR)
+    if isinstance(value, str) and 0 < len(value) <= 63:
+        return {"cloud.google.com/gke-accelerator": value}
+    return {}
 
 
 def node_labels_of(podspec: Mapping[str, Any]) -> dict[str, str]:
@@ -472,14 +539,42 @@ def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return ma == mb and (not mem_a or not mem_b or bool(mem_a & mem_b))
 
 
+# The well-known node label of the machine type, and the instance families that each carry one GPU
+# model, as the clouds document them (AWS "Accelerated computing instances"; Google Cloud's
+# "GPU machine types"). Families with fractional or mixed GPUs are left out: they pin nothing certain.
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+INSTANCE_GPUS: tuple[tuple[str, str], ...] = (
+    # AWS EC2: <family>.<size>
+    ("g4dn.", "T4"), ("g5.", "A10G"), ("g6.", "L4"), ("g6e.", "L40S"), ("p3.", "V100"), ("p3dn.", "V100"),
+    ("p4d.", "A100 40GB"), ("p4de.", "A100 80GB"), ("p5.", "H100 80GB"), ("p5e.", "H200"), ("p5en.", "H200"),
+    ("p6-b200.", "B200"),
+    # Google Cloud: <series>-<kind>-<n>g
+    ("a2-highgpu-", "A100 40GB"), ("a2-megagpu-", "A100 40GB"), ("a2-ultragpu-", "A100 80GB"),
+    ("a3-highgpu-", "H100 80GB"), ("a3-megagpu-", "H100 80GB"), ("a3-edgegpu-", "H100 80GB"),
+    ("a3-ultragpu-", "H200"), ("a4-highgpu-", "B200"), ("g2-standard-", "L4"),
+)  # fmt: skip
+
+
+def instance_gpu(instance_type: str) -> str | None:
+    """The GPU model of a cloud machine type (`g5.8xlarge` -> A10G); None when not known."""
+    value = instance_type.strip().lower()
+    return next((gpu for prefix, gpu in INSTANCE_GPUS if value.startswith(prefix)), None)
+
+
 def pinned_model(node_labels: Mapping[str, str]) -> tuple[str, str, tuple[str, ...]] | None:
-    """(label, value, model words) of the first GPU-model node label the pod pins, if any."""
+    """(label, value, model words) of the first GPU-model node label the pod pins, if any: a label
+    naming the model, else a machine type whose GPUs are one known model."""
     for key in GPU_MODEL_LABELS:
         value = node_labels.get(key)
         if value:
             words = _model_words(value)
             if words:
                 return key, value, words
+    for key in INSTANCE_TYPE_LABELS:
+        value = node_labels.get(key)
+        gpu = instance_gpu(value) if value else None
+        if value and gpu:
+            return key, value, _model_words(gpu)
     return None
 
 
@@ -514,8 +609,10 @@ def contradiction(
     models = class_models(mapping.device_class, classes)
     if models is None or any(_compatible(words, m) for m in models):
         return None
+    gpu = instance_gpu(value) if key in INSTANCE_TYPE_LABELS else None
     return (
-        f"the pod is pinned to nodes with {key}={value}, but the mapped DeviceClass {mapping.device_class} "
+        f"the pod is pinned to nodes with {key}={value}{f' ({gpu} GPUs)' if gpu else ''}, but the mapped "
+        f"DeviceClass {mapping.device_class} "
         f"selects {' or '.join(' '.join(m) for m in models)} GPUs, so the claim could never be allocated "
         f"there; add a mapping {{resource: {mapping.resource}, nodeSelector: {{{key}: {value}}}, "
         "deviceClass: <a class of that GPU>} to the MigrationPolicy"
@@ -669,6 +766,7 @@ def plan_pod_spec(
     inventory: Any = None,
     link_attribute: Callable[[int], str] | None = None,
     prefer_interconnect: bool = True,
+    forms: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> MigrationPlan:
     """Plan the claim-template rewrite of one pod spec inside `obj` (located at `pod_spec_pointer`).
 
@@ -681,15 +779,17 @@ def plan_pod_spec(
     `plan.refused` with the reason. A template for several whole GPUs joins them by NVLink (see
     `interconnect_plan`) on `link_attribute(count)`, the attribute the driver serving the cluster
     publishes for it (default `gpu.nvidia.com/nvlinkDomain`, the bundled driver's); as a preference
-    only while `prefer_interconnect`.
+    only while `prefer_interconnect`. `forms`: (pointer, container) of the one-container forms this
+    pod spec hosts (KServe's `predictor.model`, see `hosted_forms`); their claims join the pod spec's.
     """
     if not build:
         rewrite = False
-    uses = find_legacy(podspec, pod_spec_pointer) if uses is None else uses
+    podspec, at = with_forms(podspec, forms)
+    uses = find_legacy(podspec, pod_spec_pointer, at) if uses is None else uses
     if classes:
         served = {getattr(c, "extended_resource_name", None) for c in classes.values()}
         uses = [u for u in uses if u.resource not in served]
-    node_labels = node_labels_of(podspec)
+    node_labels = {**node_labels_of(podspec), **implied_node_labels(obj, podspec)}
     refused: list[tuple[LegacyUse, str]] = []
     why = refusal(obj, podspec, node_labels) if uses else None
     if why is not None:
@@ -842,7 +942,7 @@ def _build_patch(podspec: Mapping[str, Any], ptr: str, edits: Sequence[ClaimEdit
     for (section, index), cedits in by_container.items():
         container = podspec[section][index]
         res = container["resources"]
-        cptr = f"{ptr}/{section}/{index}/resources"
+        cptr = f"{cedits[0].use.pointer}/resources"
         refs = [{"name": r} for r in dict.fromkeys(r for e in cedits for r in e.refs)]
         if isinstance(res.get("claims"), list):
             ops.extend({"op": "add", "path": f"{cptr}/claims/-", "value": r} for r in refs)

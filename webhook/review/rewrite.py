@@ -360,7 +360,7 @@ def rewrite_text(
     exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
     """
     from webhook.dra.workloads import pod_spec_of, pod_templates_of
-    from webhook.engine.migration import plan_pod_spec
+    from webhook.engine.migration import hosted_forms, plan_pod_spec
 
     chunks = split_documents(text)
     present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
@@ -386,9 +386,12 @@ def rewrite_text(
             ns = str((meta or {}).get("namespace") or "default")
             allowed = tier_allowed(tiers, data, ns, None)
         templates = pod_templates_of(data)
+        # A one-container form (KServe's `predictor.model`, `predictor.pytorch`, ...) is rewritten with
+        # the pod spec it belongs to: the claim goes there, the container names it.
+        forms = hosted_forms(data, templates)
         plans = [p for p in (
             plan_pod_spec(data, t.pointer, t.spec, policy, namespace=_namespace_of(data), allowed=allowed,
-                          rewrite=False, classes=classes)
+                          rewrite=False, classes=classes, forms=forms.get(t.pointer, ()))
             for t in templates if not t.container
         )]  # fmt: skip
         if not plans:

@@ -8,7 +8,7 @@ limit and instead requires a DeviceClass that serves the resource name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,14 @@ from webhook.core.findings import Finding, Mode, Severity
 from webhook.core.source import SourceObject
 from webhook.dra.objects import as_list, as_map, esc
 from webhook.dra.workloads import pod_templates_of
-from webhook.engine.migration import LegacyUse, MigrationPlan, find_legacy, plan_pod_spec
+from webhook.engine.migration import (
+    LegacyUse,
+    MigrationPlan,
+    find_legacy,
+    hosted_forms,
+    plan_pod_spec,
+    with_forms,
+)
 from webhook.engine.rules.base import WORKLOAD, FunctionRule, RuleContext
 from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
 
@@ -125,20 +132,25 @@ def _what(use: LegacyUse) -> str:
 
 
 def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
-    # Every pod template: a workload CRD (PyTorchJob, JobSet, ...) may have several.
-    for tmpl in pod_templates_of(item.obj):
+    # Every pod template: a workload CRD (PyTorchJob, JobSet, ...) may have several. A one-container
+    # form inside a pod spec (KServe's `predictor.model`, `predictor.pytorch`, ...) is judged, and
+    # rewritten, with that pod spec: one pod, one list of claims.
+    templates = pod_templates_of(item.obj)
+    forms = hosted_forms(item.obj, templates)
+    hosted = {ptr for found in forms.values() for ptr, _c in found}
+    for tmpl in templates:
         if not tmpl.container:
-            yield from _check_template(item, rc, tmpl.pointer, tmpl.spec)
-        else:
+            yield from _check_template(item, rc, tmpl.pointer, tmpl.spec, forms.get(tmpl.pointer, ()))
+        elif tmpl.pointer not in hosted:
             yield from _check_container_form(item, rc, tmpl.pointer, tmpl.spec)
 
 
 def _check_container_form(
     item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any]
 ) -> Iterable[Finding]:
-    """A template that is one container (KServe's `predictor.model` and framework forms, TrainJob's
-    trainer): its pod's claims live elsewhere (the predictor's PodSpec, the training runtime), so
-    draguard reports its device-plugin GPUs and leaves the rewrite to the user."""
+    """A template that is one container with no pod spec around it (TrainJob's trainer): its pod's
+    claims live elsewhere (the training runtime), so draguard reports its device-plugin GPUs and
+    leaves the rewrite to the user."""
     served = _served(rc)
     uses = [u for u in find_legacy(podspec, "") if u.resource not in served]
     if not uses:
@@ -167,9 +179,11 @@ def _check_container_form(
 
 
 def _check_template(
-    item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any]
+    item: SourceObject, rc: RuleContext, pointer: str, podspec: Mapping[str, Any],
+    forms: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> Iterable[Finding]:
-    uses = find_legacy(podspec, pointer)
+    view, at = with_forms(podspec, forms)
+    uses = find_legacy(view, pointer, at)
     if not uses:
         return
     scope = _scope(item, rc)
@@ -189,7 +203,7 @@ def _check_template(
         allowed=tier_allowed(rc.policies, item.obj, namespace, scope.labels),
         # Only a migrating namespace gets the patch and the templates; the others get the text.
         build=mmode is MigrationMode.MIGRATE, classes=rc.index.classes, inventory=rc.inventory,
-        link_attribute=_link_attribute(rc),
+        link_attribute=_link_attribute(rc), forms=forms,
         # The webhook bounds the templates it creates by their requests' exact counts (no node has
         # more devices); a preference list would hide the count from that bound.
         prefer_interconnect=not rc.ctx.admission,

@@ -36,7 +36,8 @@ from webhook.dra.objects import (
     split_api_version,
     write_claim_spec,
 )
-from webhook.dra.workloads import pod_spec_of
+from webhook.dra.workloads import pod_spec_of, pod_templates_of
+from webhook.engine.migration import hosted_forms
 from webhook.engine.quota import pinned_drivers
 from webhook.engine.resolve import claim_refs, per_node_capacity
 from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
@@ -132,6 +133,10 @@ def check_undeclared_claim(item: SourceObject, rc: RuleContext) -> Iterator[Find
         if n is not None:
             declared.setdefault(n, f"{pp}/resourceClaims/{i}")
     refs = claim_refs(spec, pp)
+    # KServe's one-container forms (`predictor.model`, `predictor.pytorch`, ...) run in this pod too.
+    for fptr, container in hosted_forms(item.obj, pod_templates_of(item.obj)).get(pp, ()):
+        refs += [(n, fptr + ptr.removeprefix(f"{pp}/containers/0"), ref)
+                 for n, ptr, ref in claim_refs({"containers": [container]}, pp)]  # fmt: skip
     used = [(n, ptr) for n, ptr, _ref in refs]
     used_names = {n for n, _ in used}
     for n, ptr in used:
