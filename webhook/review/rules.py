@@ -172,9 +172,9 @@ _DOCS: tuple[RuleDoc, ...] = (
         "`draguard explain` lists what the inventory publishes.",
     ),
     RuleDoc(
-        "cel/no-match", "A CEL selector matches no device of the inventory, or can never select any "
-        "device whatever the inventory (contradictory conditions, a constant that always fails, a value "
-        "the driver's schema never publishes): the claim would stay pending.", _W, Mode.WARN, _CEL_SHIPPED,
+        "cel/no-match", "A CEL selector selects no device, so the claim would stay pending. Either none "
+        "of the inventory's devices matches, or none ever can (contradictory conditions, a constant that "
+        "always fails, a value the driver's schema never publishes).", _W, Mode.WARN, _CEL_SHIPPED,
         "Check the values against the inventory (`draguard driver inventory` lists what the driver "
         "publishes), or review with the cluster's current inventory.",
     ),
