@@ -198,3 +198,24 @@ def test_the_drivers_inventory_with_the_bundles_flags_publishes_shares_and_parti
     # A GPU in MIG mode is partitioned, never shared by capacity, even with both components.
     assert devices and not any(d.get("allowMultipleAllocations") for d in devices)
     assert all(d.get("consumesCounters") for d in devices)
+
+
+@pytest.mark.parametrize("overlay", ["aks", "local"])
+def test_gpu_sharing_drops_the_sharing_strategy_of_exactly_the_full_gpu_classes(overlay: str) -> None:
+    """On a shared GPU every allocation is a share, and the driver refuses a share whose config sets a
+    sharing strategy: with the component, no class of the bundle sets one, and only the full-GPU
+    classes' config changes."""
+    full = _base_full_gpu_classes()
+    plain = {o["metadata"]["name"]: o for o in find(build(overlay), "DeviceClass")}
+    with_c = {o["metadata"]["name"]: o for o in find(build(overlay, SHARING), "DeviceClass")}
+    assert set(with_c) == set(plain) | {f"{n}-shared" for n in full}
+    for name, obj in with_c.items():
+        configs = obj["spec"].get("config", [])
+        assert not any("sharing" in c["opaque"]["parameters"] for c in configs), name
+        if name in plain and name not in full:
+            assert obj == plain[name], name
+        elif name in full:
+            assert {k: v for k, v in obj["spec"].items() if k != "config"} == {
+                k: v for k, v in plain[name]["spec"].items() if k != "config"
+            }, name
+    assert all("config" in plain[n]["spec"] for n in full)
