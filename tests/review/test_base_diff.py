@@ -242,3 +242,22 @@ def test_changed_rewrite_is_reported_with_its_policy(
     assert change["baseMode"] == change["mode"] == "warn"
     assert change["causes"] == ["MigrationPolicy legacy-gpu modified (policies/migration.yaml)"]
     assert "gpu.nvidia.com-h100" in change["message"]
+
+
+def test_excluded_paths_are_skipped_on_both_sides(repo: Path, draguard: Callable[..., Run]) -> None:
+    """`.draguard.yaml`'s `exclude` holds for `--base` too: a vendored file tightened by the policy is
+    not reported, in the working tree nor at the base."""
+    vendor = repo / "apps" / "vendor"
+    vendor.mkdir()
+    (vendor / "upstream.yaml").write_text(JOB.replace("finetune", "upstream").replace("one-a100", "up-a100"))
+    (repo / ".draguard.yaml").write_text("review:\n  exclude: [apps/vendor/]\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "vendored job")
+    commit_tier(repo, "gpu.nvidia.com-h100", "training: H100 only")
+    run = draguard(*ARGS, "--base", "HEAD~1", "-f", "json")
+    assert run.code == 1, run.err
+    changed = {c["object"]["name"] for c in json.loads(run.out)["changes"]}
+    assert "finetune" in changed and "upstream" not in changed
+    # Without the configuration the vendored job is judged like any other.
+    run = draguard(*ARGS, "--base", "HEAD~1", "-f", "json", "--no-config")
+    assert {"finetune", "upstream"} <= {c["object"]["name"] for c in json.loads(run.out)["changes"]}

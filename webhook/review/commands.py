@@ -192,6 +192,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                 cluster_state=args.cluster_state,
                 kubernetes_version=version,
                 driver_schema=args.driver,
+                exclude=args.exclude,
             )
             if impact.head is not None:
                 impact.head.rules_url = args.rules_url

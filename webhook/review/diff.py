@@ -362,7 +362,10 @@ def impact(
     cluster_state: str | None = None,
     kubernetes_version: str | None = None,
     driver_schema: str | None = None,
+    exclude: Sequence[str | Path] = (),
 ) -> Impact:
+    """The findings `base` had and HEAD has on `paths`; `exclude` (paths in this checkout, as
+    `.draguard.yaml` gives them) is skipped on both sides, at the same place in the base's tree."""
     from webhook.review.inputs import InputError, read_paths
     from webhook.review.pipeline import load_cluster_state
 
@@ -381,7 +384,8 @@ def impact(
 
     inv = load_inventory_file(str(Path(inventory).resolve()) if inventory else None)
     head_policies = load_policy_set(policies, required=False)
-    exclude = [Path(p) for p in (policies, inventory) if p]
+    skipped = [Path(p).resolve() for p in exclude]
+    exclude = [Path(p) for p in (policies, inventory) if p] + skipped
     try:
         head_inputs = read_paths(paths, exclude=exclude)
     except InputError as exc:
@@ -409,8 +413,11 @@ def impact(
                 Path(os.path.relpath(tree / rel_policies, base_cwd)) if rel_policies is not None else None
             )
             base_policies = load_policy_set(base_policy_dir, required=False)
+            # The same paths in the base's tree (a path outside the repository has no place there).
+            in_base = [tree / p.relative_to(root) for p in skipped if p.is_relative_to(root)]
+            base_exclude = [Path(p) for p in (policies, inventory) if p] + in_base
             try:
-                base_inputs = read_paths(base_paths, exclude=exclude) if base_paths else None
+                base_inputs = read_paths(base_paths, exclude=base_exclude) if base_paths else None
             except InputError as exc:
                 raise ReviewError(f"at {base}: {exc}") from None
             from webhook.review.inputs import Inputs
