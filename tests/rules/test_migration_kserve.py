@@ -109,6 +109,9 @@ def test_before_the_rewrite_review_points_at_the_forms_gpu() -> None:
     lines = (KSERVE / "tensorflow-gpu.yaml").read_text().splitlines()
     assert "nvidia.com/gpu: 1" in lines[f.line - 1]  # the form's own limit
     assert "no automatic rewrite" not in f.message and "draguard migrate" in f.fix
+    # Named as the user wrote it: the form's field, and where the claim goes.
+    assert f.message.startswith("spec.predictor.tensorflow asks for nvidia.com/gpu: 1")
+    assert "with spec.predictor.resourceClaims {name: kserve-container-gpu" in f.message
 
 
 def test_admission_in_migrate_mode_patches_the_predictor() -> None:
@@ -157,6 +160,7 @@ def test_a_form_pinned_to_another_gpu_is_refused(name: str, pinned: str, tmp_pat
     assert (tmp_path / name).read_text() == original
     (note,) = notes
     assert "left unchanged" in note and pinned in note and "could never be allocated" in note
+    assert "spec.predictor." in note  # the form, by the field the user wrote
     obj = yaml.safe_load(original)
     ctx = Context(namespace_labels={"default": {"draguard.io/migration-mode": "migrate"}}, admission=True)
     report = evaluate([SourceObject(obj)], POLICIES, Inventory.empty(), ctx, rule_modules=("migrate",))

@@ -128,6 +128,18 @@ class LegacyUse:
     bad_count: str | None = None  # the value as written when it is not a positive integer
 
 
+def _dotted(pointer: str) -> str:
+    return ".".join(t.replace("~1", "/").replace("~0", "~") for t in pointer.strip("/").split("/"))
+
+
+def use_label(use: LegacyUse) -> str:
+    """How messages name a use's container: `containers[app]`, or a one-container form by its field
+    (`spec.predictor.tensorflow`), which is what the user wrote."""
+    if use.pointer.endswith(f"/{use.section}/{use.index}"):
+        return f"{use.section}[{use.container}]"
+    return _dotted(use.pointer)
+
+
 @one_call_init
 @dataclass(frozen=True, slots=True)
 class ClaimEdit:
@@ -170,14 +182,17 @@ class MigrationPlan:
     def describe(self) -> str:
         """One line per container change, for finding messages and CLI output."""
         parts = []
+        # A pod spec hosting a one-container form (KServe's component) is named by its place.
+        forms = any(not e.use.pointer.endswith(f"/{e.use.section}/{e.use.index}") for e in self.edits)
+        claims_at = f"{_dotted(self.pod_spec_pointer)}.resourceClaims" if forms else "spec.resourceClaims"
         for e in self.edits:
             text = (
-                f"{e.use.section}[{e.use.container}]: {e.use.resource}: {e.use.count} -> resources.claims "
+                f"{use_label(e.use)}: {e.use.resource}: {e.use.count} -> resources.claims "
                 f"[{', '.join(e.refs)}]"
             )
             if e.claim_name:
                 text += (
-                    f" with spec.resourceClaims {{name: {e.claim_name}, resourceClaimTemplateName: "
+                    f" with {claims_at} {{name: {e.claim_name}, resourceClaimTemplateName: "
                     f"{e.template}}} ({e.count} x DeviceClass {e.device_class})"
                 )
             if e.use.section == "initContainers" and (not e.claim_name or len(e.refs) > 1):

@@ -360,7 +360,7 @@ def rewrite_text(
     exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
     """
     from webhook.dra.workloads import pod_spec_of, pod_templates_of
-    from webhook.engine.migration import hosted_forms, plan_pod_spec
+    from webhook.engine.migration import hosted_forms, plan_pod_spec, use_label
 
     chunks = split_documents(text)
     present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
@@ -399,12 +399,12 @@ def rewrite_text(
         plan = _merge(plans)
         for use in plan.unmapped:
             notes.append(
-                f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}: "
+                f"{shown}: {_ref(data)} {use_label(use)} {use.resource}: "
                 + (f"count {use.bad_count!r} is not a whole number" if use.bad_count else "no mapping")
                 + " (left unchanged; add a MigrationPolicy mapping)"
             )
         for use, why in plan.refused:
-            where = f"{shown}: {_ref(data)} {use.section}[{use.container}] {use.resource}"
+            where = f"{shown}: {_ref(data)} {use_label(use)} {use.resource}"
             notes.append(f"{where}: left unchanged: {why}")
         if not plan.patch:
             continue

@@ -22,6 +22,7 @@ from webhook.engine.migration import (
     find_legacy,
     hosted_forms,
     plan_pod_spec,
+    use_label,
     with_forms,
 )
 from webhook.engine.rules.base import WORKLOAD, FunctionRule, RuleContext
@@ -128,7 +129,7 @@ def _use_pointer(use: LegacyUse) -> str:
 
 def _what(use: LegacyUse) -> str:
     shown = use.bad_count if use.bad_count is not None else use.count
-    return f"{use.section}[{use.container}] asks for {use.resource}: {shown} (device-plugin resource)"
+    return f"{use_label(use)} asks for {use.resource}: {shown} (device-plugin resource)"
 
 
 def _check(item: SourceObject, rc: RuleContext) -> Iterable[Finding]:
