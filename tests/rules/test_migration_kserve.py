@@ -190,3 +190,14 @@ def test_a_machine_type_of_the_mapped_gpu_is_no_reason_to_refuse(tmp_path: Path)
 )  # fmt: skip
 def test_machine_types_name_their_gpu_model(machine: str, gpu: str | None) -> None:
     assert instance_gpu(machine) == gpu
+
+
+def test_the_extended_resource_strategy_serves_a_forms_gpu(tmp_path: Path) -> None:
+    path = tmp_path / "tensorflow-gpu.yaml"
+    shutil.copyfile(KSERVE / "tensorflow-gpu.yaml", path)
+    out = migrate_paths([str(path)], policies=str(ROOT / "policies"), policies_required=True,
+                        strategy="extended-resource", write=True)
+    # The pod keeps its limit; the class the form's GPU maps to must serve it (KEP-5004).
+    assert path.read_text() == (KSERVE / "tensorflow-gpu.yaml").read_text()
+    assert any("DeviceClass gpu.nvidia.com-a100 is not among these files: set spec.extendedResourceName: "
+               "nvidia.com/gpu" in n for n in out.notes), out.notes

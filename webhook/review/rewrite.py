@@ -436,8 +436,8 @@ def legacy_class_needs(texts: Mapping[Path, str], policy: Any, notes: list[str])
     KEP-5004 keeps `nvidia.com/gpu: N` in the pod; the scheduler serves it from the DeviceClass
     that declares `extendedResourceName: nvidia.com/gpu` (the engine's migrate rule checks this).
     """
-    from webhook.dra.workloads import pod_spec_of
-    from webhook.engine.migration import find_legacy, node_labels_of
+    from webhook.dra.workloads import pod_spec_of, pod_templates_of
+    from webhook.engine.migration import find_legacy, hosted_forms, node_labels_of, with_forms
 
     needs: dict[str, str] = {}
     for f, text in texts.items():
@@ -451,7 +451,9 @@ def legacy_class_needs(texts: Mapping[Path, str], policy: Any, notes: list[str])
                 continue
             assert isinstance(data, Mapping)
             pointer, podspec = found
-            for use in find_legacy(podspec, pointer):
+            # KServe's one-container forms keep their limits in their own container of this pod.
+            podspec, at = with_forms(podspec, hosted_forms(data, pod_templates_of(data)).get(pointer, ()))
+            for use in find_legacy(podspec, pointer, at):
                 mapping = policy.mapping_for(use.resource, node_labels_of(podspec))
                 if mapping is None:
                     notes.append(f"{shown}: {_ref(data)} {use.resource}: no MigrationPolicy mapping (left)")
