@@ -70,7 +70,11 @@ def sbom(root: Path, name: str, version: str) -> dict[str, object]:
         components.append(
             {"type": "library", "bom-ref": purl, "name": p["name"], "version": p["version"], "purl": purl}
         )
-    for p in python_packages(root):
+    python = python_packages(root)
+    # The image is versioned as the draguard it installs: a release build stamps the wheel's version
+    # from its git tag, so the SBOM follows the wheel rather than the tag written in the recipe.
+    version = next((p["version"] for p in python if _pypi_name(p["name"]) == "draguard"), version)
+    for p in python:
         purl = f"pkg:pypi/{_pypi_name(p['name'])}@{quote(p['version'])}"
         comp: dict[str, object] = {
             "type": "library",

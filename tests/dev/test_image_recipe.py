@@ -372,6 +372,13 @@ def test_sbom_lists_installed_debian_and_python_packages(tmp_path: Path) -> None
     ruamel = next(c for c in bom["components"] if c["name"] == "ruamel.yaml")
     assert ruamel["licenses"] == [{"expression": "MIT"}]
     assert len({c["bom-ref"] for c in bom["components"]}) == len(bom["components"])
+    # A release stamps the wheel's version from its tag: the image is described as that version.
+    (site / "draguard-0.2.0.dist-info").mkdir()
+    meta = "Metadata-Version: 2.4\nName: draguard\nVersion: 0.2.0\n"
+    (site / "draguard-0.2.0.dist-info/METADATA").write_text(meta)
+    res = subprocess.run(["python3", str(ROOT / "image/sbom.py"), str(root), "ghcr.io/x/y", "1.0"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert json.loads(res.stdout)["metadata"]["component"]["version"] == "0.2.0"
 
 
 def test_build_without_root_or_debootstrap_says_what_to_do(
