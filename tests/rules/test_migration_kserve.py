@@ -201,3 +201,14 @@ def test_the_extended_resource_strategy_serves_a_forms_gpu(tmp_path: Path) -> No
     assert path.read_text() == (KSERVE / "tensorflow-gpu.yaml").read_text()
     assert any("DeviceClass gpu.nvidia.com-a100 is not among these files: set spec.extendedResourceName: "
                "nvidia.com/gpu" in n for n in out.notes), out.notes
+
+
+def test_an_over_long_machine_type_pins_nothing_and_is_not_echoed(tmp_path: Path) -> None:
+    obj = yaml.safe_load((KSERVE / "tensorflow-gpu.yaml").read_text())
+    obj["spec"]["predictor"]["nodeSelector"] = {"node.kubernetes.io/instance-type": "g5." + "x" * 100_000}
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    out = migrate_paths([str(path)], policies=str(ROOT / "policies"), policies_required=True, strategy=None,
+                        write=False)
+    # Not a label value Kubernetes accepts: no refusal built on it, and no note carrying it.
+    assert out.changed and all(len(n) < 1000 for n in out.notes)

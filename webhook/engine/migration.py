@@ -578,16 +578,17 @@ def instance_gpu(instance_type: str) -> str | None:
 
 def pinned_model(node_labels: Mapping[str, str]) -> tuple[str, str, tuple[str, ...]] | None:
     """(label, value, model words) of the first GPU-model node label the pod pins, if any: a label
-    naming the model, else a machine type whose GPUs are one known model."""
+    naming the model, else a machine type whose GPUs are one known model. A value longer than a label
+    value may be (63 characters; the API server rejects the pod) pins nothing and is never echoed."""
     for key in GPU_MODEL_LABELS:
         value = node_labels.get(key)
-        if value:
+        if value and len(value) <= _DNS_LABEL_MAX:
             words = _model_words(value)
             if words:
                 return key, value, words
     for key in INSTANCE_TYPE_LABELS:
         value = node_labels.get(key)
-        gpu = instance_gpu(value) if value else None
+        gpu = instance_gpu(value) if value and len(value) <= _DNS_LABEL_MAX else None
         if value and gpu:
             return key, value, _model_words(gpu)
     return None
