@@ -70,6 +70,9 @@ def test_a_one_container_form_gets_its_claim_in_the_predictor_pod_spec(
     assert not notes
     isvc, template = docs
     predictor = isvc["spec"]["predictor"]
+    # The one field added to the predictor is its inlined PodSpec's `resourceClaims` (KServe's
+    # v1beta1 PodSpec has `resourceClaims []corev1.PodResourceClaim`).
+    assert set(predictor) - set(before["spec"]["predictor"]) == {"resourceClaims"}
     (pod_claim,) = predictor["resourceClaims"]
     assert set(pod_claim) <= POD_CLAIM_FIELDS
     resources = predictor[form]["resources"]
