@@ -54,7 +54,7 @@ def test_release_builds_both_architectures_with_sbom_and_signs_the_digest() -> N
     assert build["with"]["platforms"] == "linux/amd64,linux/arm64"
     assert build["with"]["sbom"] is True and build["with"]["push"] is True
     sign = next(s for s in steps if "cosign sign" in str(s.get("run", "")))
-    assert "${IMAGE}@${DIGEST}" in sign["run"], "sign the pushed digest, never a tag"
+    assert "${IMAGE,,}@${DIGEST}" in sign["run"], "sign the pushed digest (lowercase path), never a tag"
     assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
     perms = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]["image"]["permissions"]
     assert perms["id-token"] == "write" and perms["packages"] == "write"
@@ -85,8 +85,7 @@ def test_every_image_the_workflow_runs_is_pinned_by_digest() -> None:
     for wf in sorted(WORKFLOWS.glob("*.y*ml")):
         for m in named.finditer(wf.read_text()):
             ref = m.group(1)
-            assert pinned.match(ref) or ref == "${{ env.IMAGE }}@${{ steps.build.outputs.digest }}", (
-                f"{wf.name}: {ref}"
-            )
+            built = "${{ steps.img.outputs.name }}@${{ steps.build.outputs.digest }}"
+            assert pinned.match(ref) or ref == built, f"{wf.name}: {ref}"
     build = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action@"))
     assert "build-args" not in build["with"], "the base comes from the Containerfile's pinned ARG default"
