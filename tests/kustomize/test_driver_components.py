@@ -219,3 +219,17 @@ def test_gpu_sharing_drops_the_sharing_strategy_of_exactly_the_full_gpu_classes(
                 k: v for k, v in plain[name]["spec"].items() if k != "config"
             }, name
     assert all("config" in plain[n]["spec"] for n in full)
+
+
+@pytest.mark.parametrize(("overlay", "components"), [("aks", SHARING), ("gke", MIG), ("local", BOTH)])
+def test_the_components_objects_match_the_kubernetes_schema(
+    overlay: str, components: tuple[str, ...]
+) -> None:
+    from test_kustomize_schema import schema_errors
+
+    objs = build(overlay, components)
+    changed = [o for o in objs if o not in build(overlay)]
+    assert changed, "the component changed nothing"
+    for obj in changed:
+        errs = schema_errors(obj)
+        assert not errs, f"{obj['kind']}/{obj['metadata']['name']}:\n" + "\n".join(errs)
