@@ -184,6 +184,10 @@ def evaluate_inputs(
     ctx = Context(default_namespace=namespace, namespace_labels=labels, kubernetes_version=kubernetes_version,
                   driver_schema=driver_schema)
     report = evaluate(inputs.objects, policies, inventory, ctx)
+    schema = SchemaCheck(kubernetes_version, namespace)
+    checked = [f for o in inputs.objects for f in schema.findings(o)]
+    if checked:  # what the API server would refuse to decode comes before the rules' verdicts
+        report.findings[:0] = checked
     if progress is not None and n > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
         progress.say(f"evaluated {n} documents in {dt:.1f}s ({n / dt if dt else n:.0f}/s)")
@@ -194,6 +198,24 @@ def evaluate_inputs(
         ignored=report.ignored + len(inputs.skipped),
         kubernetes_version=kubernetes_version,
     )
+
+
+class SchemaCheck:
+    """`structure/schema` (webhook/review/openapi.py) for the review's Kubernetes release: each
+    object against the API server's schema, before and apart from the rules, which still judge
+    what they can read of it."""
+
+    def __init__(self, kubernetes_version: str | None, namespace: str) -> None:
+        from webhook.review.openapi import load, pick_release
+
+        release, self.note = pick_release(kubernetes_version)
+        self.schemas = load(release)
+        self.namespace = namespace
+
+    def findings(self, item: SourceObject) -> list[Finding]:
+        from webhook.review.openapi import findings
+
+        return findings(item, _key(item, self.namespace)[1], self.schemas)
 
 
 CHUNK = 1024
@@ -332,6 +354,8 @@ class _Stream:
         self.pending: list[tuple[int, int, int, SourceObject]] = []  # (seq, source, ordinal, object)
         self.records: list[_Record] = []
         self.findings: dict[int, list[Finding]] = {}
+        self.schema = SchemaCheck(kubernetes_version, namespace)
+        self.schema_findings: dict[int, list[Finding]] = {}  # by seq; kept apart: rules judge again
         self.unattributed: list[Finding] = []
         self.reviewed: list[ReviewedObject] = []
         self.ignored = 0
@@ -389,6 +413,8 @@ class _Stream:
 
         self.objects += 1
         self.reviewed.append(ReviewedObject(object_ref(item), item.file, item.line))
+        if checked := self.schema.findings(item):
+            self.schema_findings[self.seq] = checked
         try:
             group = split_api_version(item.obj.get("apiVersion"))[0]
         except Exception:
@@ -548,7 +574,11 @@ class _Stream:
             elif (f.file, f.object) not in pod_keys:
                 self.unattributed.append(f)
         self.ignored += report.ignored - self._unread(pods)
-        ordered = [f for seq in sorted(self.findings) for f in self.findings[seq]]
+        ordered = [
+            f
+            for seq in sorted(self.findings.keys() | self.schema_findings.keys())
+            for f in (*self.schema_findings.get(seq, ()), *self.findings.get(seq, ()))
+        ]
         return Report(findings=[*ordered, *self.unattributed], objects=self.objects, ignored=self.ignored)
 
 
@@ -593,6 +623,8 @@ def review(
         )
     inv = load_inventory_file(inventory)
     labels = load_cluster_state(cluster_state)
+    if (note := SchemaCheck(kubernetes_version, namespace).note) is not None:
+        print(f"draguard review: {note}", file=sys.stderr)
     skip = [Path(p) for p in (policies, inventory, *exclude) if p]
     stream = _Stream(
         policy_set, inv, namespace=namespace, cluster_labels=labels, kubernetes_version=kubernetes_version,

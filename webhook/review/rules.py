@@ -105,6 +105,19 @@ _DOCS: tuple[RuleDoc, ...] = (
         "Correct the field the message names to the shape of the object's apiVersion.",
     ),
     RuleDoc(
+        "structure/schema", "Offline review only: the object does not fit the Kubernetes API's own schema "
+        "(the OpenAPI the pinned kube-apiserver serves, for the `--kubernetes-version` release): a field of "
+        "the wrong type (`replicas: \"three\"`, `limits` as a list), an integer out of range, an invalid "
+        "quantity, a value outside a field's enum, a missing required field, or an unknown field. The API "
+        "server refuses such an object when decoding it (unknown fields: under strict field validation, "
+        "kubectl apply's default and always with server-side apply), so it is reported before any rule "
+        "runs; the rules still judge what they can read. Kinds without a shipped schema (CRDs) are not "
+        "checked. Admission never reports it: the API server has validated the object by then.",
+        _E, Mode.ENFORCE, "",
+        "Correct the field the message names to the type it states (quote strings, unquote numbers, "
+        "indent maps under their key); remove or rename an unknown field.",
+    ),
+    RuleDoc(
         "structure/inline-source", "The pod uses the inline `resourceClaims[].source` field, removed in "
         "Kubernetes 1.31.", _E, Mode.ENFORCE, "",
         "Move `source.resourceClaimName` / `source.resourceClaimTemplateName` up one level "
@@ -229,6 +242,7 @@ def emitted_ids() -> tuple[str, ...]:
     from webhook.cel.issues import CHECKS
     from webhook.engine.evaluate import EXCEPTION_EXPIRED, TOO_DEEP
     from webhook.engine.rules import INTERNAL_RULES, registry
+    from webhook.review.openapi import RULE as SCHEMA_RULE  # emitted by review, before the engine
 
     ids: list[str] = []
     for module in registry():
@@ -242,7 +256,7 @@ def emitted_ids() -> tuple[str, ...]:
                 ids.append(f"{prefix}<policy>")
             else:
                 ids.append(prefix)
-    ids.extend((TOO_DEEP, EXCEPTION_EXPIRED))
+    ids.extend((SCHEMA_RULE, TOO_DEEP, EXCEPTION_EXPIRED))
     if INTERNAL_RULES:
         ids.append("internal/<module>")
     return tuple(dict.fromkeys(ids))
