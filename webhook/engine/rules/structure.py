@@ -545,6 +545,19 @@ def check_admin_access(item: SourceObject, rc: RuleContext) -> Iterator[Finding]
     ns = rc.namespace(item) or rc.ctx.default_namespace
     labels = rc.namespace_labels(ns)
     if labels is not None and labels.get(ADMIN_ACCESS_LABEL) == "true":
+        # Allowed, and worth a record: admin access reaches devices already in use by other pods
+        # (monitoring, debugging), so the audit lists every such claim for whoever owns the cluster.
+        for r in reqs:
+            yield rc.finding(
+                item,
+                "structure/admin-access",
+                Severity.INFO,
+                Mode.AUDIT,
+                f"request {r.name!r} sets adminAccess to devices of class {r.device_class!r}: it can reach "
+                f"devices other pods are using (namespace {ns!r} is labelled {ADMIN_ACCESS_LABEL})",
+                fix="nothing to fix if this is a monitoring or debugging tool; otherwise remove adminAccess",
+                pointer=f"{r.pointer}/adminAccess",
+            )
         return
     fix = (
         "remove adminAccess, or (cluster admins only) "
