@@ -260,8 +260,6 @@ class _Walk:
             items = schema.get("items")
             if isinstance(items, Mapping):
                 for i, v in enumerate(value):
-                    if len(self.problems) >= MAX_PROBLEMS and self.more:
-                        return
                     self.check(items, v, [*path, f"[{i}]"], status)
             return
         if isinstance(typ, str) and not _is_type(value, typ, fmt):
@@ -292,8 +290,6 @@ class _Walk:
         preserve = schema.get("x-kubernetes-preserve-unknown-fields")
         open_ended = preserve or extra is True or (not props and extra is None)
         for key, v in value.items():
-            if len(self.problems) >= MAX_PROBLEMS and self.more:
-                return
             if not isinstance(key, str):
                 self.report([*path, str(key)], f"field name {key!r} is not a string",
                             "quote the key in the YAML so that it is a string")
