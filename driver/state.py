@@ -507,7 +507,14 @@ class DeviceState:
                 errors.append(why)
                 continue
             try:
-                cfg = self._config_for(dev, reqs, configs)
+                cfg, where = self._config_for(dev, reqs, configs)
+                if share is not None and cfg.sharing is not None and where.endswith("(FromClass)"):
+                    # A class's sharing setting (the bundle's full-GPU classes time-slice) is for the
+                    # GPUs it gives whole; on a GPU shared by capacity every allocation is a share, and
+                    # a share is shared already. Only a claim's own setting is a contradiction.
+                    log.info("a share ignores its class's sharing setting",
+                             extra={"device": dev.name, "config": where, "strategy": cfg.sharing.strategy})
+                    cfg = replace(cfg, sharing=None)
                 memory = self._share_memory(dev, share, consumed.get((name, share)), cfg)
             except PrepareError as exc:
                 errors.append(str(exc))
@@ -562,12 +569,14 @@ class DeviceState:
                 params = opaque.get("parameters")
                 if not isinstance(params, Mapping):
                     params = {}
-                out.append((f"status.allocation.devices.config[{i}]", list(c.get("requests") or []), params))
+                where = f"status.allocation.devices.config[{i}] ({source})"
+                out.append((where, list(c.get("requests") or []), params))
         return out
 
     def _config_for(
         self, dev: DriverDevice, reqs: list[str], configs: list[tuple[str, list[str], Mapping[str, Any]]]
-    ) -> DeviceConfig:
+    ) -> tuple[DeviceConfig, str]:
+        """The config that applies to `dev` and where it came from ("" for the default)."""
         named = [c for c in configs if c[1] and any(_request_matches(c[1], r) for r in reqs)]
         if named:
             chosen = named[-1]
@@ -576,16 +585,17 @@ class DeviceState:
                 c for c in configs if not c[1] and dev.type in KINDS.get(str(c[2].get("kind")), frozenset())
             ]
             if not fitting:
-                return default_config(dev.type)
+                return default_config(dev.type), ""
             chosen = fitting[-1]
         where, _reqs, params = chosen
+        at = where.split(" ", 1)[0]
         errs = validate_opaque_config(params, {dev.type})
         if errs:
             detail = "; ".join(
-                f"{where}.opaque.parameters.{e.path}: {e.message}".replace(". :", ":") for e in errs
+                f"{at}.opaque.parameters.{e.path}: {e.message}".replace(". :", ":") for e in errs
             )
             raise PrepareError(f"device {dev.name}: invalid opaque config: {detail}")
-        return parse_opaque_config(params, {dev.type})
+        return parse_opaque_config(params, {dev.type}), where
 
     def _apply(self, dev: DriverDevice, cfg: DeviceConfig) -> None:
         sharing = cfg.sharing

@@ -239,6 +239,25 @@ async def test_a_gpu_is_shared_one_way_at_a_time(shared, claims):
     assert "a share cannot also set sharing.strategy TimeSlicing" in err
 
 
+async def test_a_class_that_time_slices_whole_gpus_still_serves_shares(shared, claims, short_dir):
+    """The bundle's full-GPU classes carry a TimeSlicing GpuConfig; on a GPU shared by capacity every
+    allocation through them is a share, which must prepare (the class's setting is for whole GPUs)."""
+    ts = {"apiVersion": V1B1, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    via_class = claims.add(
+        share_claim("via-class", "uid-vc", [("gpu", "gpu-4", "share-1", "10Gi")],
+                    config=[opaque(ts, source="FromClass")])
+    )  # fmt: skip
+    assert (await shared.prepare(via_class)).claims["uid-vc"].error == ""
+    assert env_of(cdi_spec(short_dir, "uid-vc"), "uid-vc-gpu-4-share-1")
+    # The claim's own setting still contradicts the share, and says where it came from.
+    own = claims.add(
+        share_claim("own", "uid-own", [("gpu", "gpu-4", "share-2", "10Gi")], config=[opaque(ts)])
+    )
+    assert "a share cannot also set sharing.strategy TimeSlicing" in (await shared.prepare(own)).claims[
+        "uid-own"
+    ].error
+
+
 async def test_a_share_of_a_gpu_this_node_does_not_share_is_refused(plugin, claims):
     _server, kubelet = plugin  # the plugin without --share-by-capacity
     await kubelet.register()
