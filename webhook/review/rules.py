@@ -105,14 +105,14 @@ _DOCS: tuple[RuleDoc, ...] = (
         "Correct the field the message names to the shape of the object's apiVersion.",
     ),
     RuleDoc(
-        "structure/schema", "Offline review only: the object does not fit the Kubernetes API's own schema "
-        "(the OpenAPI the pinned kube-apiserver serves, for the `--kubernetes-version` release): a field of "
-        "the wrong type (`replicas: \"three\"`, `limits` as a list), an integer out of range, an invalid "
-        "quantity, a value outside a field's enum, a missing required field, or an unknown field. The API "
-        "server refuses such an object when decoding it (unknown fields: under strict field validation, "
-        "kubectl apply's default and always with server-side apply), so it is reported before any rule "
-        "runs; the rules still judge what they can read. Kinds without a shipped schema (CRDs) are not "
-        "checked. Admission never reports it: the API server has validated the object by then.",
+        "structure/schema", "The object does not fit the Kubernetes API schema, so the API server refuses "
+        "it. Checked by offline review only, against the OpenAPI schema the pinned kube-apiserver serves "
+        "for the `--kubernetes-version` release: a field of the wrong type (`replicas: \"three\"`, `limits` "
+        "as a list), an integer out of range, an invalid quantity, a value outside a field's enum, a "
+        "missing required field, or an unknown field (refused under strict field validation, kubectl "
+        "apply's default, and always by server-side apply). Reported before any rule runs; the rules still "
+        "judge what they can read. Kinds without a shipped schema (CRDs) are not checked; admission never "
+        "reports it, as the API server has validated the object by then.",
         _E, Mode.ENFORCE, "",
         "Correct the field the message names to the type it states (quote strings, unquote numbers, "
         "indent maps under their key); remove or rename an unknown field.",
