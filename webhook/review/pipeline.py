@@ -185,9 +185,22 @@ def evaluate_inputs(
                   driver_schema=driver_schema)
     report = evaluate(inputs.objects, policies, inventory, ctx)
     schema = SchemaCheck(kubernetes_version, namespace)
-    checked = [f for o in inputs.objects for f in schema.findings(o)]
-    if checked:  # what the API server would refuse to decode comes before the rules' verdicts
-        report.findings[:0] = checked
+    checked = {i: found for i, o in enumerate(inputs.objects) if (found := schema.findings(o))}
+    if checked:
+        # Each object's schema findings come before the rules' findings on it, as `review` orders them.
+        owners = _Owners(namespace)
+        for i, o in enumerate(inputs.objects):
+            owners.add(o, i)
+        by_object: dict[int, list[Finding]] = {}
+        rest: list[Finding] = []
+        for f in report.findings:
+            seq = owners.of(f)
+            (rest if seq is None else by_object.setdefault(seq, [])).append(f)
+        report.findings = [
+            f
+            for seq in sorted(by_object.keys() | checked.keys())
+            for f in (*checked.get(seq, ()), *by_object.get(seq, ()))
+        ] + rest
     if progress is not None and n > PROGRESS_THRESHOLD:
         dt = time.monotonic() - t0
         progress.say(f"evaluated {n} documents in {dt:.1f}s ({n / dt if dt else n:.0f}/s)")

@@ -112,7 +112,7 @@ _DOCS: tuple[RuleDoc, ...] = (
         "missing required field, or an unknown field (refused under strict field validation, kubectl "
         "apply's default, and always by server-side apply). Reported before any rule runs; the rules still "
         "judge what they can read. Kinds without a shipped schema (CRDs) are not checked; admission never "
-        "reports it, as the API server has validated the object by then.",
+        "reports it, as the API server decodes the object before any webhook sees it.",
         _E, Mode.ENFORCE, "",
         "Correct the field the message names to the type it states (quote strings, unquote numbers, "
         "indent maps under their key); remove or rename an unknown field.",
