@@ -130,7 +130,7 @@ def test_valid_objects_get_no_finding(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("path", "value", "said"),
     [
-        ("spec.replicas", 2**31, "out of range for a int32 field"),
+        ("spec.replicas", 2**31, "out of range for an int32 field"),
         ("spec.replicas", 2.5, "not a whole number"),
         ("spec.template.spec.containers.0.resources.limits.cpu", "lots", "quantities must match"),
         ("spec.template.spec.containers.0.resources.limits.cpu", True, "expected a quantity"),

@@ -264,12 +264,13 @@ class _Walk:
             return
         if isinstance(typ, str) and not _is_type(value, typ, fmt):
             if typ == "integer" and isinstance(value, int | float) and not isinstance(value, bool):
-                low, high = _INT_RANGE.get(str(fmt), (None, None))
+                fmt = fmt if fmt in _INT_RANGE else "int64"
+                low, high = _INT_RANGE[fmt]
                 if isinstance(value, float) and not value.is_integer():
-                    self.report(path, f"{value!r} is not a whole number ({fmt or 'integer'} field)",
+                    self.report(path, f"{value!r} is not a whole number ({fmt} field)",
                                 f"write {_field(path)} as a whole number", decode=True)
                 else:
-                    self.report(path, f"{value!r} is out of range for a {fmt} field ({low} to {high})",
+                    self.report(path, f"{value!r} is out of range for an {fmt} field ({low} to {high})",
                                 f"set {_field(path)} to a value between {low} and {high}", decode=True)
                 return
             self._wrong(path, _expected(typ, fmt), value)
