@@ -198,6 +198,16 @@ def test_problems_per_object_are_bounded(tmp_path: Path) -> None:
     assert "(980 more schema problems in this object)" in found[-1].message
 
 
+def test_an_object_too_deep_for_the_engine_gets_its_finding_alone(tmp_path: Path) -> None:
+    deep: Any = "leaf"
+    for _ in range(300):
+        deep = {"x": deep}
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(_with(DEPLOYMENT, "spec.template.metadata.annotations", {"a": deep})))
+    rules = [f.rule for f in review([str(path)], policies=None).result.report.findings]
+    assert rules == ["structure/too-deep"]
+
+
 def test_deep_objects_do_not_crash() -> None:
     deep: Any = "leaf"
     for _ in range(5000):

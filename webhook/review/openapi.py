@@ -418,9 +418,13 @@ _RULE_FIELDS = re.compile(r"(^|\.)resourceClaims\[\d+\]\.source$")
 
 
 def findings(item: SourceObject, ref: ObjectRef, schemas: SchemaSet) -> list[Finding]:
-    """`structure/schema` findings for one object (none for kinds without a schema: CRDs)."""
+    """`structure/schema` findings for one object (none for kinds without a schema: CRDs, and none
+    for an object nested past the engine's limit, which structure/too-deep denies on its own)."""
+    from webhook.engine.evaluate import MAX_DEPTH as ENGINE_DEPTH
+    from webhook.engine.evaluate import too_deep
+
     found = validate(item.obj, schemas)
-    if found is None:
+    if found is None or too_deep(item.obj, ENGINE_DEPTH) is not None:
         return []
     problems, more = found
     out: list[Finding] = []
