@@ -308,9 +308,16 @@ class _Walk:
         required = schema.get("required")
         if isinstance(required, list) and not status:
             for key in required:
-                if key not in value:
+                # A missing number or boolean decodes to its zero value, which may be valid (a
+                # preStop sleep of 0 seconds is): the API server's validation decides, not the schema.
+                if key not in value and not self._scalar(props.get(key)):
                     child = [*path, key]
                     self.report(child, "Required value", f"add {_field(child)}")
+
+    def _scalar(self, schema: Any) -> bool:
+        if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+            schema = self.schemas.get(schema["$ref"])
+        return isinstance(schema, Mapping) and schema.get("type") in ("integer", "number", "boolean")
 
     def _quantity(self, value: Any, path: list[str]) -> None:
         if isinstance(value, bool) or not isinstance(value, str | int | float | type(None)):
