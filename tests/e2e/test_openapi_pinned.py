@@ -121,7 +121,8 @@ def test_the_api_server_refuses_what_review_reports(
 
 CORPUS = Path(__file__).parents[1] / "corpus"
 PLURALS = {"Pod": "pods", "Namespace": "namespaces", "Deployment": "deployments",
-           "StatefulSet": "statefulsets", "DaemonSet": "daemonsets", "ReplicaSet": "replicasets", "Job": "jobs", "CronJob": "cronjobs",
+           "StatefulSet": "statefulsets", "DaemonSet": "daemonsets", "ReplicaSet": "replicasets",
+           "Job": "jobs", "CronJob": "cronjobs",
            "DeviceClass": "deviceclasses", "ResourceClaim": "resourceclaims",
            "ResourceClaimTemplate": "resourceclaimtemplates", "ResourceSlice": "resourceslices"}
 CLUSTER_SCOPED = {"Namespace", "DeviceClass", "ResourceSlice"}
