@@ -184,3 +184,44 @@ def test_every_missing_field_review_reports_is_refused(server: ApiServer) -> Non
                         refused += 1
     assert accepted == []
     assert refused > 50
+
+
+def test_every_value_outside_an_enum_review_reports_is_refused(server: ApiServer) -> None:
+    """Each corpus object the API server accepts, with one enum field (imagePullPolicy, protocol,
+    operator, ...) set to a value outside its enum at a time: review's `Unsupported value` is the API
+    server's too (each field once per kind)."""
+    from webhook.review.inputs import iter_file
+
+    schemas = openapi.load("1.37")
+    seen: set[tuple[Any, ...]] = set()
+    refused, accepted = 0, []
+    for path in sorted(p for p in CORPUS.rglob("*.yaml") if p.parent != CORPUS):
+        for objs, _ in iter_file(path):
+            for item in objs:
+                obj = json.loads(json.dumps(item.obj, default=str))
+                if f"{obj.get('apiVersion')}/{obj.get('kind')}" not in schemas.roots:
+                    continue
+                obj.setdefault("metadata", {}).pop("namespace", None)
+                if _dry_run(server, obj) is not None:
+                    continue
+                for field in _present(obj):
+                    key = (obj["kind"], *(k for k in field if not isinstance(k, int)))
+                    if key in seen or field[0] == "status":
+                        continue
+                    changed = copy.deepcopy(obj)
+                    node: Any = changed
+                    for k in field[:-1]:
+                        node = node[k]
+                    if not isinstance(node[field[-1]], str):
+                        continue
+                    node[field[-1]] = "NotAValue"
+                    found = openapi.validate(changed, schemas)
+                    if not found or not any(p.message.startswith("Unsupported value") for p in found[0]):
+                        continue
+                    seen.add(key)
+                    if _dry_run(server, changed) is None:
+                        accepted.append(key)
+                    else:
+                        refused += 1
+    assert accepted == []
+    assert refused > 5
