@@ -171,6 +171,20 @@ def test_unknown_and_missing_fields(tmp_path: Path) -> None:
     assert "Required value" in found["spec.selector"].message
 
 
+def test_a_null_required_field_is_missing(tmp_path: Path) -> None:
+    """`selector:` with its map indented beside it instead of under it: `selector` is null."""
+    obj = _with(DEPLOYMENT, "spec.selector", None)
+    obj["spec"]["matchLabels"] = {"app": "web"}
+    found = sorted(f.message for f in _schema_findings(tmp_path, obj))
+    assert len(found) == 2, found
+    assert found[0].startswith("spec.selector: Required value"), found
+    assert found[1].startswith('unknown field "spec.matchLabels"'), found
+
+
+def test_number_keys_are_strings_as_kubectl_sends_them(tmp_path: Path) -> None:
+    assert _schema_findings(tmp_path, _with(DEPLOYMENT, "metadata.annotations", {2: "a", False: "b"})) == []
+
+
 def test_opaque_fields_accept_anything(tmp_path: Path) -> None:
     """RawExtension (opaque driver parameters) and the inline-source field a rule reports are left alone."""
     claim = _with(CLAIM, "spec.devices.config", [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {

@@ -292,9 +292,8 @@ class _Walk:
         open_ended = preserve or extra is True or (not props and extra is None)
         for key, v in value.items():
             if not isinstance(key, str):
-                self.report([*path, str(key)], f"field name {key!r} is not a string",
-                            "quote the key in the YAML so that it is a string")
-                continue
+                # kubectl turns YAML's number and boolean keys into strings before it sends the object.
+                key = ("true" if key else "false") if isinstance(key, bool) else str(key)
             child = [*path, key]
             sub = props.get(key)
             if isinstance(sub, Mapping):
@@ -308,9 +307,9 @@ class _Walk:
         required = schema.get("required")
         if isinstance(required, list) and not status:
             for key in required:
-                # A missing number or boolean decodes to its zero value, which may be valid (a
-                # preStop sleep of 0 seconds is): the API server's validation decides, not the schema.
-                if key not in value and not self._scalar(props.get(key)):
+                # Missing or null alike decode to the zero value. A number's or boolean's may be
+                # valid (a preStop sleep of 0 seconds is): the API server's validation decides.
+                if value.get(key) is None and not self._scalar(props.get(key)):
                     child = [*path, key]
                     self.report(child, "Required value", f"add {_field(child)}")
 
