@@ -354,7 +354,7 @@ def parse(text: str) -> Node | None:
 
 # ---- literals --------------------------------------------------------------------------------------
 
-def _string_literal(value: str) -> str:
+def string_literal(value: str) -> str:
     out = ['"']
     for ch in value:
         code = ord(ch)
@@ -386,7 +386,7 @@ def literal(kind: str, value: object) -> str | None:
             text += ".0"
         return f"(-{text})" if math.copysign(1.0, value) < 0 else text
     if kind == "STRING" and isinstance(value, str):
-        return _string_literal(value)
+        return string_literal(value)
     if kind == "NULL" and value is None:
         return "null"
     return None

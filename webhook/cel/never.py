@@ -37,6 +37,7 @@ from fractions import Fraction
 
 from webhook.cel.analysis import Access
 from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from webhook.cel.fold import string_literal
 from webhook.dra.quantity import Quantity
 from webhook.dra.semver import Semver, coerce_semver
 
@@ -145,19 +146,7 @@ _NOT_PRINTABLE = frozenset({"_?._", "_[?_]", "@not_strictly_false", "cel.@mapIns
 def _string(value: str, display: bool) -> str:
     if display:
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
-    out = ['"']
-    for ch in value:
-        code = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif 0x20 <= code < 0x7F:
-            out.append(ch)
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
+    return string_literal(value)
 
 
 def unparse(node: Expr, types: dict[int, str], *, display: bool = False, depth: int = 0) -> str | None:
