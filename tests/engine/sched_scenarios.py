@@ -346,9 +346,11 @@ def renamed(s: Scenario, prefix: str, node_names: dict[str, str], namespace: str
     """The same scenario under names of its own, for a cluster that holds many at once.
 
     The driver becomes `<prefix>.draguard.io` (so no DeviceClass of another scenario, which selects
-    by driver, can see these devices), cluster-scoped objects and claims get `prefix` before their
-    names, every claim moves to `namespace`, and the nodes "n" and "m" become `node_names[...]` (in
-    slices, devices and Node objects alike). Only names change: what can be allocated where does not.
+    by driver, can see these devices); cluster-scoped objects, claims, pools and devices get `prefix`
+    before their names (a DeviceTaintRule may select by pool or device name alone, across drivers);
+    every claim moves to `namespace`, and the nodes "n" and "m" become `node_names[...]` (in slices,
+    devices and Node objects alike). Only names change, and all of one kind by the same prefix, so
+    their order is kept: what can be allocated where does not change.
     """
     driver = f"{prefix}.draguard.io"
     classes = {c["metadata"]["name"]: f"{prefix}-{c['metadata']['name']}" for c in s.classes}
@@ -360,6 +362,9 @@ def renamed(s: Scenario, prefix: str, node_names: dict[str, str], namespace: str
                 out["deviceClassName"] = classes.get(out["deviceClassName"], out["deviceClassName"])
             if isinstance(out.get("nodeName"), str):
                 out["nodeName"] = node_names.get(out["nodeName"], out["nodeName"])
+            for key in ("pool", "device"):  # allocation results and DeviceTaintRule selectors
+                if isinstance(out.get(key), str):
+                    out[key] = f"{prefix}-{out[key]}"
             return out
         if isinstance(x, list):
             return [walk(v) for v in x]
@@ -377,6 +382,13 @@ def renamed(s: Scenario, prefix: str, node_names: dict[str, str], namespace: str
             out.append({**o, "metadata": meta})
         return out
 
+    def pool(slice_: dict[str, Any]) -> dict[str, Any]:
+        spec = dict(slice_["spec"])
+        spec["pool"] = {**spec["pool"], "name": f"{prefix}-{spec['pool']['name']}"}
+        if "devices" in spec:
+            spec["devices"] = [{**d, "name": f"{prefix}-{d['name']}"} for d in spec["devices"]]
+        return {**slice_, "spec": spec}
+
     def node(n: dict[str, Any]) -> dict[str, Any]:
         name = node_names[n["metadata"]["name"]]
         labels = {**n["metadata"].get("labels", {}), "kubernetes.io/hostname": name}
@@ -385,7 +397,7 @@ def renamed(s: Scenario, prefix: str, node_names: dict[str, str], namespace: str
     return Scenario(
         s.seed,
         named(s.classes),
-        named(s.slices),
+        [pool(x) for x in named(s.slices)],
         named(s.held, namespace),
         [node(n) for n in s.nodes],
         named(s.claims, namespace),
