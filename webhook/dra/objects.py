@@ -780,7 +780,8 @@ def _check_exact(body: Mapping[str, Any], ptr: str, out: list[SpecProblem]) -> N
             stray = "expression" in as_map(sel)
             _add(out, f"{sp}/cel", "cel is required: a selector is `cel: {expression: <CEL>}`"
                  + ("; `expression` sits beside `cel:` here: indent it under `cel:`" if stray else ""))
-        elif not isinstance(cel.get("expression"), str) or not cel["expression"].strip():
+        elif cel.get("expression") is None or cel.get("expression") == "":
+            # A value of another type is a decoding error (structure/schema names the type).
             _add(out, f"{sp}/cel/expression", "expression is required: a CEL expression that selects devices")
 
 

@@ -426,6 +426,7 @@ _RULE_FIELDS = re.compile(r"(^|\.)resourceClaims\[\d+\]\.source$")
 def findings(item: SourceObject, ref: ObjectRef, schemas: SchemaSet) -> list[Finding]:
     """`structure/schema` findings for one object (none for kinds without a schema: CRDs, and none
     for an object nested past the engine's limit, which structure/too-deep denies on its own)."""
+    from webhook.dra.objects import claim_problems
     from webhook.engine.evaluate import MAX_DEPTH as ENGINE_DEPTH
     from webhook.engine.evaluate import too_deep
 
@@ -433,9 +434,14 @@ def findings(item: SourceObject, ref: ObjectRef, schemas: SchemaSet) -> list[Fin
     if found is None or too_deep(item.obj, ENGINE_DEPTH) is not None:
         return []
     problems, more = found
+    # A claim shape structure/invalid already reports (a missing deviceClassName, a bad count) is
+    # one problem, reported once, by the rule a PolicyException for it names.
+    covered = [sp.pointer for sp in claim_problems(item.obj)]
     out: list[Finding] = []
     for p in problems:
         if p.unknown and _RULE_FIELDS.search(p.field):
+            continue
+        if any(p.pointer == c or p.pointer.startswith(c + "/") for c in covered):
             continue
         server = f"the Kubernetes {schemas.release} API server"
         if p.unknown:
