@@ -9,6 +9,7 @@ import ssl
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,15 @@ def nvml_events_path(cluster: LocalCluster, node: str) -> Path:
     return cluster.paths.root / "nvml-events" / f"{node}.jsonl"
 
 
-def start_driver(cluster: LocalCluster, node: str, topology: str, dirs: DriverDirs, timeout: float) -> None:
-    """A simulated-NVML driver for `node`; waits until it has published its ResourceSlices."""
+def start_driver(
+    cluster: LocalCluster, node: str, topology: str, dirs: DriverDirs, timeout: float,
+    args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+) -> None:  # fmt: skip
+    """A simulated-NVML driver for `node`; waits until it has published its ResourceSlices.
+
+    `args` are added to `draguard driver run` (a sharing mode), `env` to its environment (fault points,
+    the simulated NVML's MIG state file).
+    """
     for d in (dirs.plugins, dirs.registry, dirs.cdi):
         d.mkdir(parents=True, exist_ok=True)
     events = nvml_events_path(cluster, node)
@@ -69,8 +77,9 @@ def start_driver(cluster: LocalCluster, node: str, topology: str, dirs: DriverDi
             "--registry-dir", str(dirs.registry),
             "--cdi-root", str(dirs.cdi),
             "--metrics-port", "0",
+            *args,
         ),
-        env={"PYTHONPATH": str(REPO_ROOT), "DRAGUARD_NVML_SIM_EVENTS": str(events)},
+        env={"PYTHONPATH": str(REPO_ROOT), "DRAGUARD_NVML_SIM_EVENTS": str(events), **(env or {})},
     )  # fmt: skip
     kube = cluster.kube()
     path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -353,15 +353,19 @@ class LocalCluster(Supervisor):
         plugins, registry = kubelet.plugin_dirs(net)
         return DriverDirs(plugins / addons.DRIVER_NAME, registry, self.containerd_paths().cdi)
 
-    def start_real_node_driver(self, timeout: float = 120.0, topology: str | None = None) -> None:
+    def start_real_node_driver(
+        self, timeout: float = 120.0, topology: str | None = None,
+        args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         """The real node's driver on the host: the kubelet's plugin directories, containerd's CDI dir.
 
-        `topology` replaces the node's simulated GPUs for this run of the driver only (a later call
-        without it goes back to the node's own).
+        `topology` replaces the node's simulated GPUs, `args` are added to `driver run` and `env` to its
+        environment, for this run of the driver only (a later call without them goes back to the
+        node's own GPUs and the default mode).
         """
         node = self.state["real_node"]
         dirs = self.real_node_driver_dirs()
-        addons.start_driver(self, node["name"], topology or node["topology"], dirs, timeout)
+        addons.start_driver(self, node["name"], topology or node["topology"], dirs, timeout, args, env)
 
     def nvml_events_path(self, node: str) -> Path:
         return addons.nvml_events_path(self, node)
