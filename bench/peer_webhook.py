@@ -1,7 +1,8 @@
 """Kyverno's admission controller beside draguard's webhook, on one local control plane.
 
-    python bench/peer.py --webhook [--objects 1500] [--arms none,null,draguard,kyverno] [--kyverno PATH]
-                                   [--kyverno-policy cluster|validating] [--quick] [--keep] [--json OUT]
+    python bench/peer.py --webhook [--objects 1500] [--arms none,null,draguard,kyverno,gatekeeper]
+                                   [--kyverno PATH] [--kyverno-policy cluster|validating] [--gatekeeper PATH]
+                                   [--quick] [--keep] [--json OUT]
 
 One kube-apiserver + etcd (`webhook/dev`, as bench/apiserver.py starts it) with one namespace per
 arm, the namespaces differing only in one label, `bench.draguard.io/arm`:
@@ -18,6 +19,9 @@ arm, the namespaces differing only in one label, `bench.draguard.io/arm`:
   one of those classes. Kyverno generates the same rule for Deployments. `--kyverno-policy validating`
   gives Kyverno the same policy as a CEL ValidatingPolicy (policies.kyverno.io/v1: the templates read
   with `resource.Get`, a matchCondition on the vLLM image, autogen for Deployments).
+- `bench-gatekeeper`: Gatekeeper's webhook, run out of cluster, with a ConstraintTemplate (Rego) for the
+  same rule: "LLM" from labels and image words read from policies/tier.yaml, the claim templates and
+  claims from the data its `Config` replicates (bench/peer_gatekeeper.py says what it cannot judge).
 
 The same object stream goes to each namespace, one create per arm in turn (the order rotates), so
 background work (etcd compaction, Kyverno's admission reports, draguard's cache rebuilds) lands on
@@ -28,7 +32,7 @@ create), the handler's own mean time and RSS. The controller-manager is stopped 
 so no claims or ReplicaSets follow the creates. A benchmark, not a test: nothing is asserted on
 times; it exits 1 if an arm denied other objects than the policy forbids. Exit 3 when Kyverno's
 admission controller is not built (it is not part of CI: `scripts/build-peer.sh`, about 35
-minutes); `--arms none,null,draguard` leaves it out.
+minutes), or Gatekeeper's (`scripts/build-gatekeeper.sh`); `--arms` leaves either out.
 """
 
 from __future__ import annotations
@@ -52,12 +56,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import peer_gatekeeper as gk  # noqa: E402
 from bench.apiserver import BARE_SERVER, BARE_WARNING, Api, added_interval, pct  # noqa: E402
 
-ARMS = ("none", "null", "draguard", "kyverno")
+ARMS = ("none", "null", "draguard", "kyverno", "gatekeeper")
 # Latency rows: every object, by kind, and the vLLM objects alone (those the policy is about).
 KINDS = ("all", "Pod", "Deployment", "vLLM")
-JUDGES = ("draguard", "kyverno")  # the arms whose webhook applies the policy
+JUDGES = ("draguard", "kyverno", "gatekeeper")  # the arms whose webhook applies the policy
+PEERS = ("kyverno", "gatekeeper")
 ARM_LABEL = "bench.draguard.io/arm"
 KYVERNO_NS = "kyverno"
 
@@ -133,9 +139,7 @@ KYVERNO_POLICY: dict[str, Any] = {
 
 def _llm_class(var: str) -> str:
     """CEL: `var` is one of LLM_CLASSES (a trailing `*` is a prefix)."""
-    terms = [
-        f"{var}.startsWith('{c[:-1]}')" if c.endswith("*") else f"{var} == '{c}'" for c in LLM_CLASSES
-    ]
+    terms = [f"{var}.startsWith('{c[:-1]}')" if c.endswith("*") else f"{var} == '{c}'" for c in LLM_CLASSES]
     return " || ".join(terms)
 
 
@@ -427,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         default="cluster",
         help="Kyverno's policy as a ClusterPolicy (JMESPath, apiCall; default) or a CEL ValidatingPolicy",
     )
+    ap.add_argument("--gatekeeper", default=None, help="Gatekeeper's manager binary")
     ap.add_argument("--quick", action="store_true", help="60 objects per arm, 10 warm-up: a smoke run")
     ap.add_argument("--state-dir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
@@ -434,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if "none" not in arms or any(a not in ARMS for a in arms) or len(arms) < 2:
-        ap.error(f"--arms: 'none' and at least one of null, draguard, kyverno (got {args.arms!r})")
+        ap.error(f"--arms: 'none' and at least one of {', '.join(ARMS[1:])} (got {args.arms!r})")
     if args.quick:
         args.objects, args.warmup = 60, 10
     binary = crds = None
@@ -454,6 +459,27 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"bench/peer.py --webhook: no Kyverno CRDs next to {binary} (../src/config/crds) nor in the "
                 "Go module cache; run `scripts/build-peer.sh`, which keeps the module source.",
+                file=sys.stderr,
+            )
+            return 3
+
+    gk_binary = gk_manifest = None
+    if "gatekeeper" in arms:
+        gk_binary = gk.gatekeeper_manager(args.gatekeeper)
+        if gk_binary is None:
+            where = args.gatekeeper or "$DRAGUARD_GATEKEEPER_MANAGER or `scripts/build-gatekeeper.sh --path`"
+            print(
+                f"bench/peer.py --webhook: Gatekeeper's manager is not built (looked at {where}).\n"
+                "  Build it with `scripts/build-gatekeeper.sh` (not part of CI), or leave it out with "
+                "--arms.",
+                file=sys.stderr,
+            )
+            return 3
+        gk_manifest = gk.gatekeeper_manifest(gk_binary)
+        if gk_manifest is None:
+            print(
+                f"bench/peer.py --webhook: no deploy/gatekeeper.yaml next to {gk_binary} (../src); run "
+                "`scripts/build-gatekeeper.sh`, which keeps the module source.",
                 file=sys.stderr,
             )
             return 3
@@ -564,6 +590,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             cluster.wait("kyverno", lambda: probe(api, "bench-kyverno", "one-a100")[0] == 403, 180)
             say(f"kyverno {binary.parent.parent.name} ready in {time.monotonic() - t1:.1f} s (pid {kpid})")
+        if "gatekeeper" in arms:
+            assert gk_binary is not None and gk_manifest is not None
+            gport, gmport, ghport = free_port(), free_port(), free_port()
+            t1 = time.monotonic()
+            gpid = gk.start_gatekeeper(cluster, gk_binary, gk_manifest, gport, gmport, ghport, ARM_LABEL)
+            gk_metrics = f"http://127.0.0.1:{gmport}/metrics"
+            servers["gatekeeper"] = Server(
+                "gatekeeper", gpid, gk_metrics, gk.METRIC_REVIEWS, gk.METRIC_HANDLER
+            )
+            took = gk.apply_policy(cluster)
+            say(f"gatekeeper generated its constraint CRD; constraint applied ({took:.1f} s)")
+            # Ready once the constraint is loaded and the claim templates are in its synced data.
+            cluster.wait("gatekeeper", lambda: probe(api, "bench-gatekeeper", "one-a100")[0] == 403, 180)
+            res["gatekeeper_version"] = version = gk_binary.parent.parent.name
+            say(f"gatekeeper {version} ready in {time.monotonic() - t1:.1f} s (pid {gpid})")
         # Each arm's own webhook, and only it, judges its namespace.
         probes: dict[str, dict[str, Any]] = {}
         for arm in arms:
@@ -724,12 +765,15 @@ def report(res: dict[str, Any], arms: list[str], objects: int, compared: int, ex
         verdict = "agrees" if got == want else f"DIFFERS at {sorted(got ^ want)[:10]}"
         print(f"{arm}: denied {len(got)} of {objects} (the policy forbids {len(want)}); {verdict}; "
               f"other errors {res['other_errors'][arm]}")  # fmt: skip
-    d, k = rows.get("draguard"), rows.get("kyverno")
-    if d and k and "server" in d and "server" in k:
+    d = rows.get("draguard")
+    for peer in PEERS:
+        k = rows.get(peer)
+        if not (d and k and "server" in d and "server" in k):
+            continue
         pairs = {
             "added p50": (k["all"]["added_p50_ms"], d["all"]["added_p50_ms"]),
             "added p99": (k["all"]["added_p99_ms"], d["all"]["added_p99_ms"]),
-            # The objects both policies are about: a Kyverno ValidatingPolicy's matchCondition on the
+            # The objects the policies are about: a Kyverno ValidatingPolicy's matchCondition on the
             # image keeps the API server from calling it for the others.
             "vLLM added p50": (k["vLLM"]["added_p50_ms"], d["vLLM"]["added_p50_ms"]),
             "vLLM added p99": (k["vLLM"]["added_p99_ms"], d["vLLM"]["added_p99_ms"]),
@@ -737,9 +781,9 @@ def report(res: dict[str, Any], arms: list[str], objects: int, compared: int, ex
             "RSS": (k["server"]["rss_mib"], d["server"]["rss_mib"]),
         }
         ratios = {n: round(a / b, 2) if a is not None and b else None for n, (a, b) in pairs.items()}
-        res["ratios_kyverno_over_draguard"] = ratios
+        res[f"ratios_{peer}_over_draguard"] = ratios
         parts = (f"{n} {v:.2f}x" if v is not None and v > 0 else f"{n} n/a" for n, v in ratios.items())
-        print("Kyverno / draguard: " + ", ".join(parts))
+        print(f"{peer.capitalize()} / draguard: " + ", ".join(parts))
 
 
 if __name__ == "__main__":

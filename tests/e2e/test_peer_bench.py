@@ -14,12 +14,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench import peer_gatekeeper as gk
 from bench import peer_webhook as pw
-from webhook.dev.cluster import ClusterError, find_bin_dir
+from bench.apiserver import Api
+from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +66,88 @@ def test_quick_run_without_kyverno(tmp_path: Path) -> None:
     assert lo <= hi
     assert "draguard: denied" in proc.stdout and "agrees" in proc.stdout
     assert not state_left  # the bench took its control plane down
+
+
+# ---- Gatekeeper ---------------------------------------------------------------------------------
+
+
+def _vllm_pod(ns: str, name: str, template: str, **extra: Any) -> tuple[str, dict[str, Any]]:
+    path, body, _ = pw.workload(0, ns)
+    body["metadata"]["name"] = name
+    body["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
+    body["spec"].update(extra)
+    return path, body
+
+
+@pytest.fixture(scope="module")
+def gatekeeper() -> Iterator[tuple[Api, str]]:
+    """Gatekeeper's webhook (scripts/build-gatekeeper.sh; not built in CI, so skipped there) with the
+    bench's ConstraintTemplate, on a bare local control plane: (API client, the judged namespace)."""
+    binary = gk.gatekeeper_manager(None)
+    manifest = gk.gatekeeper_manifest(binary) if binary else None
+    if binary is None or manifest is None:
+        pytest.skip("Gatekeeper's manager is not built (scripts/build-gatekeeper.sh; not part of CI)")
+    try:
+        find_bin_dir()
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+    short = Path(tempfile.mkdtemp(prefix="dgk-"))
+    cluster = LocalCluster(short / "s", None, tie_to_parent=True)
+    try:
+        cluster.up(nodes=(), with_driver=False, with_webhook=False)
+        api = Api(cluster.server, cluster.paths.certs)
+        ns = "bench-gatekeeper"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {pw.ARM_LABEL: "gatekeeper"}},
+        }
+        assert api.call("POST", "/api/v1/namespaces", body)[0] == 201
+        cluster.wait_default_sa(ns)
+        for name, cls in pw.TEMPLATES.items():
+            path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
+            assert api.call("POST", path, pw.claim_template(ns, name, cls))[0] == 201
+        ports = [free_port() for _ in range(3)]
+        gk.start_gatekeeper(cluster, binary, manifest, *ports, pw.ARM_LABEL)
+        gk.apply_policy(cluster)
+        # Ready when the constraint is loaded and the templates are in its synced data.
+        cluster.wait("gatekeeper", lambda: _dry_run(api, *_vllm_pod(ns, "ready", "one-a100"))[0] == 403, 180)
+        yield api, ns
+    except ClusterError as exc:
+        pytest.fail(f"{exc}\n{cluster.all_logs(40)}")
+    finally:
+        cluster.down(keep_logs=False)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _dry_run(api: Api, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    status, msg, _ = pw.create(api, f"{path}?dryRun=All", body)
+    return status, msg
+
+
+def test_gatekeeper_denies_llm_on_a100_and_allows_h100(gatekeeper: tuple[Api, str]) -> None:
+    api, ns = gatekeeper
+    status, msg = _dry_run(api, *_vllm_pod(ns, "llm-a100", "one-a100"))
+    assert status == 403, msg
+    assert "validation.gatekeeper.sh" in msg and "asks for gpu.nvidia.com-a100" in msg
+    status, msg = _dry_run(api, *_vllm_pod(ns, "llm-h100", "one-h100"))
+    assert status == 201, msg
+
+
+def test_gatekeeper_judges_what_its_own_means_reach(gatekeeper: tuple[Api, str]) -> None:
+    """LLM by label as well as by image; Deployments through their pod template; a batch image on
+    A100 allowed; a template missing from its synced data denied, with the reason."""
+    api, ns = gatekeeper
+    path, body = _vllm_pod(ns, "labelled", "one-a100")
+    body["spec"]["containers"][0]["image"] = pw.BATCH_IMAGE
+    body["metadata"]["labels"] = {"app": "chat-llm"}
+    status, msg = _dry_run(api, path, body)
+    assert status == 403, msg
+    body["metadata"]["labels"] = {"app": "allminilm-embedder"}  # not the whole word `llm`
+    assert _dry_run(api, path, body)[0] == 201
+    dpath, dep, bad = pw.workload(12, ns)  # a vLLM Deployment on an A100 template
+    assert dep["kind"] == "Deployment" and bad
+    status, msg = _dry_run(api, dpath, dep)
+    assert status == 403 and "asks for gpu.nvidia.com-a100" in msg, msg
+    status, msg = _dry_run(api, *_vllm_pod(ns, "unknown", "no-such-template"))
+    assert status == 403 and "not in Gatekeeper's synced data" in msg, msg
