@@ -85,7 +85,8 @@ def exec_in(kubectl: Kubectl, ns: str, pod: str, script: str) -> str:
 def published_devices(kubectl: Kubectl, node: str) -> dict[str, dict[str, Any]]:
     """The devices of the node's ResourceSlices, by name."""
     slices = kubectl.items("resourceslices", None, "--field-selector", f"spec.nodeName={node}")
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    # A slice may hold only counter sets (partitionable devices): it has no devices.
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
 
 
 def claim_uid(kubectl: Kubectl, ns: str, claim: str) -> str:
