@@ -737,25 +737,25 @@ def report(res: dict[str, Any], arms: list[str], objects: int, compared: int, ex
         f"per arm, {compared} admitted in every arm compared; {res['stream_wall_s']} s; "
         f"load average {res['load_avg'][0]} -> {res['load_avg'][1]}"
     )
-    print(f"{'arm':<9} {'kind':<11} {'n':>5} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"{'arm':<10} {'kind':<11} {'n':>5} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'+p50 ms':>8} {'90% interval':>16} {'+p99 ms':>8} {'90% interval':>16}")  # fmt: skip
     for arm in arms:
         for kind in KINDS:
             k = rows[arm].get(kind)
             if not k:
                 continue
-            line = f"{arm:<9} {kind:<11} {k['n']:>5} {k['p50_ms']:>7.2f} {k['p99_ms']:>7.2f}"
+            line = f"{arm:<10} {kind:<11} {k['n']:>5} {k['p50_ms']:>7.2f} {k['p99_ms']:>7.2f}"
             if arm != "none":
                 for q in (50, 99):
                     lo, hi = k[f"added_p{q}_ci90_ms"]
                     line += f" {k[f'added_p{q}_ms']:>8.2f} {f'[{lo:+.2f}, {hi:+.2f}]':>16}"
             print(line)
-    print(f"{'server':<9} {'reviews':>8} {'CPU s':>7} {'CPU/review':>11} {'less idle':>10} "
+    print(f"{'server':<10} {'reviews':>8} {'CPU s':>7} {'CPU/review':>11} {'less idle':>10} "
           f"{'idle CPU':>11} {'RSS':>9} {'peak RSS':>9} {'handler mean':>13}")  # fmt: skip
     for arm in arms:
         s = rows[arm].get("server")
         if s:
-            print(f"{arm:<9} {s['reviews']:>8} {s['cpu_s']:>7.2f} {s['cpu_ms_per_review'] or 0:>8.3f} ms "
+            print(f"{arm:<10} {s['reviews']:>8} {s['cpu_s']:>7.2f} {s['cpu_ms_per_review'] or 0:>8.3f} ms "
                   f"{s['cpu_ms_per_review_less_idle'] or 0:>7.3f} ms {s['idle_cpu_ms_per_s']:>6.1f} ms/s "
                   f"{s['rss_mib']:>5.0f} MiB {s['peak_rss_mib']:>5.0f} MiB "
                   f"{s['handler_mean_ms'] or 0:>10.3f} ms")  # fmt: skip
