@@ -344,37 +344,40 @@ class TestDynamicMig:
                  "the partition unprepared (checkpoint and CDI spec)")  # fmt: skip
         kubectl.ok("delete", "resourceclaim", "-n", ns, "part-gpu", "--wait=true", "--timeout=60s")
 
+    @pytest.mark.parametrize("first", ["whole", "part"])
     def test_a_whole_gpu_and_a_partition_of_it_never_run_together(
         self, cluster: LocalCluster, kubectl: Kubectl, real_node: str, workload_image: str,
-        mig_node: tuple[str, str, Path, dict[str, str]],
+        mig_node: tuple[str, str, Path, dict[str, str]], first: str,
     ) -> None:  # fmt: skip
         ns, pci, state, _env = mig_node
-        _apply_claim_pod(kubectl, ns, "whole", scenarios.A100, pci, workload_image, real_node)
-        running_pod(kubectl, ns, "whole")
-        assert allocated_devices(kubectl, ns, "whole-gpu") == ["gpu-0"]
-        # The whole GPU is its whole-GPU instance (MIG mode stays on).
-        [made] = _instances(state)
-        assert (made["profileId"], made["start"]) == (0, 0), made
+        # pod -> (class, the device it gets, the MIG profile id of the instance prepare makes for it);
+        # the whole GPU is its whole-GPU instance (7g.80gb: MIG mode stays on).
+        wants = {"whole": (scenarios.A100, "gpu-0", 0), "part": (PARTITION_CLASS, "gpu-0-mig-3g40gb-", 9)}
+        [second] = [p for p in wants if p != first]
+        _apply_claim_pod(kubectl, ns, first, wants[first][0], pci, workload_image, real_node)
+        running_pod(kubectl, ns, first)
+        assert allocated_devices(kubectl, ns, f"{first}-gpu")[0].startswith(wants[first][1])
+        assert [i["profileId"] for i in _instances(state)] == [wants[first][2]]
 
-        _apply_claim_pod(kubectl, ns, "part", PARTITION_CLASS, pci, workload_image, real_node)
+        _apply_claim_pod(kubectl, ns, second, wants[second][0], pci, workload_image, real_node)
 
         def unschedulable() -> str | None:
-            conds = kubectl.get("pod", "part", ns)["status"].get("conditions") or []
+            conds = kubectl.get("pod", second, ns)["status"].get("conditions") or []
             [c] = [c for c in conds if c["type"] == "PodScheduled"] or [{}]
             return str(c.get("message")) if c.get("reason") == "Unschedulable" else None
 
-        why = wait_for(unschedulable, "the partition's pod unschedulable while the whole GPU is held")
+        why = wait_for(unschedulable, f"the {second} pod unschedulable while the {first} one holds the GPU")
         assert "claim" in why.lower(), why
-        assert not kubectl.get("resourceclaim", "part-gpu", ns).get("status", {}).get("allocation")
-        assert kubectl.get("pod", "whole", ns)["status"]["phase"] == "Running"
-        assert [i["profileId"] for i in _instances(state)] == [0]
+        assert not kubectl.get("resourceclaim", f"{second}-gpu", ns).get("status", {}).get("allocation")
+        assert kubectl.get("pod", first, ns)["status"]["phase"] == "Running"
+        assert [i["profileId"] for i in _instances(state)] == [wants[first][2]]
 
-        # The whole GPU released: only now is the partition placed, its instance made.
-        _delete_pod_and_claim(kubectl, ns, "whole")
-        running_pod(kubectl, ns, "part")
-        assert allocated_devices(kubectl, ns, "part-gpu")[0].startswith("gpu-0-mig-3g40gb-")
-        assert [i["profileId"] for i in _instances(state)] == [9]
-        _delete_pod_and_claim(kubectl, ns, "part")
+        # The first released: only now is the second placed on the GPU, its instance made.
+        _delete_pod_and_claim(kubectl, ns, first)
+        running_pod(kubectl, ns, second)
+        assert allocated_devices(kubectl, ns, f"{second}-gpu")[0].startswith(wants[second][1])
+        assert [i["profileId"] for i in _instances(state)] == [wants[second][2]]
+        _delete_pod_and_claim(kubectl, ns, second)
         wait_for(lambda: not _instances(state), "no MIG instance left")
 
     def test_plugin_killed_mid_prepare_of_a_partition_leaves_no_instance(
