@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.sim import MIG_STATE_ENV  # the simulated GPUs keep their MIG instances in this file
+from driver.sim import MIG_STATE_ENV, load_topology  # MIG_STATE_ENV: where simulated GPUs keep instances
 from driver.state import CRASH_ENV  # the plugin exits at once (like SIGKILL) at the named point
 from tests.e2e.helpers import (
     Kubectl,
@@ -95,6 +95,12 @@ def _driver_down(cluster: LocalCluster, node: str) -> bool:
     return f"driver-{node}" not in cluster.running()
 
 
+def _own_gpus(cluster: LocalCluster) -> set[str]:
+    """The devices the node's driver publishes from the node's own topology in the default mode."""
+    topology = REPO / "driver/sim/topologies" / str(cluster.state["real_node"]["topology"])
+    return {f"gpu-{g.minor}" for g in load_topology(topology).gpus}
+
+
 @pytest.fixture(scope="class")
 def mode_restored(cluster: LocalCluster, kubectl: Kubectl, real_node: str) -> Iterator[list[str]]:
     """Yields a list the test class fills with the namespaces it made; afterwards they are emptied, the
@@ -107,7 +113,7 @@ def mode_restored(cluster: LocalCluster, kubectl: Kubectl, real_node: str) -> It
         wait_for(lambda: not _checkpoint(cluster), "every claim of the mode's tests unprepared", timeout=60)
     for ns in made:
         kubectl.run("delete", "namespace", ns, "--wait=false")
-    own = {f"gpu-{i}" for i in range(4)}
+    own = _own_gpus(cluster)
     _restart_driver(
         cluster, kubectl, real_node,
         lambda devs: set(devs) == own and not any(d.get("allowMultipleAllocations") for d in devs.values()),
@@ -179,10 +185,11 @@ def shared_gpu(
     classes = (REPO / "kustomize/components/gpu-sharing/deviceclasses.yaml").read_text()
     [shared] = [d for d in yaml.safe_load_all(classes) if d and d["metadata"]["name"] == SHARED_CLASS]
     kubectl.ok("apply", "-f", "-", input=json.dumps(shared))
+    own = _own_gpus(cluster)
     _restart_driver(
         cluster, kubectl, real_node,
-        lambda devs: len(devs) == 4 and all(d.get("allowMultipleAllocations") for d in devs.values()),
-        "the node's four GPUs published for sharing", args=("--share-by-capacity", "all"),
+        lambda devs: set(devs) == own and all(d.get("allowMultipleAllocations") for d in devs.values()),
+        "the node's GPUs published for sharing", args=("--share-by-capacity", "all"),
     )  # fmt: skip
     gpu = published_devices(kubectl, real_node)["gpu-0"]
     policy = gpu["capacity"]["memory"]["requestPolicy"]
