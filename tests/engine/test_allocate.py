@@ -112,6 +112,41 @@ def test_none_effect_never_blocks_and_noexecute_does() -> None:
     assert v.allocatable is False and "drain:NoExecute (DeviceTaintRule drain)" in v.reasons[0]
 
 
+def _tolerating(toleration: str) -> Any:
+    return claim(f"""
+devices:
+  requests:
+  - name: gpu
+    exactly:
+      deviceClassName: gpu.nvidia.com
+      tolerations: [{toleration}]
+""")
+
+
+def test_a_pod_given_a_noexecute_device_is_evicted_unless_its_toleration_names_noexecute() -> None:
+    # kube-scheduler v1.37.2 allocates a NoExecute-tainted device to a toleration without an effect;
+    # the device taint eviction controller then deletes the pod at once (seen on the local cluster).
+    taint = {"key": "maintenance", "effect": "NoExecute"}
+    inv = inventory(slice_("node-a", [gpu("gpu-0", taints=[taint])]))
+    bare = allocate(_tolerating("{key: maintenance, operator: Exists}"), inv)
+    assert bare.allocatable is True
+    assert [n for n in bare.notes if "eviction" in n] == [
+        "request 'gpu' gets gpu-0, tainted maintenance:NoExecute: the device taint eviction controller "
+        "deletes the pod as soon as it is scheduled; no toleration of the request names effect NoExecute "
+        "(one without an effect lets the scheduler allocate the device, not the pod stay)"
+    ]
+    seconds = "{key: maintenance, operator: Exists, effect: NoExecute, tolerationSeconds: 30}"
+    timed = allocate(_tolerating(seconds), inv)
+    assert timed.allocatable is True
+    assert any("deletes the pod 30 s after the taint was added" in n for n in timed.notes)
+    kept = allocate(_tolerating("{key: maintenance, operator: Exists, effect: NoExecute}"), inv)
+    assert kept.allocatable is True and not any("eviction" in n for n in kept.notes)
+    # A NoSchedule taint evicts nobody, tolerated with or without an effect.
+    inv = inventory(slice_("node-a", [gpu("gpu-0", taints=[{"key": "maintenance", "effect": "NoSchedule"}])]))
+    quiet = allocate(_tolerating("{key: maintenance, operator: Exists}"), inv)
+    assert quiet.allocatable is True and not any("eviction" in n for n in quiet.notes)
+
+
 # -- counters ----------------------------------------------------------------------------------
 
 COUNTERS = slice_(

@@ -102,6 +102,39 @@ def untolerated(taints: Iterable[DeviceTaint], tolerations: Sequence[DeviceToler
     return [t for t in taints if t.blocks and not any(tolerates(tol, t) for tol in tolerations)]
 
 
+def eviction(
+    taints: Iterable[DeviceTaint], tolerations: Sequence[DeviceToleration]
+) -> tuple[DeviceTaint, int] | None:
+    """The NoExecute taint that gets a pod holding the device evicted soonest, and how many seconds after
+    the taint was added; None when no taint evicts it.
+
+    These are the device taint eviction controller's rules (kube-controller-manager 1.37), which are
+    narrower than the scheduler's: only a toleration that names `effect: NoExecute` keeps the pod. One
+    with no effect lets the scheduler allocate the tainted device, and the controller then deletes the
+    pod as soon as it is scheduled.
+    """
+    soonest: tuple[DeviceTaint, int] | None = None
+    for taint in taints:
+        if taint.effect != NO_EXECUTE:
+            continue
+        seconds: int | None = None
+        kept = False
+        for tol in tolerations:
+            if tol.effect != NO_EXECUTE or not tolerates(tol, taint):
+                continue
+            if tol.toleration_seconds is None:
+                kept = True
+                break
+            wait = max(tol.toleration_seconds, 0)
+            seconds = wait if seconds is None else min(seconds, wait)
+        if kept:
+            continue
+        after = seconds or 0
+        if soonest is None or after < soonest[1]:
+            soonest = (taint, after)
+    return soonest
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTaintRule:
     """A DeviceTaintRule: its taint applies to every device its selector names (empty: all)."""

@@ -26,7 +26,7 @@ from webhook.dra.inventory import Inventory
 from webhook.dra.nodes import named_nodes, selector_matches
 from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
 from webhook.dra.quantity import Quantity
-from webhook.dra.taints import DeviceToleration, untolerated
+from webhook.dra.taints import DeviceToleration, eviction, untolerated
 
 T = TypeVar("T")
 _K = TypeVar("_K")
@@ -79,6 +79,24 @@ class Verdict:
     reasons: tuple[str, ...] = ()  # why not, or why it cannot be decided
     notes: tuple[str, ...] = ()  # what the verdict does not model for this claim
     unsure: tuple[str | None, ...] = ()  # nodes where the answer cannot be decided offline
+
+
+def _evictions(inventory: Inventory, choices: list[list[Choice]], picks: tuple[Pick, ...]) -> list[str]:
+    """What Kubernetes' device taint eviction controller would do to a pod given these devices."""
+    tolerations = {ch.name: ch.tolerations for alts in choices for ch in alts}
+    out: list[str] = []
+    for p in picks:
+        hit = eviction(inventory.taints_of(p.device), tolerations.get(p.request, ()))
+        if hit is None:
+            continue
+        taint, seconds = hit
+        when = "as soon as it is scheduled" if seconds == 0 else f"{seconds} s after the taint was added"
+        how = ("its toleration has tolerationSeconds" if seconds else
+               "no toleration of the request names effect NoExecute (one without an effect lets the "
+               "scheduler allocate the device, not the pod stay)")  # fmt: skip
+        out.append(f"request {p.request!r} gets {p.device.name}, tainted {taint.describe()}: the device "
+                   f"taint eviction controller deletes the pod {when}; {how}")  # fmt: skip
+    return out
 
 
 class _TooLarge(Exception):
@@ -1062,6 +1080,7 @@ def allocate(
         notes.append(_summary("the scheduler may refuse the claim, depending on the order it tries devices",
                               list(dict.fromkeys(risky))))  # fmt: skip
     if ok_nodes:
+        notes.extend(_evictions(inventory, choices, first_picks))
         return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes), (*risky_nodes, *unknown_nodes))
     if risky_nodes:
         return Verdict(
