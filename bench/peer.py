@@ -1,8 +1,8 @@
 """Peer comparison: `draguard review` vs the Kyverno CLI on the same 2,000 manifests, same policy idea.
 
     python bench/peer.py [--workloads 2000] [--kyverno PATH] [--repeat 3] [--json OUT]
-    python bench/peer.py --webhook [...]   Kyverno's admission controller beside draguard's webhook
-                                           on one local control plane (bench/peer_webhook.py)
+    python bench/peer.py --webhook [...]   Kyverno's and Gatekeeper's admission webhooks beside
+                                           draguard's on one local control plane (bench/peer_webhook.py)
 
 The manifests are bench/engine.py's generated workloads (Pods, Deployments, StatefulSets, Jobs,
 CronJobs, DaemonSets, ReplicaSets; 20 % still on nvidia.com/gpu) plus the claim templates they use,

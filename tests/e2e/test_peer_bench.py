@@ -108,8 +108,8 @@ def gatekeeper() -> Iterator[tuple[Api, str]]:
         for name, cls in pw.TEMPLATES.items():
             path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
             assert api.call("POST", path, pw.claim_template(ns, name, cls))[0] == 201
-        ports = [free_port() for _ in range(3)]
-        gk.start_gatekeeper(cluster, binary, manifest, *ports, pw.ARM_LABEL)
+        port, metrics_port, health_port = free_port(), free_port(), free_port()
+        gk.start_gatekeeper(cluster, binary, manifest, port, metrics_port, health_port, pw.ARM_LABEL)
         gk.apply_policy(cluster)
         # Ready when the constraint is loaded and the templates are in its synced data.
         cluster.wait("gatekeeper", lambda: _dry_run(api, *_vllm_pod(ns, "ready", "one-a100"))[0] == 403, 180)
