@@ -1,4 +1,4 @@
-"""Kyverno's admission controller beside draguard's webhook, on one local control plane.
+"""Kyverno's and Gatekeeper's admission webhooks beside draguard's, on one local control plane.
 
     python bench/peer.py --webhook [--objects 1500] [--arms none,null,draguard,kyverno,gatekeeper]
                                    [--kyverno PATH] [--kyverno-policy cluster|validating] [--gatekeeper PATH]
