@@ -126,6 +126,7 @@ def register(subparsers: Any) -> None:
     check.add_argument("--device", default=None, help="the device to prepare (default: the first)")
     check.add_argument("--cdicheck", default=None, help="tools/cdicheck binary: validate the spec with it")
     check.add_argument("--driver-name", default=DRIVER_NAME)
+    _add_sharing(check)  # the mode to check: the flags `driver run` takes (none: exclusive)
     check.set_defaults(func=cmd_self_check)
 
     simroot = sub.add_parser("sim-root", help="lay out a simulated driver root (files, device nodes)")
@@ -241,6 +242,8 @@ def cmd_self_check(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.sim and not args.driver_root:
         return _err("--driver-root is required with --sim (make one: draguard driver sim-root DIR --sim ...)")
+    if args.share_by_capacity and args.dynamic_mig:
+        return _err("--share-by-capacity and --dynamic-mig: the check runs one mode at a time; run it twice")
     try:
         return run(args)
     except (NvmlUnavailable, NvmlCallError, TopologyError, DriverRootError, CdiError, ValueError) as exc:
