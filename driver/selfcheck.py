@@ -333,8 +333,13 @@ def _mig_modes(smi: Path | None) -> dict[int, tuple[str, str]]:
                            check=False)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {}
+    return parse_mig_modes(p.stdout) if p.returncode == 0 else {}
+
+
+def parse_mig_modes(text: str) -> dict[int, tuple[str, str]]:
+    """`nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv,noheader` read."""
     out = {}
-    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+    for line in text.splitlines():
         m = _SMI_MIG.match(line)
         if m:
             out[int(m.group(1))] = (m.group(2), m.group(3))
@@ -507,7 +512,8 @@ def run(args: argparse.Namespace) -> int:
     node = nvml.enumerate()
     devices = build_devices(node, args.driver_name, policy, args.dynamic_mig)
     # A node with nothing to share or partition is a skip of that mode (below), not a failed inventory.
-    found = bool(devices) or (mode != "exclusive" and bool(node.gpus))
+    all_mig = bool(node.gpus) and all(g.mig_enabled for g in node.gpus)
+    found = bool(devices) or (bool(node.gpus) and (mode != "exclusive" or all_mig))
     ok &= _say("NVML inventory", found,
                f"driver {node.driver_version}, CUDA {node.cuda_driver_version}, {len(node.gpus)} GPU(s), "
                f"{len(node.failed)} unreadable, {len(devices)} device(s) "
@@ -517,7 +523,15 @@ def run(args: argparse.Namespace) -> int:
     for f in node.failed:
         print(f"    GPU index {f.index} left out: {f.error}")
     if not devices and mode == "exclusive":
-        return 1
+        if not found:
+            return 1
+        # MIG mode on and no instance made: the driver publishes such a GPU only through its instances.
+        gpus = ", ".join(str(g.index) for g in node.gpus)
+        _skip("exclusive", f"nothing to prepare: GPU {gpus} in MIG mode with no MIG instance (a GPU in "
+              "MIG mode is published only through its instances; make one with `nvidia-smi mig -cgi PROFILE "
+              "-C`, profiles: `nvidia-smi mig -lgip`; or check this node with --dynamic-mig)")  # fmt: skip
+        print("GPU CHECK: SKIPPED", flush=True)
+        return 0
     layout = host_layout(args, node.driver_version)
     files = layout.files
     assert files is not None

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The driver's real-NVML path on a machine with an NVIDIA GPU and driver, in one run (< 5 minutes):
-# inventory, the CDI spec for the first device against the real driver root (checked by the CDI
-# library when tools/cdicheck is built), and one prepare/unprepare through the plugin over its
-# unix socket with a claim built by the check. Needs no cluster and changes nothing on the host
-# (everything lives in a temporary directory; a TimeSlicing setting is never applied).
+# inventory, then `draguard driver self-check` in each way the driver serves a GPU, each under its own
+# timeout: exclusive (the CDI spec of the first device against the real driver root, checked by the
+# CDI library when tools/cdicheck is built, and one prepare/unprepare through the plugin over its unix
+# socket), shared by capacity (two shares of one GPU, each with its own CDI device and memory limit;
+# one unprepared while the other stays), and dynamic MIG (a partition's MIG instance made by prepare
+# and destroyed by unprepare through NVML). A mode the machine cannot run (no GPU in MIG mode, say) is
+# reported as skipped with what to change. Needs no cluster and changes nothing on the host it does
+# not undo (everything lives in a temporary directory; a TimeSlicing setting is never applied; the
+# MIG instance the check makes is destroyed again, MIG mode is never switched).
 #
 #   scripts/gpu-check.sh                    real NVML, driver root $DRIVER_ROOT (default /)
 #   scripts/gpu-check.sh --sim TOPOLOGY     the same path on a simulated node (a simulated driver root)
 #
 # Environment: PYTHON (default .venv/bin/python), DRIVER_ROOT, CDICHECK (path of tools/cdicheck's
-# binary; found in the build cache when unset), DEVICE (the device to prepare; default the first).
+# binary; found in the build cache when unset), DEVICE (the device the exclusive check prepares;
+# default the first). Exit status 0 when no check failed (skipped ones included), 1 otherwise.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -42,11 +48,45 @@ if [[ -e /proc/driver/nvidia/version ]]; then head -1 /proc/driver/nvidia/versio
 ls -l /dev/nvidia* 2>/dev/null | head -20 || echo "no /dev/nvidia*"
 
 say "inventory (ResourceSlices this node would publish)"
-inventory="$(timeout 120 "$PY" -m driver.cli driver inventory "${source[@]}" --node-name gpu-check -o yaml)"
+inventory="$(timeout 60 "$PY" -m driver.cli driver inventory "${source[@]}" --node-name gpu-check -o yaml)"
 printf '%s\n' "$inventory" | head -80
 
-say "self-check: driver root, CDI spec, prepare/unprepare over the plugin socket"
 check=(driver self-check "${source[@]}" "${root_args[@]}")
-[[ -n "$cdicheck" ]] && check+=(--cdicheck "$cdicheck") || echo "(tools/cdicheck not built: the spec is not checked by the CDI library)"
-[[ -n "${DEVICE:-}" ]] && check+=(--device "$DEVICE")
-timeout 180 "$PY" -m driver.cli "${check[@]}"
+[[ -n "$cdicheck" ]] && check+=(--cdicheck "$cdicheck") || echo "(tools/cdicheck not built: the specs are not checked by the CDI library)"
+
+# One self-check under a timeout; its verdict (OK, SKIPPED, FAILED, TIMED OUT) goes to `verdicts`.
+verdicts=()
+failed=0
+run_check() {
+    local name="$1" limit="$2"; shift 2
+    local out rc=0 verdict
+    out="$(mktemp /tmp/dg-gpucheck-out-XXXXXX)"
+    timeout "$limit" "$PY" -m driver.cli "${check[@]}" "$@" | tee "$out" || rc=$?
+    if [[ $rc -eq 124 ]]; then
+        verdict="TIMED OUT after ${limit}s"
+    elif [[ $rc -ne 0 ]]; then
+        verdict="FAILED"
+    elif grep -q '^GPU CHECK: SKIPPED' "$out"; then
+        verdict="SKIPPED"
+    else
+        verdict="OK"
+    fi
+    rm -f "$out"
+    [[ $verdict == OK || $verdict == SKIPPED ]] || failed=1
+    verdicts+=("$name: $verdict")
+}
+
+say "self-check, exclusive: driver root, CDI spec, prepare/unprepare over the plugin socket"
+exclusive=()
+[[ -n "${DEVICE:-}" ]] && exclusive+=(--device "$DEVICE")
+run_check exclusive 75 "${exclusive[@]}"
+
+say "self-check, shared by capacity: two shares of one GPU, one unprepared beside the other"
+run_check share 60 --share-by-capacity all
+
+say "self-check, dynamic MIG: a partition's MIG instance made at prepare, destroyed at unprepare"
+run_check dynamic-mig 75 --dynamic-mig
+
+say "summary"
+printf '%s\n' "${verdicts[@]}"
+exit "$failed"
