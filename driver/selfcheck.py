@@ -368,17 +368,15 @@ def mig_off_reason(gpus: Sequence[GpuInfo], modes: dict[int, tuple[str, str]]) -
         n = gs[0].index
         names = ", ".join(dict.fromkeys(g.name for g in gs))
         where = f"GPU {', '.join(str(g.index) for g in gs)} ({names})"
-        reset = (
-            f"the GPU is reset with nothing running on it (`nvidia-smi -i {n} -r`) or the machine rebooted"
-        )
-        turn_on = (f"turn it on with `nvidia-smi -i {n} -mig 1` (as root, for each GPU; it takes effect once "
+        reset = f"the GPU is reset with nothing running on it (`nvidia-smi -i {n} -r`) or after a reboot"
+        turn_on = (f"turn it on with `nvidia-smi -i {n} -mig 1` (as root, for each GPU: it takes effect once "
                    f"{reset}), then run this check again")  # fmt: skip
         out.append({
             "no-profiles": f"{where}: in MIG mode, but NVML lists no GPU instance profiles",
             "unsupported": f"{where}: no MIG support",
             "pending": f"{where}: MIG mode is enabled but pending until {reset}",
-            "off": f"{where}: MIG mode is off; {turn_on}",
-            "unknown": f"{where}: not in MIG mode (MIG mode is off, or the GPU has no MIG); on a MIG-capable "
+            "off": f"{where}: MIG mode is off, {turn_on}",
+            "unknown": f"{where}: not in MIG mode (MIG mode is off, or the GPU has no MIG), on a MIG-capable "
                        f"GPU {turn_on}",
         }[state])  # fmt: skip
     return "; ".join(out)
@@ -416,9 +414,10 @@ def _mig_target(args: argparse.Namespace, node: NodeGpus, devices: Sequence[Driv
                      f"{held}; destroy them (`nvidia-smi mig -dci`, then `nvidia-smi mig -dgi`) to run "
                      "this check")  # fmt: skip
 
-    def size(d: DriverDevice) -> tuple[int, int, int, int, str]:
+    def size(d: DriverDevice) -> tuple[int, int, int, int, int, str]:
+        # The smallest profile (fewest slices, least memory, no extra media engines), first GPU first.
         engines = sum(v for k, v in d.capacity.items() if k not in ("memory", "multiprocessors"))
-        return (len(d.memory_slices), d.capacity.get("memory", 0), engines, d.mig_start or 0, d.name)
+        return (len(d.memory_slices), d.capacity.get("memory", 0), engines, d.minor, d.mig_start or 0, d.name)
 
     return min(free, key=size)
 
