@@ -248,6 +248,9 @@ def cmd_self_check(args: argparse.Namespace) -> int:
         return run(args)
     except (NvmlUnavailable, NvmlCallError, TopologyError, DriverRootError, CdiError, ValueError) as exc:
         return _err(str(exc))
+    except KeyboardInterrupt:  # scripts/gpu-check.sh's timeout: the cleanup above has run by now
+        _err("self-check interrupted (timed out?): GPU CHECK: FAILED")
+        return 130
 
 
 def cmd_sim_root(args: argparse.Namespace) -> int:

@@ -92,11 +92,22 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):g}Gi" if n % (1 << 20) == 0 else f"{n} bytes"
 
 
+class CallFailed(RuntimeError):
+    """A call on the plugin's sockets failed outright (no answer, not a per-claim error)."""
+
+    def __init__(self, method: str, detail: str) -> None:
+        self.method = method
+        super().__init__(detail)
+
+
 async def _call(ch: Any, service: str, method: str, req: Any, resp_type: Any) -> Any:
     """One unary call, as the kubelet makes it (no generated stubs)."""
     fn = ch.unary_unary(f"/{service}/{method}", request_serializer=type(req).SerializeToString,
                         response_deserializer=resp_type.FromString)  # fmt: skip
-    return await fn(req, timeout=60)
+    try:
+        return await fn(req, timeout=60)
+    except grpc.aio.AioRpcError as exc:
+        raise CallFailed(method, f"{exc.code().name}: {exc.details()}") from None
 
 
 class Kubelet:
@@ -138,6 +149,8 @@ async def _with_plugin(server: PluginServer, body: Callable[[Kubelet], Awaitable
                   f"{info.name} at {info.endpoint}, versions {list(info.supported_versions)}")  # fmt: skip
         async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as ch:
             return await body(Kubelet(ch)) and ok
+    except CallFailed as exc:  # the step that got no answer, and gRPC's reason
+        return _say(exc.method, False, str(exc))
     finally:
         await server.stop(0)
 
@@ -474,6 +487,7 @@ def _dynamic_mig(args: argparse.Namespace, base: Path, make: Callable[..., tuple
                    f"NVML still lists {gone.uuid}" if gone is not None else "")  # fmt: skip
         return _say("CDI spec removed", not spec_file.exists()) and ok
 
+    ok = False
     try:
         ok = asyncio.run(_with_plugin(server, body))
     finally:

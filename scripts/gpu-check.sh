@@ -61,8 +61,9 @@ run_check() {
     local name="$1" limit="$2"; shift 2
     local out rc=0 verdict
     out="$(mktemp /tmp/dg-gpucheck-out-XXXXXX)"
-    timeout "$limit" "$PY" -m driver.cli "${check[@]}" "$@" | tee "$out" || rc=$?
-    if [[ $rc -eq 124 ]]; then
+    # SIGINT first: the check then still unprepares and destroys a MIG instance it made.
+    timeout -s INT -k 15 "$limit" "$PY" -m driver.cli "${check[@]}" "$@" | tee "$out" || rc=$?
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
         verdict="TIMED OUT after ${limit}s"
     elif [[ $rc -ne 0 ]]; then
         verdict="FAILED"
