@@ -120,7 +120,8 @@ def register(subparsers: Any) -> None:
     spec.add_argument("--driver-name", default=DRIVER_NAME)
     spec.set_defaults(func=cmd_cdi_spec)
 
-    check = sub.add_parser("self-check", help="inventory, CDI spec and prepare/unprepare over the socket (the sharing flags choose the mode)")
+    check = sub.add_parser("self-check", help="inventory, CDI spec and prepare/unprepare over the socket, "
+                                              "in the mode the sharing flags choose")  # fmt: skip
     _add_source(check)
     _add_host(check)
     check.add_argument("--device", default=None, help="the device to prepare (default: the first)")
