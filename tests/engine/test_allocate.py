@@ -141,6 +141,16 @@ def test_a_pod_given_a_noexecute_device_is_evicted_unless_its_toleration_names_n
     assert any("deletes the pod 30 s after the taint was added" in n for n in timed.notes)
     kept = allocate(_tolerating("{key: maintenance, operator: Exists, effect: NoExecute}"), inv)
     assert kept.allocatable is True and not any("eviction" in n for n in kept.notes)
+    # The scheduler may pick another matching device than the one shown: a tainted one is named too.
+    two = inventory(slice_("node-a", [gpu("gpu-0"), gpu("gpu-1", taints=[taint])]))
+    either = allocate(_tolerating("{key: maintenance, operator: Exists}"), two)
+    assert either.allocatable is True and [p.device.name for p in either.picks] == ["gpu-0"]
+    assert [n for n in either.notes if "eviction" in n] == [
+        "request 'gpu' may get gpu-1 instead (the scheduler's choice among the matching devices), tainted "
+        "maintenance:NoExecute: the device taint eviction controller deletes the pod as soon as it is "
+        "scheduled; no toleration of the request names effect NoExecute (one without an effect lets the "
+        "scheduler allocate the device, not the pod stay)"
+    ]
     # A NoSchedule taint evicts nobody, tolerated with or without an effect.
     inv = inventory(slice_("node-a", [gpu("gpu-0", taints=[{"key": "maintenance", "effect": "NoSchedule"}])]))
     quiet = allocate(_tolerating("{key: maintenance, operator: Exists}"), inv)

@@ -26,7 +26,7 @@ from webhook.dra.inventory import Inventory
 from webhook.dra.nodes import named_nodes, selector_matches
 from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
 from webhook.dra.quantity import Quantity
-from webhook.dra.taints import DeviceToleration, eviction, untolerated
+from webhook.dra.taints import NO_EXECUTE, DeviceTaint, DeviceToleration, eviction, untolerated
 
 T = TypeVar("T")
 _K = TypeVar("_K")
@@ -81,22 +81,48 @@ class Verdict:
     unsure: tuple[str | None, ...] = ()  # nodes where the answer cannot be decided offline
 
 
-def _evictions(inventory: Inventory, choices: list[list[Choice]], picks: tuple[Pick, ...]) -> list[str]:
-    """What Kubernetes' device taint eviction controller would do to a pod given these devices."""
-    tolerations = {ch.name: ch.tolerations for alts in choices for ch in alts}
+def _evictions(
+    inventory: Inventory,
+    choices: list[list[Choice]],
+    candidates: Mapping[tuple[int, int], Sequence[Device]],
+    picks: tuple[Pick, ...],
+    node: str | None,
+) -> list[str]:
+    """What Kubernetes' device taint eviction controller would do to a pod given these devices.
+
+    The picks are one allocation; the scheduler may choose another among the matching devices on the
+    node (within a pool it goes by slice name, which the inventory does not keep), so a matching device
+    it could allocate there and the controller would evict for is named too.
+    """
     out: list[str] = []
-    for p in picks:
-        hit = eviction(inventory.taints_of(p.device), tolerations.get(p.request, ()))
-        if hit is None:
-            continue
-        taint, seconds = hit
-        when = "as soon as it is scheduled" if seconds == 0 else f"{seconds} s after the taint was added"
-        how = ("its toleration has tolerationSeconds" if seconds else
-               "no toleration of the request names effect NoExecute (one without an effect lets the "
-               "scheduler allocate the device, not the pod stay)")  # fmt: skip
-        out.append(f"request {p.request!r} gets {p.device.name}, tainted {taint.describe()}: the device "
-                   f"taint eviction controller deletes the pod {when}; {how}")  # fmt: skip
-    return out
+    picked = {(p.request, p.device.key) for p in picks}
+    for i, alts in enumerate(choices):
+        for j, ch in enumerate(alts):
+            for p in picks:
+                if p.request != ch.name:
+                    continue
+                hit = eviction(inventory.taints_of(p.device), ch.tolerations)
+                if hit is not None:
+                    out.append(f"request {ch.name!r} gets {p.device.name}, {_eviction_text(*hit)}")
+            for d in candidates.get((i, j), ()):
+                if (ch.name, d.key) in picked or _reachable(d, node, inventory) is not True:
+                    continue
+                taints = inventory.taints_of(d)
+                hit = None if untolerated(taints, ch.tolerations) else eviction(taints, ch.tolerations)
+                if hit is not None:
+                    out.append(f"request {ch.name!r} may get {d.name} instead (the scheduler's choice among "
+                               f"the matching devices), {_eviction_text(*hit)}")  # fmt: skip
+                    break  # one device names the risk for the request
+    return list(dict.fromkeys(out))
+
+
+def _eviction_text(taint: DeviceTaint, seconds: int) -> str:
+    if seconds:
+        return (f"tainted {taint.describe()}: the device taint eviction controller deletes the pod "
+                f"{seconds} s after the taint was added (the toleration's tolerationSeconds)")  # fmt: skip
+    return (f"tainted {taint.describe()}: the device taint eviction controller deletes the pod as soon as it "
+            "is scheduled; no toleration of the request names effect NoExecute (one without an effect lets "
+            "the scheduler allocate the device, not the pod stay)")  # fmt: skip
 
 
 class _TooLarge(Exception):
@@ -1080,7 +1106,14 @@ def allocate(
         notes.append(_summary("the scheduler may refuse the claim, depending on the order it tries devices",
                               list(dict.fromkeys(risky))))  # fmt: skip
     if ok_nodes:
-        notes.extend(_evictions(inventory, choices, first_picks))
+        if _derived(inventory, "no-execute", lambda: any(t.effect == NO_EXECUTE for d in inventory.devices
+                                                         for t in inventory.taints_of(d))):  # fmt: skip
+            node = ok_nodes[0]
+            near: dict[tuple[int, int], list[Device]] = {
+                ij: [*(by_node.get(node, ()) if node is not None else ()), *multi]
+                for ij, (by_node, multi, _) in indexed.items()
+            }
+            notes.extend(_evictions(inventory, choices, near, first_picks, node))
         return Verdict(True, tuple(ok_nodes), first_picks, (), tuple(notes), (*risky_nodes, *unknown_nodes))
     if risky_nodes:
         return Verdict(
