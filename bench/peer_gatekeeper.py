@@ -253,13 +253,14 @@ def sync_config() -> dict[str, Any]:
     }
 
 
-def gatekeeper_manager(explicit: str | None) -> Path | None:
-    """--gatekeeper, $DRAGUARD_GATEKEEPER_MANAGER, then where scripts/build-gatekeeper.sh caches it."""
-    cands = [explicit, os.environ.get("DRAGUARD_GATEKEEPER_MANAGER")]
+def built_binary(explicit: str | None, env_var: str, build_script: str, *path_args: str) -> Path | None:
+    """A peer's binary: the option's path, then the environment's, then where its build script caches
+    it (`<script> --path ...`); None when none is an executable file."""
+    cands = [explicit, os.environ.get(env_var)]
     if explicit is None:
         try:
             out = subprocess.run(
-                ["bash", str(ROOT / "scripts" / "build-gatekeeper.sh"), "--path"],
+                ["bash", str(ROOT / "scripts" / build_script), "--path", *path_args],
                 capture_output=True, text=True, timeout=30, check=False,
             )  # fmt: skip
             cands.append(out.stdout.strip())
@@ -269,6 +270,11 @@ def gatekeeper_manager(explicit: str | None) -> Path | None:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return Path(c)
     return None
+
+
+def gatekeeper_manager(explicit: str | None) -> Path | None:
+    """--gatekeeper, $DRAGUARD_GATEKEEPER_MANAGER, then where scripts/build-gatekeeper.sh caches it."""
+    return built_binary(explicit, "DRAGUARD_GATEKEEPER_MANAGER", "build-gatekeeper.sh")
 
 
 def gatekeeper_manifest(binary: Path) -> Path | None:

@@ -190,20 +190,7 @@ KYVERNO_VALIDATING_POLICY: dict[str, Any] = {
 
 def kyverno_controller(explicit: str | None) -> Path | None:
     """--kyverno, $DRAGUARD_KYVERNO_CONTROLLER, then where scripts/build-peer.sh caches it."""
-    cands = [explicit, os.environ.get("DRAGUARD_KYVERNO_CONTROLLER")]
-    if explicit is None:
-        try:
-            out = subprocess.run(
-                ["bash", str(ROOT / "scripts" / "build-peer.sh"), "--path", "controller"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            cands.append(out.stdout.strip())
-        except (OSError, subprocess.SubprocessError):
-            pass
-    for c in cands:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return Path(c)
-    return None
+    return gk.built_binary(explicit, "DRAGUARD_KYVERNO_CONTROLLER", "build-peer.sh", "controller")
 
 
 def kyverno_crds(binary: Path) -> Path | None:
