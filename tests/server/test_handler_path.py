@@ -10,11 +10,16 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
-from aiohttp.test_utils import TestClient, TestServer
+import pytest
+from aiohttp import streams, web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from tests.server.conftest import make_webhook, review
 from tests.server.objects import legacy_pod_spec, tier_pod_spec, workload
+from webhook.server import app as app_module
 from webhook.server import logs
 
 
@@ -230,3 +235,68 @@ def test_tallied_histogram_is_exposed_as_prometheus_clients_own() -> None:
     bucket = {"endpoint": "validate", "le": "0.001"}
     got = ours_registry.get_sample_value("x_duration_seconds_bucket", bucket)
     assert got == theirs_registry.get_sample_value("x_duration_seconds_bucket", bucket) == 5.0
+
+
+async def test_bookkeeping_runs_after_the_answer_is_written_and_once(
+    policy_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics and the log line of a review are recorded once the answer's bytes are handed to
+    the transport (the API server does not wait for them), exactly once per review."""
+    wh = make_webhook(policy_dir("warn"))
+    order: list[str] = []
+    plain_write_eof = web.Response.write_eof
+    plain_account = wh._safe_account
+
+    async def write_eof(self: web.Response, data: bytes = b"") -> None:
+        await plain_write_eof(self, data)
+        order.append("written")
+
+    def account(*a: Any, **k: Any) -> None:
+        order.append("accounted")
+        plain_account(*a, **k)
+
+    monkeypatch.setattr(web.Response, "write_eof", write_eof)
+    monkeypatch.setattr(wh, "_safe_account", account)
+    tier = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    async with TestClient(TestServer(wh.build_app())) as c:
+        assert (await c.post("/validate", json=review(tier, uid="after-1"))).status == 200
+        # The same review again: an UPDATE, the second time answered from the review cache.
+        for uid in ("after-2", "after-3"):
+            assert (await c.post("/validate", json=review(tier, uid=uid, operation="UPDATE"))).status == 200
+        await asyncio.sleep(0)  # the fallback turn, which must not count any review twice
+        text = (await (await c.get("/metrics")).read()).decode()
+    assert order == ["written", "accounted"] * 3 + ["written"]  # the last: /metrics, no review
+    assert 'draguard_admission_duration_seconds_count{endpoint="validate"} 3.0' in text
+    assert 'draguard_review_cache_total{result="hit"} 1.0' in text
+
+
+async def test_bookkeeping_runs_when_the_answer_is_never_written(policy_dir: Callable[[str], Path]) -> None:
+    """A client gone before its answer is written still leaves its review counted (on the loop's
+    next turn), and a write that fails counts it too."""
+    wh = make_webhook(policy_dir("warn"))
+    tier = workload("Pod", tier_pod_spec(), {"draguard.io/workload-class": "llm"})
+    body = json.dumps(review(tier, uid="gone")).encode()
+    payload = streams.StreamReader(mock.Mock(), 2**16, loop=asyncio.get_running_loop())
+    payload.feed_data(body)
+    payload.feed_eof()
+    headers = {"Content-Length": str(len(body)), "Content-Type": "application/json"}
+    req = make_mocked_request("POST", "/validate", headers=headers, payload=payload)
+    resp = await wh._validate(req)
+    assert resp.status == 200
+    count = 'draguard_admission_duration_seconds_count{endpoint="validate"}'
+    assert count not in wh.metrics.render().decode()
+    await asyncio.sleep(0)
+    assert f"{count} 1.0" in wh.metrics.render().decode()
+
+    seen: list[int] = []
+    failing = app_module._Answer(b"{}", lambda: seen.append(1))
+
+    async def broken(self: web.Response, data: bytes = b"") -> None:
+        raise ConnectionResetError
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(web.Response, "write_eof", broken)
+        with pytest.raises(ConnectionResetError):
+            await failing.write_eof()
+    failing.settle()
+    assert seen == [1]
