@@ -92,6 +92,16 @@ class Scenario:
         return spec
 
 
+def _fitted(policy: dict[str, Any], mem: int) -> dict[str, Any]:
+    """The policy with validRange.max no larger than the device's capacity: the API server refuses a
+    slice whose max exceeds it (the allocator alone would take it)."""
+    rng = policy.get("validRange")
+    if not rng or "max" not in rng or int(rng["max"].removesuffix("Gi")) <= mem:
+        return policy
+    step = int(rng["step"].removesuffix("Gi"))
+    return {**policy, "validRange": {**rng, "max": _q(mem // step * step)}}
+
+
 def _q(gi: int) -> str:
     return f"{gi}Gi"
 
@@ -128,7 +138,7 @@ class _Gen:
             dev["allowMultipleAllocations"] = True
             policy = r.choice(POLICIES)
             if policy is not None:
-                dev["capacity"]["memory"]["requestPolicy"] = policy
+                dev["capacity"]["memory"]["requestPolicy"] = _fitted(policy, mem)
         if counters is not None and self.chance(0.8):
             # A partition or a full GPU drawing on the pool's one counter set.
             use = {
@@ -181,10 +191,10 @@ class _Gen:
                   for n, part in zip(names, parts, strict=True)]  # fmt: skip
         if counters:
             totals = {c: {"value": _q(v) if c == "memory" else str(v)} for c, v in counters.items()}
-            # A counter slice of a per-device pool has no node scope of its own.
-            scope = {} if per_device else where
+            # The API server wants a node scope on every slice, a counter slice of a per-device pool
+            # too; the scheduler reads counter slices whatever their scope.
             slices.append({**kind, "metadata": {"name": f"{name}-counters"},
-                           "spec": {"driver": DRIVER, "pool": pool, **scope,
+                           "spec": {"driver": DRIVER, "pool": pool, **where,
                                     "sharedCounters": [{"name": "gpu-0", "counters": totals}]}})  # fmt: skip
         return slices, devices
 
