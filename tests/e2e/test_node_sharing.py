@@ -74,21 +74,9 @@ def _start_driver(
     cluster: LocalCluster, node: str, *, topology: str | None = None, args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> None:  # fmt: skip
-    """Start the node's driver and wait until the kubelet has registered it.
-
-    Its slices stay published across a restart, so they do not say the new plugin is there; a pod
-    the kubelet starts before the registration fails its prepare ("not registered") and is retried
-    only after the kubelet's back-off, which can outlast a test's wait.
-    """
+    """Start the node's driver; it returns once the kubelet has registered it."""
+    assert node == cluster.state["real_node"]["name"]
     cluster.start_real_node_driver(topology=topology, args=args, env=env)
-    log = cluster.paths.logs / f"driver-{node}.log"
-
-    def registered() -> bool:
-        # The log of this run of the driver: each start appends a "==== <time> <argv>" header.
-        this_run = log.read_text(errors="replace").rsplit("\n==== ", 1)[-1]
-        return "kubelet registered plugin" in this_run
-
-    wait_for(registered, f"the kubelet to register the restarted driver on {node}", timeout=60)
 
 
 def _driver_down(cluster: LocalCluster, node: str) -> bool:

@@ -366,6 +366,20 @@ class LocalCluster(Supervisor):
         node = self.state["real_node"]
         dirs = self.real_node_driver_dirs()
         addons.start_driver(self, node["name"], topology or node["topology"], dirs, timeout, args, env)
+        # A restarted driver's slices stay published, so they do not say the kubelet knows the new
+        # plugin yet; a pod started in between fails its prepare ("not registered") and is retried
+        # only after the kubelet's back-off. A stopped kubelet registers it when it starts again.
+        if "kubelet" not in self.running():
+            return
+        name = f"driver-{node['name']}"
+        log = self.paths.logs / f"{name}.log"
+
+        def registered() -> bool:
+            # This run's part of the log: each start appends a "==== <time> <argv>" header.
+            return "kubelet registered plugin" in log.read_text(errors="replace").rsplit("\n==== ", 1)[-1]
+
+        took = self.wait(name, registered, timeout)
+        self.progress(f"the kubelet registered the driver on {node['name']} ({took:.1f}s)")
 
     def nvml_events_path(self, node: str) -> Path:
         return addons.nvml_events_path(self, node)
