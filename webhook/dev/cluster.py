@@ -372,13 +372,7 @@ class LocalCluster(Supervisor):
         if "kubelet" not in self.running():
             return
         name = f"driver-{node['name']}"
-        log = self.paths.logs / f"{name}.log"
-
-        def registered() -> bool:
-            # This run's part of the log: each start appends a "==== <time> <argv>" header.
-            return "kubelet registered plugin" in log.read_text(errors="replace").rsplit("\n==== ", 1)[-1]
-
-        took = self.wait(name, registered, timeout)
+        took = self.wait(name, lambda: "kubelet registered plugin" in self.current_log(name), timeout)
         self.progress(f"the kubelet registered the driver on {node['name']} ({took:.1f}s)")
 
     def nvml_events_path(self, node: str) -> Path:

@@ -201,6 +201,9 @@ class Paths:
         return self.root / "node"
 
 
+_RUN_HEADER = "\n==== "  # starts the line each spawn writes into the component's log
+
+
 class Supervisor:
     """Starts, tracks and stops the processes of one state directory."""
 
@@ -256,7 +259,7 @@ class Supervisor:
             # so the kubelet's volume mounts stay visible to containerd.
             argv = ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
         log = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-        log.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.write(f"{_RUN_HEADER}{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
         try:
             # A new session per component: a stop signals the whole group, children included.
@@ -283,6 +286,11 @@ class Supervisor:
         return proc.pid
 
     spawn = _spawn
+
+    def current_log(self, name: str) -> str:
+        """What the component's latest start has logged (each start appends a header line)."""
+        text = (self.paths.logs / f"{name}.log").read_text(errors="replace")
+        return text.rsplit(_RUN_HEADER, 1)[-1]
 
     def log_tail(self, name: str, lines: int = 25) -> str:
         try:
