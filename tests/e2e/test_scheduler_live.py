@@ -238,11 +238,12 @@ def _decisions(kube: Kube, batch: str, lives: list[Live]) -> dict[str, Decision]
             # A pod scheduled onto a NoExecute-tainted device its toleration names no effect for is
             # deleted at once by the device taint eviction controller, and its claim deallocated: the
             # scheduler's decision survives in the events.
+            # Evictions are rare: the scheduler's events (one per pod of the run) are read only for them.
             query = "/api/v1/events?fieldSelector=reason%3D"
-            events = [e for reason in ("Scheduled", EVICTED) for e in kube.get(query + reason)["items"]]
-            seen = {(e["involvedObject"]["name"], e["reason"]) for e in events}
-            for name in undecided:
-                if (name, "Scheduled") in seen and (name, EVICTED) in seen:
+            evicted = undecided & {e["involvedObject"]["name"] for e in kube.get(query + EVICTED)["items"]}
+            if evicted:
+                scheduled = {e["involvedObject"]["name"] for e in kube.get(query + "Scheduled")["items"]}
+                for name in evicted & scheduled:
                     out[name] = (True, EVICTED)
         if all(v[0] is not None for v in out.values()) or time.monotonic() > deadline:
             return out
