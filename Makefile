@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@# The tests and dev tools import the repository's own layout (`webhook`, `driver` at the top) from
+	@# any working directory; the editable install itself names them draguard.webhook, draguard.driver.
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "draguard-repository.pth").write_text(str(pathlib.Path.cwd()) + "\n")'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -34,7 +37,7 @@ image: $(STAMP)
 	$(PY) -m webhook.dev.image build
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check webhook driver tests bench
+	$(VENV)/bin/ruff check draguard setup.py webhook driver tests bench
 	$(VENV)/bin/mypy --strict webhook driver
 
 ## The whole test suite: lint, types, unit, integration, end-to-end against a real local API server.

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.checkpoint import atomic_write
-from driver.devices import DriverDevice
-from driver.driverroot import DEFAULT_CAPABILITIES, DriverFiles, Root, discover, read_cap_minor
+from .checkpoint import atomic_write
+from .devices import DriverDevice
+from .driverroot import DEFAULT_CAPABILITIES, DriverFiles, Root, discover, read_cap_minor
 
 CDI_VERSION = "0.6.0"
 VENDOR = "k8s.gpu.nvidia.com"

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from driver.schema import DRIVER_NAME
+from .schema import DRIVER_NAME
 
 log = logging.getLogger("draguard.driver")
 
@@ -67,14 +67,14 @@ def _add_sharing(p: argparse.ArgumentParser) -> None:
 
 def sharing(args: argparse.Namespace) -> Any:
     """The capacity-sharing setting of the command line (None: off); ValueError naming the flag."""
-    from driver.sharing import parse_capacity_sharing
+    from .sharing import parse_capacity_sharing
 
     return parse_capacity_sharing(args.share_by_capacity, args.share_memory_step)
 
 
 def driver_root(args: argparse.Namespace) -> Any:
     """--driver-root, else env DRIVER_ROOT, else `/`; seen at --driver-root-mount."""
-    from driver.driverroot import Root
+    from .driverroot import Root
 
     host = getattr(args, "driver_root", None) or os.environ.get("DRIVER_ROOT") or "/"
     return Root.of(host, getattr(args, "driver_root_mount", None))
@@ -82,8 +82,8 @@ def driver_root(args: argparse.Namespace) -> Any:
 
 def host_layout(args: argparse.Namespace, driver_version: str, root: Any = None) -> Any:
     """The host layout the CDI specs are written for; DriverRootError when the driver root is unusable."""
-    from driver.cdi import HostLayout
-    from driver.driverroot import Root, parse_capabilities, simulated_roots, validate
+    from .cdi import HostLayout
+    from .driverroot import Root, parse_capabilities, simulated_roots, validate
 
     root = root or driver_root(args)
     validate(root)
@@ -168,8 +168,8 @@ def _err(msg: str) -> int:
 
 def _open(args: argparse.Namespace, on_error: Any = None) -> Any:
     """NVML (real: libnvidia-ml.so.1 and nvidia-smi from the driver root when it has them)."""
-    from driver.driverroot import find_binary, find_nvml
-    from driver.nvml import open_nvml
+    from .driverroot import find_binary, find_nvml
+    from .nvml import open_nvml
 
     library = smi = None
     if not args.sim:
@@ -179,10 +179,10 @@ def _open(args: argparse.Namespace, on_error: Any = None) -> Any:
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
-    from driver.devices import build_devices
-    from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.sim import TopologyError
-    from driver.slices import SliceValidationError, build_slices, validate_slices
+    from .devices import build_devices
+    from .nvml import NvmlCallError, NvmlUnavailable
+    from .sim import TopologyError
+    from .slices import SliceValidationError, build_slices, validate_slices
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     node_name = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
@@ -206,11 +206,11 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 
 def cmd_cdi_spec(args: argparse.Namespace) -> int:
-    from driver.cdi import CdiDevice, CdiError, CdiWriter
-    from driver.devices import build_devices
-    from driver.driverroot import DriverRootError
-    from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.sim import TopologyError
+    from .cdi import CdiDevice, CdiError, CdiWriter
+    from .devices import build_devices
+    from .driverroot import DriverRootError
+    from .nvml import NvmlCallError, NvmlUnavailable
+    from .sim import TopologyError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -234,11 +234,11 @@ def cmd_cdi_spec(args: argparse.Namespace) -> int:
 
 
 def cmd_self_check(args: argparse.Namespace) -> int:
-    from driver.cdi import CdiError
-    from driver.driverroot import DriverRootError
-    from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.selfcheck import run
-    from driver.sim import TopologyError
+    from .cdi import CdiError
+    from .driverroot import DriverRootError
+    from .nvml import NvmlCallError, NvmlUnavailable
+    from .selfcheck import run
+    from .sim import TopologyError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.sim and not args.driver_root:
@@ -255,8 +255,8 @@ def cmd_self_check(args: argparse.Namespace) -> int:
 
 
 def cmd_sim_root(args: argparse.Namespace) -> int:
-    from driver.sim import TopologyError, load_topology
-    from driver.sim.driverroot import make_driver_root
+    from .sim import TopologyError, load_topology
+    from .sim.driverroot import make_driver_root
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -315,12 +315,12 @@ def _no_driver_here(args: argparse.Namespace) -> bool:
 
 def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple[Any, Any, list[Any], Any]:
     """(nvml or None, NodeGpus or None, devices, host layout); DriverStartError when unusable."""
-    from driver.cdi import HostLayout
-    from driver.devices import build_devices
-    from driver.driverroot import Root
-    from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.sim import TopologyError, load_topology
-    from driver.sim.driverroot import make_driver_root
+    from .cdi import HostLayout
+    from .devices import build_devices
+    from .driverroot import Root
+    from .nvml import NvmlCallError, NvmlUnavailable
+    from .sim import TopologyError, load_topology
+    from .sim.driverroot import make_driver_root
 
     try:
         policy = sharing(args)
@@ -353,8 +353,8 @@ def _inventory(args: argparse.Namespace, metrics: Any, plugin_dir: str) -> tuple
 
 async def _refused(api: Any, args: argparse.Namespace, version: str, stop: asyncio.Event) -> bool:
     """True (after a stop signal) when another GPU driver serves this node; see driver/coexist.py."""
-    from driver.coexist import find_conflicts, report
-    from driver.health import Probes, serve_probes
+    from .coexist import find_conflicts, report
+    from .health import Probes, serve_probes
 
     try:
         conflicts = await asyncio.to_thread(find_conflicts, api, args.node_name, args.driver_name, version)
@@ -371,17 +371,17 @@ async def _refused(api: Any, args: argparse.Namespace, version: str, stop: async
 
 
 async def run_driver(args: argparse.Namespace) -> int:
-    from driver.cdi import CdiWriter
-    from driver.checkpoint import Checkpoint
-    from driver.devices import build_devices
-    from driver.health import HealthTracker, Probes, XidWatcher, carry_lost, serve_probes
-    from driver.metrics import DriverMetrics
-    from driver.nvml import NvmlCallError, NvmlUnavailable
-    from driver.plugin import HealthFeed, PluginServer
-    from driver.registration import SocketPathError, check_socket_paths, socket_paths
-    from driver.slices import SlicePublisher, SlicePublishError, SliceValidationError
-    from driver.state import DeviceState, KubeClaimReader
-    from driver.status import ClaimStatusWriter
+    from .cdi import CdiWriter
+    from .checkpoint import Checkpoint
+    from .devices import build_devices
+    from .health import HealthTracker, Probes, XidWatcher, carry_lost, serve_probes
+    from .metrics import DriverMetrics
+    from .nvml import NvmlCallError, NvmlUnavailable
+    from .plugin import HealthFeed, PluginServer
+    from .registration import SocketPathError, check_socket_paths, socket_paths
+    from .slices import SlicePublisher, SlicePublishError, SliceValidationError
+    from .state import DeviceState, KubeClaimReader
+    from .status import ClaimStatusWriter
 
     metrics = DriverMetrics()
     plugin_dir = args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}"

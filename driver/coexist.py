@@ -14,8 +14,8 @@ import datetime as dt
 import logging
 from typing import Any
 
-from driver.kube import KubeHTTPError
-from driver.kube import request as kube_request
+from .kube import KubeHTTPError
+from .kube import request as kube_request
 
 log = logging.getLogger("draguard.driver.coexist")
 

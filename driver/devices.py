@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from driver.nvml import GpuInfo, MigInfo, MigProfile, NodeGpus
-from driver.schema import DRIVER_NAME, K8S_DOMAIN
-from driver.sharing import CapacitySharing
+from .nvml import GpuInfo, MigInfo, MigProfile, NodeGpus
+from .schema import DRIVER_NAME, K8S_DOMAIN
+from .sharing import CapacitySharing
 
 AttrKind = Literal["string", "int", "bool", "version"]
 AttrValue = str | int | bool

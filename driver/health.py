@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from driver.devices import DriverDevice
-from driver.nvml import ERR_GPU_IS_LOST, FailedGpu, GpuInfo, Nvml, NvmlCallError
-from driver.schema import DRIVER_NAME
+from .devices import DriverDevice
+from .nvml import ERR_GPU_IS_LOST, FailedGpu, GpuInfo, Nvml, NvmlCallError
+from .schema import DRIVER_NAME
 
 log = logging.getLogger("draguard.driver.health")
 

@@ -585,7 +585,7 @@ def open_real(
 
 
 def open_sim(path: str | Path, on_error: Callable[[str], None] | None = None) -> Nvml:
-    from driver.sim import load_topology
+    from .sim import load_topology
 
     sim = load_topology(path)
     return Nvml(sim, simulated=True, source=sim.source, on_error=on_error)

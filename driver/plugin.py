@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from driver.devices import DriverDevice
-from driver.proto import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2
-from driver.registration import (
+from .devices import DriverDevice
+from .proto import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2
+from .registration import (
     HEALTH_VERSIONS,
     SUPPORTED_VERSIONS,
     RegistrationServicer,
@@ -24,7 +24,7 @@ from driver.registration import (
     check_socket_paths,
     socket_paths,
 )
-from driver.state import ClaimRef, DeviceState
+from .state import ClaimRef, DeviceState
 
 log = logging.getLogger("draguard.driver.plugin")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from driver.proto import pluginregistration_pb2 as reg_pb2
+from .proto import pluginregistration_pb2 as reg_pb2
 
 log = logging.getLogger("draguard.driver.registration")
 

@@ -176,7 +176,7 @@ def specs_for(device_type: str, kind: Kind | None = None) -> tuple[AttrSpec, ...
 
 def export_schema() -> dict[str, Any]:
     """The schema as JSON-able data (used by `draguard schema` and the CEL linter)."""
-    from driver.config import OPAQUE_CONFIG_SCHEMA  # config is pure too; imported late to keep this light
+    from .config import OPAQUE_CONFIG_SCHEMA  # config is pure too; imported late to keep this light
 
     return {
         "driver": DRIVER_NAME,

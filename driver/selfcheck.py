@@ -32,15 +32,15 @@ from typing import Any
 
 import grpc
 
-from driver.cdi import KIND, CdiDevice, CdiWriter, spec_path
-from driver.checkpoint import Checkpoint
-from driver.devices import DriverDevice, build_devices
-from driver.nvml import GpuInfo, MigInfo, NodeGpus, Nvml, NvmlCallError
-from driver.plugin import DRA_SERVICES, PluginServer
-from driver.proto import dra_v1_pb2, pluginregistration_pb2
-from driver.registration import REGISTRATION_SERVICE
-from driver.sharing import CapacitySharing
-from driver.state import DeviceState
+from .cdi import KIND, CdiDevice, CdiWriter, spec_path
+from .checkpoint import Checkpoint
+from .devices import DriverDevice, build_devices
+from .nvml import GpuInfo, MigInfo, NodeGpus, Nvml, NvmlCallError
+from .plugin import DRA_SERVICES, PluginServer
+from .proto import dra_v1_pb2, pluginregistration_pb2
+from .registration import REGISTRATION_SERVICE
+from .sharing import CapacitySharing
+from .state import DeviceState
 
 NODE = "self-check"
 NAMESPACE = "default"
@@ -514,7 +514,7 @@ def _print_devices(devices: Sequence[DriverDevice]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.cli import _open, host_layout, sharing
+    from .cli import _open, host_layout, sharing
 
     mode = "dynamic-mig" if args.dynamic_mig else "share" if args.share_by_capacity else "exclusive"
     print(f"mode: {MODES[mode]}", flush=True)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.devices import DriverDevice, is_strict_semver
-from driver.kube import KubeHTTPError
-from driver.kube import request as kube_request
+from .devices import DriverDevice, is_strict_semver
+from .kube import KubeHTTPError
+from .kube import request as kube_request
 
 log = logging.getLogger("draguard.driver.slices")
 
@@ -258,7 +258,7 @@ def validate_slice(obj: dict[str, Any]) -> list[str]:
 
 def _check_policy(policy: Any, value: str, where: str, errs: list[str]) -> None:
     """The API server's rules for a capacity's request policy (a default within a valid range)."""
-    from driver.sharing import QuantityError, parse_quantity
+    from .sharing import QuantityError, parse_quantity
 
     pw = f"{where}.requestPolicy"
     rng = policy.get("validRange") if isinstance(policy, dict) else None

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-import driver as _pkg
-from driver.cdi import CdiDevice, CdiError, CdiWriter
-from driver.checkpoint import (
+from . import __version__ as _driver_version
+from .cdi import CdiDevice, CdiError, CdiWriter
+from .checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -29,7 +29,7 @@ from driver.checkpoint import (
     MigInstance,
     PreparedDevice,
 )
-from driver.config import (
+from .config import (
     INTERVAL_VALUES,
     KINDS,
     DeviceConfig,
@@ -38,14 +38,14 @@ from driver.config import (
     parse_opaque_config,
     validate_opaque_config,
 )
-from driver.devices import DriverDevice
-from driver.kube import KubeHTTPError
-from driver.kube import request as kube_request
-from driver.metrics import DriverMetrics
-from driver.nvml import Nvml, NvmlCallError, SharingUnsupported
-from driver.sharing import MODE_CAPACITY, check_share_id, consumed_memory
-from driver.slices import format_quantity
-from driver.status import ClaimStatusWriter, StatusWrite, device_entries
+from .devices import DriverDevice
+from .kube import KubeHTTPError
+from .kube import request as kube_request
+from .metrics import DriverMetrics
+from .nvml import Nvml, NvmlCallError, SharingUnsupported
+from .sharing import MODE_CAPACITY, check_share_id, consumed_memory
+from .slices import format_quantity
+from .status import ClaimStatusWriter, StatusWrite, device_entries
 
 log = logging.getLogger("draguard.driver.state")
 
@@ -197,7 +197,7 @@ class DeviceState:
         claims: ClaimReader,
         nvml: Nvml | None = None,
         metrics: DriverMetrics | None = None,
-        version: str = _pkg.__version__,
+        version: str = _driver_version,
         fault: Callable[[str], None] | None = None,
         health: Any = None,
         status: ClaimStatusWriter | None = None,

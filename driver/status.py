@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.checkpoint import PreparedDevice
-from driver.kube import KubeHTTPError
-from driver.kube import request as kube_request
-from driver.slices import format_quantity
+from .checkpoint import PreparedDevice
+from .kube import KubeHTTPError
+from .kube import request as kube_request
+from .slices import format_quantity
 
 log = logging.getLogger(__name__)
 

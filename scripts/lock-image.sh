@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the image's hashed locks from the pins in constraints.txt:
-#   image/requirements.lock  the runtime dependencies of pyproject.toml, every file's sha256
+#   image/requirements.lock  the runtime dependencies of pyproject.toml with the webhook and driver
+#                            extras, every file's sha256
 #   image/build.lock         the build backend pyproject.toml's [build-system] pins
 # image/install.sh installs both with `pip install --require-hashes`, in the Containerfile and in
 # the local builder alike.  Run after changing a dependency or a pin (it queries the package index;
@@ -22,5 +23,7 @@ common=(--quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-
 say "image/build.lock ($backend)"
 echo "$backend" | "$tmp/venv/bin/pip-compile" "${common[@]}" -o image/build.lock -
 say "image/requirements.lock (runtime dependencies, pins from constraints.txt)"
-PIP_FIND_LINKS= "$tmp/venv/bin/pip-compile" "${common[@]}" -c constraints.txt -o image/requirements.lock pyproject.toml
+# The image runs the webhook and the driver: their extras, on top of what the offline commands need.
+PIP_FIND_LINKS= "$tmp/venv/bin/pip-compile" "${common[@]}" --extra webhook --extra driver -c constraints.txt \
+    -o image/requirements.lock pyproject.toml
 say "done"

@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from webhook import __version__
+from . import PREFIX, __version__
 
 # Each module exposes `register(subparsers)`, adding its commands with `set_defaults(func=...)`
 # where func(args) -> int is the exit code.
@@ -23,6 +23,18 @@ COMMAND_MODULES = (
     "driver.cli",  # driver inventory|run
 )
 
+# `pip install draguard` carries what the offline commands import; the cluster-facing ones need an
+# extra. Top-level module -> the extra that installs it.
+EXTRAS = {
+    "aiohttp": "webhook",
+    "kubernetes": "webhook",
+    "cryptography": "webhook",
+    "prometheus_client": "webhook",
+    "orjson": "webhook",
+    "grpc": "driver",
+    "pynvml": "driver",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -32,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"draguard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        importlib.import_module(PREFIX + name).register(sub)
     return parser
 
 
@@ -50,6 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"draguard {args.command}: needs the Python package {exc.name!r}, which this installation "
+            f"lacks (fix: pip install 'draguard[{extra}]')",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

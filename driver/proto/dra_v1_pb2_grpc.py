@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from driver.proto import dra_v1_pb2 as driver_dot_proto_dot_dra__v1__pb2
+from . import dra_v1_pb2 as driver_dot_proto_dot_dra__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -1,7 +1,7 @@
 """Regenerate the gRPC stubs: `python -m driver.proto.generate` (needs grpcio-tools).
 
-Runs protoc with the repository root as include path, so the generated modules import each
-other as `driver.proto.<name>_pb2`.
+Runs protoc with the repository root as include path; the gRPC modules' imports of their messages
+are then made relative.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ def main() -> int:
         text = pyi.read_text()
         if not text.startswith(PYI_HEADER):
             pyi.write_text(PYI_HEADER + text)
+        # The gRPC module imports its messages as `driver.proto.<name>_pb2`; relative, so it also works
+        # where the package is installed as `draguard.driver`.
+        stub = here / name.replace(".proto", "_pb2_grpc.py")
+        stub.write_text(stub.read_text().replace("from driver.proto import ", "from . import "))
         print(f"generated stubs for driver/proto/{name}")
     return 0
 

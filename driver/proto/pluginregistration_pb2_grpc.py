@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from driver.proto import pluginregistration_pb2 as driver_dot_proto_dot_pluginregistration__pb2
+from . import pluginregistration_pb2 as driver_dot_proto_dot_pluginregistration__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

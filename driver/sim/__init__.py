@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from driver.sim.mig import CI_PROFILE_SLICES, COMPUTE_SLICES, MAX_GPU_INSTANCES, GiProfile, profiles_for
+from .mig import CI_PROFILE_SLICES, COMPUTE_SLICES, MAX_GPU_INSTANCES, GiProfile, profiles_for
 
 log = logging.getLogger("draguard.driver.sim")
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 
-from driver.proto import deviceplugin_v1beta1_pb2 as pb
-from driver.sim import (
+from ..proto import deviceplugin_v1beta1_pb2 as pb
+from . import (
     EVENT_XID_CRITICAL,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_TIMEOUT,
@@ -38,7 +38,7 @@ from driver.sim import (
     TopologyError,
     load_topology,
 )
-from driver.sim.driverroot import make_driver_root
+from .driverroot import make_driver_root
 
 log = logging.getLogger("draguard.driver.sim.deviceplugin")
 

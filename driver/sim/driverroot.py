@@ -18,10 +18,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from driver.cdi import HostLayout
-from driver.driverroot import SIM_MARKER, Root
-from driver.sim import SimulatedNvml
-from driver.sim.mig import MAX_GPU_INSTANCES, profiles_for
+from ..cdi import HostLayout
+from ..driverroot import SIM_MARKER, Root
+from . import SimulatedNvml
+from .mig import MAX_GPU_INSTANCES, profiles_for
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 # (stem, SONAME suffix): most driver libraries have SONAME <stem>.so.1.

@@ -14,25 +14,25 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from webhook.assess.owners import Lookup, OwnerRef, Resolved, resolve
-from webhook.core.findings import Finding, Mode
-from webhook.core.source import SourceObject
-from webhook.dra.device import Device
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_list, as_map, claim_spec_of, read_device_class, read_slice_devices
-from webhook.dra.workloads import effective_amounts, replicas_of
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
-from webhook.engine.evaluate import evaluate
-from webhook.engine.migration import is_legacy_resource, plan_workload
-from webhook.engine.quota import (
+from ..core.findings import Finding, Mode
+from ..core.source import SourceObject
+from ..dra.device import Device
+from ..dra.inventory import Inventory
+from ..dra.objects import as_list, as_map, claim_spec_of, read_device_class, read_slice_devices
+from ..dra.workloads import effective_amounts, replicas_of
+from ..engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
+from ..engine.evaluate import evaluate
+from ..engine.migration import is_legacy_resource, plan_workload
+from ..engine.quota import (
     ClaimCharge,
     QuotaCalculator,
     claim_charge,
     team_labels_of,
     usage_from_charges,
 )
-from webhook.engine.rules.migrate import claim_api_version, tier_allowed
-from webhook.policy.model import MigrationStrategy, PolicySet
+from ..engine.rules.migrate import claim_api_version, tier_allowed
+from ..policy.model import MigrationStrategy, PolicySet
+from .owners import Lookup, OwnerRef, Resolved, resolve
 
 LEGACY_PLUGIN = "nvidia.com/gpu"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -436,8 +436,8 @@ class Assessor:
 
     def device_classes(self) -> list[dict[str, Any]]:
         """Each DeviceClass with the live devices its selectors match and its CEL lint findings."""
-        from webhook.cel.env import CelCompileError
-        from webhook.cel.match import match_devices
+        from ..cel.env import CelCompileError
+        from ..cel.match import match_devices
 
         out = []
         lint = evaluate(
@@ -494,7 +494,7 @@ class Assessor:
         now: dt.datetime | None = None,
         dra_resources: Mapping[str, list[str]] | None = None,
     ) -> dict[str, Any]:
-        from webhook.assess.checklist import checklist
+        from .checklist import checklist
 
         by_model: dict[str, int] = {}
         by_node: dict[str, dict[str, int]] = {}

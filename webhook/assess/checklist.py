@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.engine.quota import budget_group
-from webhook.policy.model import PolicySet
+from ..engine.quota import budget_group
+from ..policy.model import PolicySet
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 MIN_MINOR = 32  # the guide's minimum: Kubernetes 1.32 (DRA beta, on by default)

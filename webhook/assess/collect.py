@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
-from webhook.server.caches import ApiError, KubeHttp
+from ..server.caches import ApiError, KubeHttp
 
 PAGE_SIZE = 500
 # Owners fetched once and remembered (ReplicaSets, Deployments, ...): bounded, least recently used out.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from webhook.assess.formats import FORMATS
+from .formats import FORMATS
 
 EXIT_OK, EXIT_FAILED_CHECKS, EXIT_USAGE = 0, 1, 2
 DRA_PREFERENCE = ("v1", "v1beta2", "v1beta1")
@@ -26,9 +26,9 @@ def assess(
     reader: Any, policies: Any, snapshot: Any = None, now: dt.datetime | None = None
 ) -> dict[str, Any]:
     """The assessment of the cluster `reader` (a `collect.ClusterReader`) reads."""
-    from webhook.assess.analyze import Assessor
-    from webhook.engine.context import ALL_RESOURCE_VERSIONS
-    from webhook.server.caches import ApiError
+    from ..engine.context import ALL_RESOURCE_VERSIONS
+    from ..server.caches import ApiError
+    from .analyze import Assessor
 
     server = reader.server_version()
     dra = reader.group_versions("resource.k8s.io")
@@ -66,7 +66,7 @@ def assess(
 
 
 def _names(reader: Any, api: str, plural: str, kind: str) -> list[str] | None:
-    from webhook.server.caches import ApiError
+    from ..server.caches import ApiError
 
     try:
         return sorted(
@@ -90,7 +90,7 @@ def _monitoring_facts(reader: Any) -> dict[str, Any]:
     versions = reader.group_versions("monitoring.coreos.com")
     if not versions:
         return {"monitoringApi": False}
-    from webhook.server.caches import ApiError
+    from ..server.caches import ApiError
 
     found: list[str] = []
     try:
@@ -106,10 +106,10 @@ def _monitoring_facts(reader: Any) -> dict[str, Any]:
 
 
 def cmd_assess(args: argparse.Namespace) -> int:
-    from webhook.assess.collect import ClusterReader, CollectError, Progress
-    from webhook.assess.formats import RENDERERS
-    from webhook.assess.snapshot import SnapshotError, SnapshotWriter
-    from webhook.review.pipeline import ReviewError, load_policy_set
+    from ..review.pipeline import ReviewError, load_policy_set
+    from .collect import ClusterReader, CollectError, Progress
+    from .formats import RENDERERS
+    from .snapshot import SnapshotError, SnapshotWriter
 
     try:
         policies = load_policy_set(args.policies, required=args.policies != "policies")

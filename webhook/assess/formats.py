@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from webhook.assess.checklist import SECTIONS
+from .checklist import SECTIONS
 
 FORMATS = ("text", "markdown", "json", "html")
 # Image names, messages and labels are free text: no terminal control sequence reaches the screen.

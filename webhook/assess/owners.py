@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import ObjectRef
+from ..core.findings import ObjectRef
 
 # Deeper chains than this do not occur in practice (Deployment -> ReplicaSet -> Pod is the longest
 # built-in one; a CRD adds one or two). A cycle or a hostile chain stops here.

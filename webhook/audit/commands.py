@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from webhook.audit.report import DEFAULT_MAX_PARTS, DEFAULT_MAX_RESULTS
+from .report import DEFAULT_MAX_PARTS, DEFAULT_MAX_RESULTS
 
 
 def _limits_args(p: Any) -> None:
@@ -136,16 +136,16 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def _http(kubeconfig: str | None) -> Any:
-    from webhook.server.caches import KubeHttp
+    from ..server.caches import KubeHttp
 
     return KubeHttp.from_kubeconfig(kubeconfig)
 
 
 def cmd_once(args: argparse.Namespace) -> int:
-    from webhook.audit.scan import Limits, scan_cluster, summary_rows
-    from webhook.audit.source import ScanError
-    from webhook.audit.writer import ReportWriter
-    from webhook.policy.load import PolicyError, load_policies
+    from ..policy.load import PolicyError, load_policies
+    from .scan import Limits, scan_cluster, summary_rows
+    from .source import ScanError
+    from .writer import ReportWriter
 
     bad = _check(args)
     if bad:
@@ -182,11 +182,11 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from webhook.audit.controller import AuditController, AuditOptions
-    from webhook.audit.leader import LeaderElector, LeaseConfig, default_namespace
-    from webhook.audit.metrics import serve_http
-    from webhook.audit.scan import Limits
-    from webhook.server import logs
+    from ..server import logs
+    from .controller import AuditController, AuditOptions
+    from .leader import LeaderElector, LeaseConfig, default_namespace
+    from .metrics import serve_http
+    from .scan import Limits
 
     bad = _check(args)
     if bad:

@@ -16,12 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.audit.leader import LeaderElector
-from webhook.audit.metrics import AuditMetrics
-from webhook.audit.report import RESULTS
-from webhook.audit.scan import Limits, ScanOutcome, scan_cluster, scan_namespace
-from webhook.audit.source import BUILTIN, ClusterState, Collection, ScanError, crd_collections
-from webhook.audit.watch import (
+from ..policy.load import PolicyError
+from ..server.app import PolicyWatcher
+from ..server.caches import KubeHttp
+from .leader import LeaderElector
+from .metrics import AuditMetrics
+from .report import RESULTS
+from .scan import Limits, ScanOutcome, scan_cluster, scan_namespace
+from .source import BUILTIN, ClusterState, Collection, ScanError, crd_collections
+from .watch import (
     WATCH_SECONDS,
     Changes,
     Fingerprints,
@@ -31,10 +34,7 @@ from webhook.audit.watch import (
     wait_ready,
     watched_resources,
 )
-from webhook.audit.writer import NotLeading, ReportWriter, WriteResult
-from webhook.policy.load import PolicyError
-from webhook.server.app import PolicyWatcher
-from webhook.server.caches import KubeHttp
+from .writer import NotLeading, ReportWriter, WriteResult
 
 log = logging.getLogger("draguard.audit")
 

@@ -6,16 +6,16 @@ import datetime as dt
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from webhook.audit.owners import OwnerIndex
-from webhook.audit.report import Result, Subject, passed, result_of
-from webhook.core.source import SourceObject
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_list, as_map, as_str
-from webhook.dra.workloads import pod_templates_of
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
-from webhook.engine.evaluate import evaluate
-from webhook.engine.resolve import namespace_of
-from webhook.policy.model import PolicySet
+from ..core.source import SourceObject
+from ..dra.inventory import Inventory
+from ..dra.objects import as_list, as_map, as_str
+from ..dra.workloads import pod_templates_of
+from ..engine.context import ALL_RESOURCE_VERSIONS, Context
+from ..engine.evaluate import evaluate
+from ..engine.resolve import namespace_of
+from ..policy.model import PolicySet
+from .owners import OwnerIndex
+from .report import Result, Subject, passed, result_of
 
 # What the audit lists, as (API path under /api or /apis, kind): the built-in kinds the webhook judges
 # at admission. Workload CRDs (the table in force, webhook/dra/workloads.py) are found by discovery,

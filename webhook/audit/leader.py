@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.server.caches import ApiError, KubeHttp
+from ..server.caches import ApiError, KubeHttp
 
 log = logging.getLogger("draguard.audit")
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 
-from webhook.dra.objects import as_list, as_map, as_str
-from webhook.dra.workloads import pod_labels_and_annotations, pod_templates_of
-from webhook.engine.migration import node_labels_of
-from webhook.policy.model import PolicySet
+from ..dra.objects import as_list, as_map, as_str
+from ..dra.workloads import pod_labels_and_annotations, pod_templates_of
+from ..engine.migration import node_labels_of
+from ..policy.model import PolicySet
 
 _CONTAINER_KEYS = ("initContainers", "containers")
 # How long a deleted owner still vouches for what it made (twice the default full-scan period), and

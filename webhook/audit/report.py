@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, Severity
+from ..core.findings import Finding, Mode, Severity
 
 API_VERSION = "wgpolicyk8s.io/v1alpha2"
 REPORT_NAME = "draguard-audit"

@@ -7,9 +7,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.audit.evaluate import audit_context, auditable, judge, uses_devices
-from webhook.audit.owners import OwnerIndex
-from webhook.audit.report import (
+from ..dra.workloads import using_crd_table
+from ..policy.model import PolicySet
+from ..server.caches import KubeHttp
+from .evaluate import audit_context, auditable, judge, uses_devices
+from .owners import OwnerIndex
+from .report import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_PARTS,
     DEFAULT_MAX_RESULTS,
@@ -18,7 +21,7 @@ from webhook.audit.report import (
     Subject,
     build_reports,
 )
-from webhook.audit.source import (
+from .source import (
     BUILTIN,
     ClusterState,
     Collection,
@@ -27,9 +30,6 @@ from webhook.audit.source import (
     read_state,
     refresh_namespace,
 )
-from webhook.dra.workloads import using_crd_table
-from webhook.policy.model import PolicySet
-from webhook.server.caches import KubeHttp
 
 
 @dataclass(frozen=True)

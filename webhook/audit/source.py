@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.audit.evaluate import WORKLOADS
-from webhook.audit.owners import OwnerIndex
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_list, as_map, as_str
-from webhook.server.caches import ApiError, KubeHttp, discover_dra_versions
+from ..dra.inventory import Inventory
+from ..dra.objects import as_list, as_map, as_str
+from ..server.caches import ApiError, KubeHttp, discover_dra_versions
+from .evaluate import WORKLOADS
+from .owners import OwnerIndex
 
 PAGE = 500
 DRA_RESOURCES = (

@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.audit.evaluate import controller_of, uses_devices
-from webhook.audit.owners import OwnerIndex
-from webhook.audit.source import Collection, shallow, trim
-from webhook.dra.workloads import CrdTable, using_crd_table
-from webhook.server import codec
-from webhook.server.caches import ApiError, Gone, KubeHttp, discover_dra_versions
+from ..dra.workloads import CrdTable, using_crd_table
+from ..server import codec
+from ..server.caches import ApiError, Gone, KubeHttp, discover_dra_versions
+from .evaluate import controller_of, uses_devices
+from .owners import OwnerIndex
+from .source import Collection, shallow, trim
 
 log = logging.getLogger("draguard.audit")
 

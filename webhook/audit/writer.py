@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.audit.report import API_VERSION, MANAGED_BY
-from webhook.server.caches import ApiError, KubeHttp
+from ..server.caches import ApiError, KubeHttp
+from .report import API_VERSION, MANAGED_BY
 
 log = logging.getLogger("draguard.audit")
 

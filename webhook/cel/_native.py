@@ -12,7 +12,7 @@ from typing import Any
 
 from cel_expr_python import cel as _cel
 
-from webhook.cel.library import EXTENDS_RUNTIME, FUNCTIONS
+from .library import EXTENDS_RUNTIME, FUNCTIONS
 
 _T: Any = _cel.Type
 _TYPES: dict[str, Any] = {

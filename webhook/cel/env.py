@@ -24,13 +24,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from webhook.cel import _native, fold, phantom, sizes, typecheck, unsupported
-from webhook.cel.analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse, cost_is_exact
-from webhook.cel.ast import CheckedAst, decode_checked
-from webhook.cel.issues import CelIssue
-from webhook.cel.library import cel_type_name, device_data
-from webhook.core.findings import Severity
-from webhook.dra.device import Device
+from ..core.findings import Severity
+from ..dra.device import Device
+from . import _native, fold, phantom, sizes, typecheck, unsupported
+from .analysis import COMPARISON_SYMBOLS, MAX_COST, Analysis, analyse, cost_is_exact
+from .ast import CheckedAst, decode_checked
+from .issues import CelIssue
+from .library import cel_type_name, device_data
 
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """CELSelectorExpressionMaxLength: 10 KiB of UTF-8."""

@@ -21,9 +21,9 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from webhook.cel import _native, library, typecheck
-from webhook.cel.ast import decode_checked
-from webhook.cel.phantom import RESERVED
+from . import _native, library, typecheck
+from .ast import decode_checked
+from .phantom import RESERVED
 
 FOLD_DEPTH = 12
 """A constant sub-expression this deep (or deeper) is folded when the whole does not compile."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.core.findings import Severity
+from ..core.findings import Severity
 
 CHECKS = (
     "cel/syntax",

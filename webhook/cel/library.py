@@ -21,10 +21,10 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
-from webhook.cel import netlib
-from webhook.dra.device import AttrValue, Device, Version
-from webhook.dra.quantity import Quantity
-from webhook.dra.semver import Semver, coerce_semver, is_semver
+from ..dra.device import AttrValue, Device, Version
+from ..dra.quantity import Quantity
+from ..dra.semver import Semver, coerce_semver, is_semver
+from . import netlib
 
 QUANTITY_TAG = "@quantity"
 SEMVER_TAG = "@semver"

@@ -15,17 +15,17 @@ import difflib
 from collections import Counter
 from collections.abc import Sequence
 
-from driver import schema
-from webhook.cel import never, versions
-from webhook.cel.analysis import COMPARISON_SYMBOLS, Access, Comparison
-from webhook.cel.env import CompiledSelector, compile_or_issue
-from webhook.cel.issues import CHECKS, CelIssue
-from webhook.cel.match import MatchError, match_compiled
-from webhook.core.findings import Severity
-from webhook.dra.device import Device, Version
-from webhook.dra.drivers import DriverSchema
-from webhook.dra.drivers import draguard as _bundled
-from webhook.dra.semver import coerce_semver
+from .._driver import schema
+from ..core.findings import Severity
+from ..dra.device import Device, Version
+from ..dra.drivers import DriverSchema
+from ..dra.drivers import draguard as _bundled
+from ..dra.semver import coerce_semver
+from . import never, versions
+from .analysis import COMPARISON_SYMBOLS, Access, Comparison
+from .env import CompiledSelector, compile_or_issue
+from .issues import CHECKS, CelIssue
+from .match import MatchError, match_compiled
 
 __all__ = ["CHECKS", "CelIssue", "lint_selector"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from webhook.cel.env import CelEvalError, CompiledSelector, compile_selector
-from webhook.dra.device import Device
+from ..dra.device import Device
+from .env import CelEvalError, CompiledSelector, compile_selector
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from webhook.cel.analysis import Access
-from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
-from webhook.cel.fold import string_literal
-from webhook.dra.quantity import Quantity
-from webhook.dra.semver import Semver, coerce_semver
+from ..dra.quantity import Quantity
+from ..dra.semver import Semver, coerce_semver
+from .analysis import Access
+from .ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from .fold import string_literal
 
 MAX_STEPS = 2000
 """Conjunct visits per selector; past it the analysis gives up (says nothing)."""
@@ -1150,7 +1150,7 @@ def runtime_error(text: str) -> str | None:
     """The evaluation error of a constant CEL expression, None when it has a value or cannot be told
     (the default `SchemaView.evaluate`). Compiled as a selector, so what the API server folds or
     rejects at compile time, and the literal forms it pins, are as in `webhook.cel.env`."""
-    from webhook.cel.env import CelEvalError, compile_or_issue  # env imports this package's leaves
+    from .env import CelEvalError, compile_or_issue  # env imports this package's leaves
 
     compiled = compile_or_issue(f"[{text}].size() == 1")
     if not hasattr(compiled, "evaluate_data"):

@@ -14,7 +14,7 @@ cel-go's offset rules (an offset past the end is -1 there, an error in the nativ
 
 from __future__ import annotations
 
-from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
+from .ast import CALL, IDENT, SELECT, CheckedAst, Expr
 
 _ROOTS = frozenset({"attributes", "capacity"})
 RESERVED = "__draguard_"

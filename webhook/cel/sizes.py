@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, CheckedAst, Expr
+from .ast import CALL, COMPREHENSION, CONST, IDENT, LIST, CheckedAst, Expr
 
 
 @dataclass(frozen=True, slots=True)

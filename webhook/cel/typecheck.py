@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import re
 
-from webhook.cel.ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
-from webhook.cel.library import regex_valid
+from .ast import CALL, COMPREHENSION, CONST, IDENT, LIST, SELECT, STRUCT, CheckedAst, Expr
+from .library import regex_valid
 
 _DEVICE_FIELD_TYPES = {"driver": "string", "allowMultipleAllocations": "bool"}
 _LOGIC = frozenset({"_&&_", "_||_", "!_"})

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from webhook.cel.issues import CelIssue
-from webhook.core.findings import Severity
+from ..core.findings import Severity
+from .issues import CelIssue
 
 CHECK = "cel/unsupported"
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.cel.ast import CALL, IDENT, SELECT, CheckedAst, Expr
-from webhook.cel.issues import CelIssue
-from webhook.core.findings import Severity
-from webhook.dra.releases import DEFAULT, SUPPORTED, newer_than_known, parse_version, release_key
+from ..core.findings import Severity
+from ..dra.releases import DEFAULT, SUPPORTED, newer_than_known, parse_version, release_key
+from .ast import CALL, IDENT, SELECT, CheckedAst, Expr
+from .issues import CelIssue
 
 __all__ = ["CHECK", "DEFAULT", "SUPPORTED", "newer_than_known", "parse_version", "version_issues"]
 

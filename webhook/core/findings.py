@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from webhook.core.frozen import one_call_init
+from .frozen import one_call_init
 
 JsonPatch = list[dict[str, Any]]
 

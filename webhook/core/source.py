@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.frozen import one_call_init
+from .frozen import one_call_init
 
 
 @one_call_init

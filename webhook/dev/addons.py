@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from webhook.dev.procs import REPO_ROOT, free_port
+from .. import PREFIX
+from .procs import REPO_ROOT, free_port
 
 if TYPE_CHECKING:
-    from webhook.dev.cluster import LocalCluster
+    from .cluster import LocalCluster
 
 # Server-side apply manager of what the harness registers; applying with it again replaces the fields.
 FIELD_MANAGER = "draguard-dev"
@@ -34,7 +35,7 @@ class DriverDirs:
 
 
 def draguard_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "webhook.cli", *args]
+    return [sys.executable, "-m", f"{PREFIX}webhook.cli", *args]
 
 
 def topology_path(topology: str) -> Path:
@@ -239,8 +240,8 @@ def bundle_objects(cluster: LocalCluster, overlay: Path | None = None) -> list[d
     """
     import yaml
 
-    from webhook.dev import kubelet
-    from webhook.dev.procs import ClusterError
+    from . import kubelet
+    from .procs import ClusterError
 
     overlay = overlay or REPO_ROOT / "kustomize" / "overlays" / "local"
     net = cluster.net
@@ -269,7 +270,7 @@ def apply_bundle(cluster: LocalCluster, timeout: float = 240.0) -> dict[str, flo
     The host-run driver of the real node stops first (the DaemonSet's pod takes its place); the
     webhook configurations become the bundle's (Service, caBundle from the certificate Job).
     """
-    from webhook.dev.procs import ClusterError, wait_until
+    from .procs import ClusterError, wait_until
 
     node = cluster.real_node
     if node is None:

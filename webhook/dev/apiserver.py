@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.kube import Kube
-from webhook.dev.procs import Supervisor
+from .kube import Kube
+from .procs import Supervisor
 
 # DRA feature gates draguard exercises; only those the release still lets you set are passed
 # (a gate that went GA and was locked, or was removed, is on anyway or would be an error).

@@ -16,12 +16,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from webhook.dev import addons, apiserver, containerd, controllers, etcd, kubelet, network, pki, realnodes
-from webhook.dev.addons import FIELD_MANAGER, DriverDirs, generated_webhook_configs
-from webhook.dev.kube import ApiError, Kube
-from webhook.dev.node import NodeBins, RealNode, find_node_bins
-from webhook.dev.nodes import SimNode, register_nodes
-from webhook.dev.procs import (
+from .. import PREFIX
+from . import addons, apiserver, containerd, controllers, etcd, kubelet, network, pki, realnodes
+from .addons import FIELD_MANAGER, DriverDirs, generated_webhook_configs
+from .kube import ApiError, Kube
+from .node import NodeBins, RealNode, find_node_bins
+from .nodes import SimNode, register_nodes
+from .procs import (
     BINARIES,
     CONTROL_PLANE,
     REPO_ROOT,
@@ -266,7 +267,7 @@ class LocalCluster(Supervisor):
         self._spawn(
             "node-heartbeat",
             [
-                sys.executable, "-m", "webhook.dev.nodes",
+                sys.executable, "-m", f"{PREFIX}webhook.dev.nodes",
                 "--server", self.server,
                 "--ca", str(c / "ca.crt"),
                 "--cert", str(c / "admin.crt"),

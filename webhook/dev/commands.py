@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from webhook.dev.cluster import DEFAULT_NODES, ClusterError, LocalCluster, default_state_dir
-from webhook.dev.kube import ApiError
-from webhook.dev.node import RealNode, real_node_prerequisites
+from .kube import ApiError
+from .node import RealNode, real_node_prerequisites
+from .procs import ClusterError, default_state_dir
+
+if TYPE_CHECKING:
+    from .cluster import LocalCluster
 
 
 def register(subparsers: Any) -> None:
@@ -89,6 +92,10 @@ def register(subparsers: Any) -> None:
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
+    # The cluster's modules (certificates, network namespaces, process control) load only when a
+    # command runs: every `draguard` invocation builds this parser, the offline ones included.
+    from .cluster import LocalCluster
+
     return LocalCluster(args.state_dir, args.bin_dir)
 
 
@@ -105,6 +112,8 @@ def _up(
     with_webhook: bool = True,
     policies: Path | None = None,
 ) -> None:
+    from .cluster import DEFAULT_NODES
+
     if getattr(args, "no_real_node", False):
         cluster.up(DEFAULT_NODES, with_driver=with_driver, with_webhook=with_webhook, policies=policies)
         return
@@ -204,7 +213,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.down:
         return cmd_down(argparse.Namespace(state_dir=args.state_dir, bin_dir=args.bin_dir, purge=False))
-    from webhook.dev.demo import run_demo
+    from .demo import run_demo
 
     try:
         cluster = _cluster(args)

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from webhook.dev.network import NodeNet
-from webhook.dev.node import NodeBins, NodeFiles
-from webhook.dev.procs import ClusterError, Supervisor, run
+from .network import NodeNet
+from .node import NodeBins, NodeFiles
+from .procs import ClusterError, Supervisor, run
 
 NAMESPACE = "k8s.io"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
-from webhook.dev.procs import Supervisor, ssl_insecure
+from .procs import Supervisor, ssl_insecure
 
 
 def start(sup: Supervisor, bin_dir: Path, gates: str, timeout: float) -> None:

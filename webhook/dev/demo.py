@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from webhook.dev import scenarios
-from webhook.dev.cluster import REPO_ROOT, ClusterError, LocalCluster, wait_until
+from . import scenarios
+from .cluster import REPO_ROOT, ClusterError, LocalCluster, wait_until
 
 NAMESPACES = {
     "migrate": ("demo-migrate", scenarios.MIGRATE_LABELS),

@@ -6,7 +6,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from webhook.dev.procs import Supervisor
+from .procs import Supervisor
 
 
 def start(sup: Supervisor, bin_dir: Path, timeout: float) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from webhook import __version__
+from .. import __version__
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE_DIR = REPO_ROOT / "image"
@@ -44,7 +44,11 @@ RECIPE = RECIPE_DIR / "recipe.toml"
 INSTALL_SH = RECIPE_DIR / "install.sh"
 CONTAINERFILE = REPO_ROOT / "Containerfile"
 # What the wheel and the venv step need from the source tree (the Containerfile binds the whole context).
-SOURCES = ("pyproject.toml", "README.md", "constraints.txt", "webhook", "driver")
+# What the wheel is built from (setup.py maps webhook/, driver/ and the default policies under draguard/).
+SOURCES = (
+    "pyproject.toml", "setup.py", "README.md", "LICENSE", "constraints.txt", "draguard", "webhook", "driver",
+    "policies",
+)
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 ARCH = "amd64"

@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.apiserver import server_url
-from webhook.dev.containerd import ContainerdPaths, runtime_dir
-from webhook.dev.kube import Kube
-from webhook.dev.network import NodeNet
-from webhook.dev.node import NodeBins, NodeFiles, RealNode
-from webhook.dev.procs import ClusterError, Supervisor, run
+from .apiserver import server_url
+from .containerd import ContainerdPaths, runtime_dir
+from .kube import Kube
+from .network import NodeNet
+from .node import NodeBins, NodeFiles, RealNode
+from .procs import ClusterError, Supervisor, run
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 FIXED_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.procs import ClusterError, Supervisor, run
+from .procs import ClusterError, Supervisor, run
 
 SLOTS = 250
 LINK_NET = "10.234"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.procs import ClusterError
+from .. import PREFIX
+from .procs import ClusterError
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
@@ -82,7 +83,7 @@ def find_node_bins() -> NodeBins:
         return NodeBins(d / "bin", d / "cni")
     pinned: Path | None = None
     try:
-        image: Any = importlib.import_module("webhook.dev.image")
+        image: Any = importlib.import_module(f"{PREFIX}webhook.dev.image")
     except ImportError:
         image = None
     if image is not None:
@@ -118,7 +119,7 @@ def node_images(progress: Callable[[str], None] | None = None) -> NodeImages:
     """Build (or reuse) the pause and draguard images with webhook.dev.image (cached by its recipe)."""
     try:
         # Imported by name: the builder is an optional part of a checkout (it needs root and Debian).
-        image: Any = importlib.import_module("webhook.dev.image")
+        image: Any = importlib.import_module(f"{PREFIX}webhook.dev.image")
     except ImportError:
         raise ClusterError("webhook/dev/image.py (the daemonless image builder) is missing") from None
     say = progress or (lambda _m: None)
@@ -132,7 +133,7 @@ def node_images(progress: Callable[[str], None] | None = None) -> NodeImages:
 
 def real_node_prerequisites(progress: Callable[[str], None] | None = None) -> NodeImages:
     """Everything a real node needs that can be checked before start; its images, built if missing."""
-    from webhook.dev import network
+    from . import network
 
     network.check_prerequisites()
     find_node_bins()

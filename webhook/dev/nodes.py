@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from webhook.dev.kube import ApiError, Kube
+from .kube import ApiError, Kube
 
 LEASE_SECONDS = 40
 HEARTBEAT_SECONDS = 10.0

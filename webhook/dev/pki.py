@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook.certs import generate_ca
+from ..certs import generate_ca
 
 # Short-lived dev clusters: a year is plenty and never expires mid-run.
 VALIDITY = dt.timedelta(days=365)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from webhook.dev.kube import ApiError
+from .kube import ApiError
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 BINARIES = (*CONTROL_PLANE, "kubectl")

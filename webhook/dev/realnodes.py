@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from webhook.dev import apiserver, containerd, kubelet, network, pki
-from webhook.dev.kube import ApiError
-from webhook.dev.node import NodeFiles, RealNode, node_images
-from webhook.dev.procs import REPO_ROOT, ClusterError
+from .. import PREFIX
+from . import apiserver, containerd, kubelet, network, pki
+from .kube import ApiError
+from .node import NodeFiles, RealNode, node_images
+from .procs import REPO_ROOT, ClusterError
 
 if TYPE_CHECKING:
-    from webhook.dev.cluster import LocalCluster
+    from .cluster import LocalCluster
 
 RESOURCE = "nvidia.com/gpu"
 # Registered by the kubelet: only pods that say they want this node land there.
@@ -58,8 +59,10 @@ def names(cluster: LocalCluster) -> list[str]:
 
 def gpu_product_label(topology: str) -> str:
     """`nvidia.com/gpu.product` as NVIDIA's GPU feature discovery writes it: the name, dashes for spaces."""
-    from driver.sim import load_topology
-    from webhook.dev.addons import topology_path
+    from .._driver import module
+    from .addons import topology_path
+
+    load_topology = module("sim").load_topology
 
     sim = load_topology(topology_path(topology))
     return str(sim.gpus[0].name).replace(" ", "-") if sim.gpus else "unknown"
@@ -136,13 +139,13 @@ def _start_device_plugin(
     cluster: LocalCluster, name: str, net: network.NodeNet, files: NodeFiles, topology: str, timeout: float
 ) -> int:
     """The simulated NVIDIA device plugin on the host, in the kubelet's device-plugins directory."""
-    from webhook.dev.addons import topology_path
+    from .addons import topology_path
 
     component = files.name("device-plugin")
     cluster.spawn(
         component,
         [
-            sys.executable, "-m", "driver.sim.deviceplugin",
+            sys.executable, "-m", f"{PREFIX}driver.sim.deviceplugin",
             "--topology", str(topology_path(topology)),
             "--kubelet-dir", str(kubelet.device_plugin_dir(net)),
             "--driver-root", str(files.dir / "sim-driver-root"),
@@ -162,8 +165,10 @@ def _start_device_plugin(
 
 
 def gpu_count(topology: str) -> int:
-    from driver.sim import load_topology
-    from webhook.dev.addons import topology_path
+    from .._driver import module
+    from .addons import topology_path
+
+    load_topology = module("sim").load_topology
 
     return len(load_topology(topology_path(topology)).gpus)
 

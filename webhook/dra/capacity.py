@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from webhook.dra.quantity import Quantity
+from .quantity import Quantity
 
 
 def parse_quantity(raw: object) -> Quantity | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, ObjectRef, Severity
+from ..core.findings import Finding, Mode, ObjectRef, Severity
 
 DRIVER_NAME = "gpu.nvidia.com"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "draguard")

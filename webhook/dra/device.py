@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from webhook.dra.capacity import RequestPolicy
-from webhook.dra.taints import DeviceTaint
+from .capacity import RequestPolicy
+from .taints import DeviceTaint
 
 
 class Version(str):

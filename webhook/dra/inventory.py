@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from webhook.dra import yamlload
-from webhook.dra.device import Device
-from webhook.dra.objects import (
+from . import yamlload
+from .device import Device
+from .objects import (
     ClaimSpec,
     DeviceClassSpec,
     as_list,
@@ -31,7 +31,7 @@ from webhook.dra.objects import (
     read_slice_counters,
     read_slice_devices,
 )
-from webhook.dra.taints import DeviceTaint, DeviceTaintRule, read_taint_rule
+from .taints import DeviceTaint, DeviceTaintRule, read_taint_rule
 
 T = TypeVar("T")
 _MEMO_LIMIT = 4096

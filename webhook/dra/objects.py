@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from webhook.core.frozen import one_call_init
-from webhook.dra.capacity import RequestPolicy, read_policy
-from webhook.dra.device import AttrValue, CounterConsumption, Device, Version
-from webhook.dra.taints import DeviceToleration, read_taints, read_tolerations
+from ..core.frozen import one_call_init
+from .capacity import RequestPolicy, read_policy
+from .device import AttrValue, CounterConsumption, Device, Version
+from .taints import DeviceToleration, read_taints, read_tolerations
 
 GROUP = "resource.k8s.io"
 VERSIONS: tuple[str, ...] = ("v1", "v1beta2", "v1beta1")

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.frozen import one_call_init
-from webhook.dra.objects import as_int, as_list, as_map, as_str, read_once
+from ..core.frozen import one_call_init
+from .objects import as_int, as_list, as_map, as_str, read_once
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 

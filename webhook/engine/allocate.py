@@ -19,14 +19,14 @@ from fractions import Fraction
 from functools import partial
 from typing import TypeVar
 
-from webhook.dra.capacity import consumed as consumed_by
-from webhook.dra.capacity import parse_quantity, violates
-from webhook.dra.device import AttrValue, Device
-from webhook.dra.inventory import Inventory
-from webhook.dra.nodes import named_nodes, selector_matches
-from webhook.dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
-from webhook.dra.quantity import Quantity
-from webhook.dra.taints import NO_EXECUTE, DeviceTaint, DeviceToleration, eviction, untolerated
+from ..dra.capacity import consumed as consumed_by
+from ..dra.capacity import parse_quantity, violates
+from ..dra.device import AttrValue, Device
+from ..dra.inventory import Inventory
+from ..dra.nodes import named_nodes, selector_matches
+from ..dra.objects import ALL, EXACT_COUNT, ClaimSpec, DeviceClassSpec, qualify, read_allocation
+from ..dra.quantity import Quantity
+from ..dra.taints import NO_EXECUTE, DeviceTaint, DeviceToleration, eviction, untolerated
 
 T = TypeVar("T")
 _K = TypeVar("_K")
@@ -170,7 +170,7 @@ def choices_of(spec: ClaimSpec) -> list[list[Choice]]:
 
 
 def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device] | None:
-    from webhook.cel.match import match_devices  # the CEL runtime loads on first use
+    from ..cel.match import match_devices  # the CEL runtime loads on first use
 
     result = match_devices(expressions, devices)
     return None if result.undecided else list(result.matched)
@@ -798,8 +798,8 @@ def _dynamic(
 def _failing(expressions: Sequence[str], devices: Sequence[Device]) -> list[tuple[Device, str]]:
     """The devices on which the selectors fail at run time, with the error. To the scheduler such an
     error is no "no match": it stops and refuses the claim."""
-    from webhook.cel.env import compile_selector
-    from webhook.cel.match import match_compiled, profile_key
+    from ..cel.env import compile_selector
+    from ..cel.match import match_compiled, profile_key
 
     selectors = [compile_selector(e) for e in expressions]
     result = match_compiled(selectors, devices)

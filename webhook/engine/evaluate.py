@@ -6,20 +6,21 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, ObjectRef, Report, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import DRA_KINDS, GROUP, dra_version, reading_once, split_api_version
-from webhook.dra.workloads import (
+from ..core.findings import Finding, Mode, ObjectRef, Report, Severity
+from ..core.source import SourceObject
+from ..dra.inventory import Inventory
+from ..dra.objects import DRA_KINDS, GROUP, dra_version, reading_once, split_api_version
+from ..dra.workloads import (
     WORKLOAD_KINDS,
     is_workload_kind,
     pod_spec_of,
     pod_templates_of,
     using_crd_table,
 )
-from webhook.engine.context import Context
-from webhook.engine.rules import RuleModule, modules
-from webhook.engine.rules.base import (
+from ..policy.model import API_VERSION, PolicyException, PolicySet
+from .context import Context
+from .rules import RuleModule, modules
+from .rules.base import (
     CLAIM_KIND,
     DRA,
     DRA_CLAIM,
@@ -30,7 +31,6 @@ from webhook.engine.rules.base import (
     Rule,
     RuleContext,
 )
-from webhook.policy.model import API_VERSION, PolicyException, PolicySet
 
 EXCEPTION_EXPIRED = "exception/expired"
 TOO_DEEP = "structure/too-deep"

@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.findings import ObjectRef
-from webhook.core.source import SourceObject
-from webhook.dra.device import Device
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_problems, claim_spec_of
-from webhook.engine.allocate import Verdict, allocate, describe_picks
-from webhook.engine.resolve import (
+from ..core.findings import ObjectRef
+from ..core.source import SourceObject
+from ..dra.device import Device
+from ..dra.inventory import Inventory
+from ..dra.objects import ALL, ClaimSpec, DeviceRequest, as_map, as_str, claim_problems, claim_spec_of
+from .allocate import Verdict, allocate, describe_picks
+from .resolve import (
     IMPLICIT_CLASS_PREFIX,
     ExtendedRequest,
     Index,
@@ -182,7 +182,7 @@ def _explain_alternative(
         return Alternative(
             name, device_class, False, tuple(selectors), mode, count, satisfiable=False, reasons=(reason,)
         )
-    from webhook.cel.match import match_devices  # the CEL runtime loads on first use
+    from ..cel.match import match_devices  # the CEL runtime loads on first use
 
     exprs = [s.expression for s in cls.selectors] + list(selectors)
     try:

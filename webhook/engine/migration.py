@@ -16,9 +16,9 @@ from typing import Any
 
 import jsonpatch  # pure library: applies RFC 6902 patches to plain data
 
-from webhook.core.findings import JsonPatch
-from webhook.core.frozen import one_call_init
-from webhook.dra.objects import (
+from ..core.findings import JsonPatch
+from ..core.frozen import one_call_init
+from ..dra.objects import (
     ClaimSpec,
     Constraint,
     DeviceRequest,
@@ -28,8 +28,8 @@ from webhook.dra.objects import (
     claim_template,
     esc,
 )
-from webhook.dra.workloads import pod_spec_of
-from webhook.policy.model import MigrationPolicy, ResourceMapping
+from ..dra.workloads import pod_spec_of
+from ..policy.model import MigrationPolicy, ResourceMapping
 
 LEGACY_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -427,7 +427,7 @@ def _joined_everywhere(
     cannot tell (none given, a class it cannot match, no node with that many such devices)."""
     if inventory is None or not classes or device_class not in classes:
         return False
-    from webhook.cel.match import match_devices
+    from ..cel.match import match_devices
 
     domain, _, name = attribute.rpartition("/")
     exprs = [str(getattr(sel, "expression", "")) for sel in getattr(classes[device_class], "selectors", ())]
@@ -664,7 +664,7 @@ def _names(part: Any) -> set[str]:
 
 def _hami_annotations(obj: Mapping[str, Any]) -> list[str]:
     """`key=value` of the HAMi annotations the workload's pods carry (at most a few shown)."""
-    from webhook.dra.workloads import pod_labels_and_annotations
+    from ..dra.workloads import pod_labels_and_annotations
 
     _labels, notes = pod_labels_and_annotations(obj)
     found = sorted(k for k in notes if k in HAMI_ANNOTATIONS or k.startswith(HAMI_ANNOTATION_PREFIX))
@@ -730,7 +730,7 @@ def refusal(obj: Mapping[str, Any], podspec: Mapping[str, Any], node_labels: Map
 
 def kueue_refusal(obj: Mapping[str, Any], resource: str, device_class: str) -> str | None:
     """Why a Kueue-managed workload is left alone: Kueue stops counting GPUs it cannot map."""
-    from webhook.dra.workloads import pod_labels_and_annotations
+    from ..dra.workloads import pod_labels_and_annotations
 
     labels, _notes = pod_labels_and_annotations(obj)
     queue = labels.get(KUEUE_QUEUE_LABEL)

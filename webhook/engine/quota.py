@@ -36,12 +36,12 @@ from fractions import Fraction
 from math import lcm
 from typing import Any
 
-from driver.schema import DRIVER_NAME
-from webhook.core.findings import Mode
-from webhook.dra.capacity import consumed, parse_quantity
-from webhook.dra.device import Device
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import (
+from .._driver import DRIVER_NAME
+from ..core.findings import Mode
+from ..dra.capacity import consumed, parse_quantity
+from ..dra.device import Device
+from ..dra.inventory import Inventory
+from ..dra.objects import (
     ALL,
     EXACT_COUNT,
     ClaimSpec,
@@ -52,8 +52,8 @@ from webhook.dra.objects import (
     claim_spec_of,
     qualify,
 )
-from webhook.engine.context import QuotaUsage
-from webhook.policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_match
+from ..policy.model import GpuQuotaPolicy, PolicySet, QuotaBudget, glob_match
+from .context import QuotaUsage
 
 ALL_MODE_CHARGE = 32
 """What the API server's quota evaluator charges an `All` request (AllocationResultsMaxSize)."""
@@ -177,8 +177,8 @@ def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device
     (the CEL linter reports them)."""
     if not devices:
         return []
-    from webhook.cel.env import CelCompileError  # the CEL environment is heavier; load on first use
-    from webhook.cel.match import match_devices
+    from ..cel.env import CelCompileError  # the CEL environment is heavier; load on first use
+    from ..cel.match import match_devices
 
     try:
         return list(match_devices(list(expressions), list(devices)).matched)
@@ -274,7 +274,7 @@ class QuotaCalculator:
         if cls is not None:
             exprs: list[str] = [s.expression for s in cls.selectors]
         else:
-            from webhook.dra.drivers import installed_class
+            from ..dra.drivers import installed_class
 
             installed = installed_class(class_name)
             exprs = [installed] if installed else []

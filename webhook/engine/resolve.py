@@ -6,11 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from webhook.core.frozen import one_call_init
-from webhook.core.source import SourceObject
-from webhook.dra.device import Device
-from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
-from webhook.dra.objects import (
+from ..core.frozen import one_call_init
+from ..core.source import SourceObject
+from ..dra.device import Device
+from ..dra.inventory import ClaimRecord, Inventory, claim_record
+from ..dra.objects import (
     ClaimSpec,
     DeviceClassSpec,
     as_list,
@@ -20,8 +20,8 @@ from webhook.dra.objects import (
     read_claim_spec,
     read_device_class,
 )
-from webhook.dra.quantity import Quantity
-from webhook.dra.workloads import pod_spec_of, pod_templates_of
+from ..dra.quantity import Quantity
+from ..dra.workloads import pod_spec_of, pod_templates_of
 
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(
     {

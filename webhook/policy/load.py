@@ -17,12 +17,12 @@ from typing import Any
 import jsonschema
 import yaml
 
-from webhook.core.findings import Mode
-from webhook.core.source import SourceObject
-from webhook.dra import yamlload
-from webhook.dra.objects import DRA_KINDS
-from webhook.dra.workloads import POD_SPEC_PATHS, TemplatePath
-from webhook.policy.model import (
+from ..core.findings import Mode
+from ..core.source import SourceObject
+from ..dra import yamlload
+from ..dra.objects import DRA_KINDS
+from ..dra.workloads import POD_SPEC_PATHS, TemplatePath
+from .model import (
     API_VERSION,
     TEAM_LABEL,
     CelCheckSetting,
@@ -73,7 +73,8 @@ class PolicyError(ValueError):
 @cache
 def policy_schema() -> dict[str, Any]:
     """The JSON Schema of policy documents (draft 2020-12)."""
-    text = resources.files("webhook.policy").joinpath("schema.json").read_text(encoding="utf-8")
+    schema = resources.files(__package__ or "webhook.policy").joinpath("schema.json")
+    text = schema.read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 

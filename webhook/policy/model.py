@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from webhook.core.findings import Finding, Mode
-from webhook.core.frozen import one_call_init
-from webhook.dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
+from ..core.findings import Finding, Mode
+from ..core.frozen import one_call_init
+from ..dra.workloads import CRD_POD_TEMPLATES, CrdTable, TemplatePath
 
 if TYPE_CHECKING:
-    from webhook.policy.tier_index import TierIndex
+    from .tier_index import TierIndex
 
 API_VERSION = "policy.draguard.io/v1alpha1"
 KINDS: tuple[str, ...] = (
@@ -596,7 +596,7 @@ class PolicySet:
     tier_index: TierIndex = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from webhook.policy.tier_index import TierIndex
+        from .tier_index import TierIndex
 
         if self.workload_kinds and self.crd_table is CRD_POD_TEMPLATES:
             object.__setattr__(self, "crd_table", crd_table_of(self.workload_kinds))

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from webhook.policy.model import GpuTierPolicy, WorkloadFacts, words_of
+from .model import GpuTierPolicy, WorkloadFacts, words_of
 
 GRAM = 4
 # Up to this many policies, asking each costs less than looking the workload up in the index.

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from webhook.policy.model import (
+from .model import (
     MIGRATION_MODE_LABEL,
     MigrationMode,
     MigrationPolicy,
@@ -150,7 +150,7 @@ def _modes_cel(policies: Sequence[MigrationPolicy]) -> str:
 
 
 def _exempt_cel(exceptions: Sequence[PolicyException]) -> str:
-    from webhook.policy.model import any_glob
+    from .model import any_glob
 
     parts = []
     for e in exceptions:

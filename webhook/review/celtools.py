@@ -8,10 +8,10 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from webhook.core.findings import Severity
-from webhook.dra.device import Device
-from webhook.review.inputs import InputError, read_paths
-from webhook.review.pipeline import ReviewError, load_inventory_file
+from ..core.findings import Severity
+from ..dra.device import Device
+from .inputs import InputError, read_paths
+from .pipeline import ReviewError, load_inventory_file
 
 PRODUCT_ATTRIBUTE = "productName"
 
@@ -38,7 +38,7 @@ def group_by_product(devices: Sequence[Device]) -> list[tuple[str, int, dict[str
 
 def lint(expression: str, *, inventory: str | None, driver: str | None) -> tuple[str, int]:
     """Text report and exit code (1 when an error-severity issue is found)."""
-    from webhook.cel.lint import lint_selector
+    from ..cel.lint import lint_selector
 
     inv = load_inventory_file(inventory) if inventory else None
     devices = list(inv.devices) if inv is not None else None
@@ -59,7 +59,7 @@ def lint(expression: str, *, inventory: str | None, driver: str | None) -> tuple
 
 
 def _match_report(expression: str, devices: list[Device]) -> list[str]:
-    from webhook.cel.match import match_devices
+    from ..cel.match import match_devices
 
     try:
         result = match_devices([expression], devices)
@@ -88,7 +88,7 @@ def explain_report(
     paths: Sequence[str], *, inventory: str | None, namespace: str, fmt: str
 ) -> tuple[str, bool]:
     """(the explanations as text or JSON, whether some request CANNOT be allocated)."""
-    from webhook.engine.explain import explain
+    from ..engine.explain import explain
 
     inv = load_inventory_file(inventory)
     try:

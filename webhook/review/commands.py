@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from webhook.cel import versions
-from webhook.core.findings import Mode
-from webhook.review.config import CONFIG_NAME, ConfigError
-from webhook.review.formats import (
+from .. import PREFIX
+from ..cel import versions
+from ..core.findings import Mode
+from .config import CONFIG_NAME, ConfigError
+from .formats import (
     FORMATS,
     RULES_URL,
     ReviewResult,
@@ -26,7 +27,7 @@ from webhook.review.formats import (
     renderers,
     terminal_safe,
 )
-from webhook.review.pipeline import DEFAULT_POLICIES, Progress, ReviewError
+from .pipeline import DEFAULT_POLICIES, Progress, ReviewError
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -115,7 +116,7 @@ def _outputs(specs: list[tuple[str, str | None]] | None, output: str | None) -> 
 
 def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
     if fmt == "text":
-        from webhook.review.formats import text
+        from .formats import text
 
         return text.render(result, color=color)
     return renderers()[fmt](result)
@@ -127,7 +128,7 @@ def render(result: ReviewResult, fmt: str, *, color: bool) -> str:
 def apply_config(args: argparse.Namespace) -> None:
     """Fill every review option the command line left unset from `.draguard.yaml` (see
     webhook/review/config.py), then from the built-in defaults. Raises ConfigError."""
-    from webhook.review.config import ReviewConfig, find_config, load_config
+    from .config import ReviewConfig, find_config, load_config
 
     cfg = ReviewConfig()
     if args.config and not args.no_config:
@@ -140,7 +141,7 @@ def apply_config(args: argparse.Namespace) -> None:
         top = Path(repo_root(args.root))
         found = find_config(Path.cwd(), top)
         if found is not None:
-            from webhook.review.inputs import display_path
+            from .inputs import display_path
 
             cfg = load_config(found, display_path(found))
     # A policy path someone chose (flag or file) must exist; the default may be absent.
@@ -180,7 +181,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     root = repo_root(args.root)
     try:
         if args.base:
-            from webhook.review import diff
+            from . import diff
 
             impact = diff.impact(
                 paths,
@@ -207,7 +208,7 @@ def cmd_review(args: argparse.Namespace) -> int:
                     return err
             failing = _FAILING_CHANGES[args.fail_on]
             return EXIT_FINDINGS if any(c.change in failing for c in impact.changes) else EXIT_OK
-        from webhook.review.pipeline import review
+        from .pipeline import review
 
         t0 = time.monotonic()
         reviewed = review(
@@ -267,7 +268,7 @@ def repo_root(explicit: str | None) -> str:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from webhook.review import suites
+    from . import suites
 
     try:
         outcome = suites.run_suites(Path(args.dir), policies=args.policies, case_filter=args.run)
@@ -286,7 +287,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_lint_cel(args: argparse.Namespace) -> int:
-    from webhook.review import celtools
+    from . import celtools
 
     try:
         text, code = celtools.lint(args.expression, inventory=args.inventory, driver=args.driver)
@@ -300,7 +301,7 @@ def cmd_lint_cel(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from webhook.review import rewrite
+    from . import rewrite
 
     try:
         outcome = rewrite.migrate_paths(
@@ -328,7 +329,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
     import importlib.resources
 
     try:
-        text = importlib.resources.files("webhook.policy").joinpath("schema.json").read_text(encoding="utf-8")
+        schema = importlib.resources.files(f"{PREFIX}webhook.policy").joinpath("schema.json")
+        text = schema.read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as exc:
         return _fail("schema", f"policy schema not found in the package: {exc}")
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -339,7 +341,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from webhook.review import celtools
+    from . import celtools
 
     try:
         text, blocked = celtools.explain_report(

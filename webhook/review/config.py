@@ -54,7 +54,7 @@ def _choice(*allowed: str) -> Callable[[str], str | None]:
 def _format(value: str) -> str | None:
     import argparse
 
-    from webhook.review.commands import format_spec
+    from .commands import format_spec
 
     try:
         format_spec(value)
@@ -64,7 +64,7 @@ def _format(value: str) -> str | None:
 
 
 def _version(value: str) -> str | None:
-    from webhook.cel import versions
+    from ..cel import versions
 
     try:
         versions.parse_version(value)
@@ -122,7 +122,7 @@ def _suggest(key: str, known: list[str]) -> str:
 
 def load_config(path: Path, shown: str | None = None) -> ReviewConfig:
     """Read and check one config file; `ConfigError` for anything wrong with it."""
-    from webhook.review.inputs import InputError, parse_text, read_text
+    from .inputs import InputError, parse_text, read_text
 
     shown = shown or str(path)
     try:

@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from webhook.core.findings import Finding, Mode, Report
-from webhook.dra import yamlload
-from webhook.review.formats import ReviewResult, finding_sort_key
-from webhook.review.pipeline import (
+from ..core.findings import Finding, Mode, Report
+from ..dra import yamlload
+from .formats import ReviewResult, finding_sort_key
+from .pipeline import (
     Progress,
     Reviewed,
     ReviewError,
@@ -366,8 +366,8 @@ def impact(
 ) -> Impact:
     """The findings `base` had and HEAD has on `paths`; `exclude` (paths in this checkout, as
     `.draguard.yaml` gives them) is skipped on both sides, at the same place in the base's tree."""
-    from webhook.review.inputs import InputError, read_paths
-    from webhook.review.pipeline import load_cluster_state
+    from .inputs import InputError, read_paths
+    from .pipeline import load_cluster_state
 
     labels = load_cluster_state(cluster_state)
 
@@ -420,7 +420,7 @@ def impact(
                 base_inputs = read_paths(base_paths, exclude=base_exclude) if base_paths else None
             except InputError as exc:
                 raise ReviewError(f"at {base}: {exc}") from None
-            from webhook.review.inputs import Inputs
+            from .inputs import Inputs
 
             base_inputs = base_inputs or Inputs()
             base_rev = Reviewed(
@@ -499,7 +499,7 @@ def render_json(imp: Impact) -> str:
 
 
 def render_markdown(imp: Impact) -> str:
-    from webhook.review.formats.markdown import cell, code
+    from .formats.markdown import cell, code
 
     out = [f"### draguard impact since {code(imp.base_ref)}", ""]
     if imp.policy_changes:
@@ -540,7 +540,7 @@ def render(imp: Impact, fmt: str, *, color: bool = False, root: str | None = Non
         return render_json(imp)
     if fmt == "markdown":
         return render_markdown(imp)
-    from webhook.review.formats import renderers
+    from .formats import renderers
 
     head = imp.head or ReviewResult(Report())
     introduced = [

@@ -22,9 +22,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from webhook.core.source import SourceObject
-from webhook.review.inputs import InputError, Inputs, Tree, check_tree, display_path, objects_of, parse_text
-from webhook.review.kustomize import isolated, isolated_env
+from ..core.source import SourceObject
+from .inputs import InputError, Inputs, Tree, check_tree, display_path, objects_of, parse_text
+from .kustomize import isolated, isolated_env
 
 CHART_FILE = "Chart.yaml"
 RENDER_TIMEOUT_S = 120

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from webhook.core.source import SourceObject
-from webhook.dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader, check_aliases
+from ..core.source import SourceObject
+from ..dra.yamlload import AliasExpansionError, IntegerTooLargeError, SafeLoader, check_aliases
 
 # libyaml's safe loader (pure Python as the fallback), refusing alias bombs and oversized integers.
 _Loader = SafeLoader
@@ -748,7 +748,7 @@ def sources(
     working directory): no symbolic link is followed out of it (see `tree_for`). `stdin_file`:
     where stdin was copied (`spool_stdin`), to be streamed like a file.
     """
-    from webhook.review import helm, kustomize  # local: both import this module
+    from . import helm, kustomize  # local: both import this module
 
     stdin_read = False
     for raw in paths:

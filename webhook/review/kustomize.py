@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from webhook.core.source import SourceObject
-from webhook.dra import yamlload
-from webhook.review.inputs import (
+from ..core.source import SourceObject
+from ..dra import yamlload
+from .inputs import (
     KUSTOMIZATION_FILES,
     Document,
     InputError,

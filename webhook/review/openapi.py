@@ -24,9 +24,10 @@ from datetime import date
 from importlib import resources
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, ObjectRef, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.quantity import Quantity
+from .. import PREFIX
+from ..core.findings import Finding, Mode, ObjectRef, Severity
+from ..core.source import SourceObject
+from ..dra.quantity import Quantity
 
 RULE = "structure/schema"
 MAX_PROBLEMS = 20  # per object: enough to fix a file by, bounded for hostile input
@@ -152,7 +153,7 @@ class SchemaSet:
 
 def shipped_releases() -> tuple[str, ...]:
     """Releases with a schema file in the package (`1.37`, ...), oldest first."""
-    names = [p.name for p in resources.files("webhook.review.schemas").iterdir()]
+    names = [p.name for p in resources.files(f"{PREFIX}webhook.review.schemas").iterdir()]
     found = [
         n.removeprefix("k8s-").removesuffix(".json.gz")
         for n in names
@@ -181,7 +182,7 @@ def pick_release(release: str | None) -> tuple[str, str | None]:
 
 @functools.lru_cache(maxsize=4)
 def load(release: str) -> SchemaSet:
-    raw = resources.files("webhook.review.schemas").joinpath(f"k8s-{release}.json.gz").read_bytes()
+    raw = resources.files(f"{PREFIX}webhook.review.schemas").joinpath(f"k8s-{release}.json.gz").read_bytes()
     data = json.loads(gzip.decompress(raw))
     return SchemaSet(release, data["roots"], data["schemas"])
 
@@ -426,9 +427,9 @@ _RULE_FIELDS = re.compile(r"(^|\.)resourceClaims\[\d+\]\.source$")
 def findings(item: SourceObject, ref: ObjectRef, schemas: SchemaSet) -> list[Finding]:
     """`structure/schema` findings for one object (none for kinds without a schema: CRDs, and none
     for an object nested past the engine's limit, which structure/too-deep denies on its own)."""
-    from webhook.dra.objects import claim_problems
-    from webhook.engine.evaluate import MAX_DEPTH as ENGINE_DEPTH
-    from webhook.engine.evaluate import too_deep
+    from ..dra.objects import claim_problems
+    from ..engine.evaluate import MAX_DEPTH as ENGINE_DEPTH
+    from ..engine.evaluate import too_deep
 
     found = validate(item.obj, schemas)
     if found is None or too_deep(item.obj, ENGINE_DEPTH) is not None:

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from webhook.core.findings import Finding, ObjectRef, Report
-from webhook.core.source import SourceObject
-from webhook.engine.context import Context
-from webhook.review.formats import ReviewedObject, ReviewResult
-from webhook.review.inputs import InputError, Inputs, Skipped, display_path
+from ..core.findings import Finding, ObjectRef, Report
+from ..core.source import SourceObject
+from ..engine.context import Context
+from .formats import ReviewedObject, ReviewResult
+from .inputs import InputError, Inputs, Skipped, display_path
 
 if TYPE_CHECKING:
-    from webhook.dra.inventory import Inventory
-    from webhook.policy.model import PolicySet
+    from ..dra.inventory import Inventory
+    from ..policy.model import PolicySet
 
 DEFAULT_POLICIES = "policies"
 PROGRESS_THRESHOLD = 200  # documents; below this a run is quick enough to need no progress
@@ -28,10 +28,18 @@ class ReviewError(Exception):
     """A usage error or unreadable input: one line, exit code 2."""
 
 
+def shipped_policies() -> Path | None:
+    """The default policies shipped with draguard, the bundle's own: `draguard/policies` in an installed
+    package, `policies/` in the repository (the same relative place in both layouts)."""
+    p = Path(__file__).resolve().parents[2] / "policies"
+    return p if p.is_dir() else None
+
+
 def load_policy_set(path: str | Path | None, *, required: bool) -> PolicySet:
-    """Policies from a directory or file. A missing default directory means built-in checks only."""
-    from webhook.policy.load import PolicyError, load_policies
-    from webhook.policy.model import PolicySet
+    """Policies from a directory or file. The default directory (`policies`), when absent, means the
+    policies shipped with draguard, or built-in checks only where none are shipped."""
+    from ..policy.load import PolicyError, load_policies
+    from ..policy.model import PolicySet
 
     if path is None:
         return PolicySet.empty()
@@ -39,7 +47,10 @@ def load_policy_set(path: str | Path | None, *, required: bool) -> PolicySet:
     if not p.exists():
         if required:
             raise ReviewError(f"{path}: policy directory not found (fix: pass --policies DIR)")
-        return PolicySet.empty()
+        shipped = shipped_policies() if str(path) == DEFAULT_POLICIES else None
+        if shipped is None:
+            return PolicySet.empty()
+        p = shipped
     try:
         return load_policies(p)
     except PolicyError as exc:
@@ -49,7 +60,7 @@ def load_policy_set(path: str | Path | None, *, required: bool) -> PolicySet:
 
 
 def load_inventory_file(path: str | None) -> Inventory:
-    from webhook.dra.inventory import Inventory, InventoryError, load_inventory
+    from ..dra.inventory import Inventory, InventoryError, load_inventory
 
     if not path:
         return Inventory.empty()
@@ -61,7 +72,7 @@ def load_inventory_file(path: str | None) -> Inventory:
             return load_inventory(p)
         # Parsed here with libyaml: a 10,000-device inventory is tens of MB of YAML, and the
         # pure-Python loader takes half a minute on it. The objects are the engine's to read.
-        from webhook.review.inputs import load_data, read_text
+        from .inputs import load_data, read_text
 
         docs = load_data(read_text(p, str(path)), str(path))
         objs = [d for d in docs if isinstance(d, Mapping)]
@@ -106,7 +117,7 @@ def load_cluster_state(path: str | None) -> dict[str, dict[str, str]]:
     """Namespace labels from a cluster snapshot (`kubectl get ns -o yaml`, or any file of objects)."""
     if not path:
         return {}
-    from webhook.review.inputs import load_data, read_text
+    from .inputs import load_data, read_text
 
     p = Path(path)
     if not p.is_file():
@@ -174,7 +185,7 @@ def evaluate_inputs(
 ) -> ReviewResult:
     """Evaluate like admission: namespace labels come from the cluster state given, with the
     Namespace objects among the inputs over them (the pull request's own labels win)."""
-    from webhook.engine.evaluate import evaluate
+    from ..engine.evaluate import evaluate
 
     n = len(inputs.objects)
     if progress is not None and n > PROGRESS_THRESHOLD:
@@ -219,14 +230,14 @@ class SchemaCheck:
     what they can read of it."""
 
     def __init__(self, kubernetes_version: str | None, namespace: str) -> None:
-        from webhook.review.openapi import load, pick_release
+        from .openapi import load, pick_release
 
         release, self.note = pick_release(kubernetes_version)
         self.schemas = load(release)
         self.namespace = namespace
 
     def findings(self, item: SourceObject) -> list[Finding]:
-        from webhook.review.openapi import findings
+        from .openapi import findings
 
         return findings(item, _key(item, self.namespace)[1], self.schemas)
 
@@ -273,8 +284,8 @@ def _owner_pods(obj: Mapping[str, Any]) -> list[str]:
 
 def _key(item: SourceObject, default_namespace: str) -> tuple[str | None, ObjectRef]:
     """What a finding on `item` carries (its file and the engine's reference to it)."""
-    from webhook.dra.objects import as_map, as_str
-    from webhook.engine.resolve import namespace_of
+    from ..dra.objects import as_map, as_str
+    from ..engine.resolve import namespace_of
 
     obj = item.obj
     meta = as_map(obj.get("metadata"))
@@ -385,8 +396,8 @@ class _Stream:
         (what the engine detects from one input set): chunks see only part of the set."""
         if self.driver_setting:
             return self.driver_setting
-        from webhook.dra.drivers import detect, from_devices
-        from webhook.dra.objects import read_device_class
+        from ..dra.drivers import detect, from_devices
+        from ..dra.objects import read_device_class
 
         classes = dict(self.inventory.classes)
         for item in self.cluster_dra:
@@ -398,8 +409,8 @@ class _Stream:
         return str(detect(None, (), classes, self.requested, evidence=evidence).schema.name)
 
     def _add_context(self, item: SourceObject) -> None:
-        from webhook.dra.objects import claim_spec_of, dra_version
-        from webhook.engine.resolve import namespace_of
+        from ..dra.objects import claim_spec_of, dra_version
+        from ..engine.resolve import namespace_of
 
         obj = item.obj
         ns = namespace_of(obj, self.namespace)
@@ -422,7 +433,7 @@ class _Stream:
     # -- reading -----------------------------------------------------------------------------------
 
     def add(self, source: int, ordinal: int, item: SourceObject) -> None:
-        from webhook.dra.objects import GROUP, split_api_version
+        from ..dra.objects import GROUP, split_api_version
 
         self.objects += 1
         self.reviewed.append(ReviewedObject(object_ref(item), item.file, item.line))
@@ -451,7 +462,7 @@ class _Stream:
 
     def flush(self) -> None:
         """Judge the objects read since the last flush."""
-        from webhook.engine.resolve import namespace_of
+        from ..engine.resolve import namespace_of
 
         if not self.pending:
             return
@@ -517,8 +528,8 @@ class _Stream:
     def _unread(self, support: Sequence[SourceObject]) -> int:
         """How many of `support` the engine counts as ignored (kinds no rule reads): they are
         counted where they are judged themselves."""
-        from webhook.dra.workloads import is_workload_kind, using_crd_table
-        from webhook.engine.evaluate import KNOWN_KINDS
+        from ..dra.workloads import is_workload_kind, using_crd_table
+        from ..engine.evaluate import KNOWN_KINDS
 
         with using_crd_table(self.policies.crd_table):
             return sum(
@@ -527,7 +538,7 @@ class _Stream:
             )
 
     def _evaluate(self, objects: list[SourceObject], detection: str | None) -> Report:
-        from webhook.engine.evaluate import evaluate
+        from ..engine.evaluate import evaluate
 
         ctx = Context(
             default_namespace=self.namespace, namespace_labels=self._labels(),
@@ -596,7 +607,7 @@ class _Stream:
 
 
 def namespace_of_item(item: SourceObject, default: str) -> str | None:
-    from webhook.engine.resolve import namespace_of
+    from ..engine.resolve import namespace_of
 
     return namespace_of(item.obj, default)
 
@@ -626,14 +637,16 @@ def review(
     """
     import tempfile
 
-    from webhook.review.inputs import STDIN, FileSource, iter_file, sources, spool_stdin
+    from .inputs import STDIN, FileSource, iter_file, sources, spool_stdin
 
     policy_set = load_policy_set(policies, required=policies_required)
-    if policies and not policy_set.all() and not Path(policies).exists():
-        print(
-            f"draguard review: no {policies}/ here: only the built-in checks ran (pass --policies DIR)",
-            file=sys.stderr,
+    if policies and not Path(policies).exists():
+        shipped = shipped_policies() if policies == DEFAULT_POLICIES else None
+        used = (
+            f"judged by the default policies shipped with draguard ({shipped})"
+            if shipped and policy_set.all() else "only the built-in checks ran"
         )
+        print(f"draguard review: no {policies}/ here: {used} (--policies DIR for yours)", file=sys.stderr)
     inv = load_inventory_file(inventory)
     labels = load_cluster_state(cluster_state)
     if (note := SchemaCheck(kubernetes_version, namespace).note) is not None:
@@ -756,4 +769,5 @@ __all__ = [
     "load_inventory_file",
     "load_policy_set",
     "review",
+    "shipped_policies",
 ]

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from webhook.core.findings import Severity
-from webhook.dra import yamlload
-from webhook.dra.coexist import preflight
+from ..core.findings import Severity
+from ..dra import yamlload
+from ..dra.coexist import preflight
 
 EXIT_OK, EXIT_CONFLICT, EXIT_USAGE = 0, 1, 2
 GATHER = "kubectl get nodes,daemonsets,resourceslices,deviceclasses -A -o yaml"

@@ -25,8 +25,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError as RuamelError
 
-from webhook.dra import yamlload
-from webhook.review.inputs import (
+from ..dra import yamlload
+from .inputs import (
     YAML_SUFFIXES,
     InputError,
     display_path,
@@ -35,7 +35,7 @@ from webhook.review.inputs import (
     resolve_in_tree,
     tree_for,
 )
-from webhook.review.pipeline import ReviewError, load_policy_set
+from .pipeline import ReviewError, load_policy_set
 
 DEFAULT_GPU_CLASS = "gpu.nvidia.com"
 DEFAULT_MIG_CLASS = "mig.nvidia.com"
@@ -197,7 +197,7 @@ def migration_policy(
     Without a policy, `nvidia.com/gpu` maps to the `gpu.nvidia.com` class and each
     `nvidia.com/mig-<profile>` to `mig.nvidia.com` with a selector on that profile.
     """
-    from webhook.policy.model import MigrationPolicy, MigrationStrategy, ResourceMapping
+    from ..policy.model import MigrationPolicy, MigrationStrategy, ResourceMapping
 
     policy_set = load_policy_set(policies, required=required)
     chosen: MigrationPolicy
@@ -310,7 +310,7 @@ def _merge(plans: Sequence[Any]) -> Any:
 
 def _device_classes(texts: Mapping[Path, str]) -> dict[str, Any]:
     """name -> DeviceClass (the engine's form) of every DeviceClass in the files."""
-    from webhook.dra.objects import read_device_class
+    from ..dra.objects import read_device_class
 
     out: dict[str, Any] = {}
     for text in texts.values():
@@ -333,7 +333,7 @@ def _train_job_notes(
 ) -> list[str]:
     """Why a TrainJob's device-plugin GPUs are left as they are: its trainer is one container whose
     pod, and so its claims, the (Cluster)TrainingRuntime declares."""
-    from webhook.engine.migration import find_legacy
+    from ..engine.migration import find_legacy
 
     # A resource a DeviceClass serves as its extendedResourceName is a DRA request already (KEP-5004).
     served = {getattr(c, "extended_resource_name", None) for c in (classes or {}).values()}
@@ -359,8 +359,8 @@ def rewrite_text(
     `placed` (object key -> file) holds the objects of every file in this run: a template that
     exists, or was written for an earlier file, is not written again (kustomize refuses duplicates).
     """
-    from webhook.dra.workloads import pod_spec_of, pod_templates_of
-    from webhook.engine.migration import hosted_forms, plan_pod_spec, use_label
+    from ..dra.workloads import pod_spec_of, pod_templates_of
+    from ..engine.migration import hosted_forms, plan_pod_spec, use_label
 
     chunks = split_documents(text)
     present: dict[tuple[str, str, str], str] = placed if placed is not None else {}
@@ -380,7 +380,7 @@ def rewrite_text(
         y = _yaml(chunk.body)
         allowed = None
         if tiers is not None:
-            from webhook.engine.rules.migrate import tier_allowed
+            from ..engine.rules.migrate import tier_allowed
 
             meta = data.get("metadata") if isinstance(data.get("metadata"), Mapping) else {}
             ns = str((meta or {}).get("namespace") or "default")
@@ -436,8 +436,8 @@ def legacy_class_needs(texts: Mapping[Path, str], policy: Any, notes: list[str])
     KEP-5004 keeps `nvidia.com/gpu: N` in the pod; the scheduler serves it from the DeviceClass
     that declares `extendedResourceName: nvidia.com/gpu` (the engine's migrate rule checks this).
     """
-    from webhook.dra.workloads import pod_spec_of, pod_templates_of
-    from webhook.engine.migration import find_legacy, hosted_forms, node_labels_of, with_forms
+    from ..dra.workloads import pod_spec_of, pod_templates_of
+    from ..engine.migration import find_legacy, hosted_forms, node_labels_of, with_forms
 
     needs: dict[str, str] = {}
     for f, text in texts.items():
@@ -636,7 +636,7 @@ def migrate_paths(
     strategy: str | None,
     write: bool,
 ) -> MigrateOutcome:
-    from webhook.dra.workloads import using_crd_table
+    from ..dra.workloads import using_crd_table
 
     # Workload CRDs a WorkloadKindPolicy adds are rewritten as review and admission read them.
     table = load_policy_set(policies, required=False).crd_table if policies else None

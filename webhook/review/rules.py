@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import Mode, Severity
+from ..core.findings import Mode, Severity
 
 RULES_DOC = "docs/rules.md"
 REGENERATE = f"draguard rules --format markdown > {RULES_DOC}"
@@ -239,10 +239,10 @@ class CatalogError(Exception):
 
 def emitted_ids() -> tuple[str, ...]:
     """Every rule id, or family (`tier/<policy>`), the engine can emit, read from the engine."""
-    from webhook.cel.issues import CHECKS
-    from webhook.engine.evaluate import EXCEPTION_EXPIRED, TOO_DEEP
-    from webhook.engine.rules import INTERNAL_RULES, registry
-    from webhook.review.openapi import RULE as SCHEMA_RULE  # emitted by review, before the engine
+    from ..cel.issues import CHECKS
+    from ..engine.evaluate import EXCEPTION_EXPIRED, TOO_DEEP
+    from ..engine.rules import INTERNAL_RULES, registry
+    from .openapi import RULE as SCHEMA_RULE  # emitted by review, before the engine
 
     ids: list[str] = []
     for module in registry():
@@ -354,8 +354,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from webhook.cli import build_parser
-    from webhook.review import completion
+    from ..cli import build_parser
+    from . import completion
 
     sys.stdout.write(completion.script(build_parser(), args.shell))
     return 0

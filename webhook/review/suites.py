@@ -32,11 +32,11 @@ from typing import Any
 
 import yaml
 
-from webhook.core.findings import Finding, Report
-from webhook.dra import yamlload
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context
-from webhook.review.inputs import InputError, Inputs, objects_of, parse_text, read_paths
-from webhook.review.pipeline import ReviewError, load_inventory_file, load_policy_set
+from ..core.findings import Finding, Report
+from ..dra import yamlload
+from ..engine.context import ALL_RESOURCE_VERSIONS, Context
+from .inputs import InputError, Inputs, objects_of, parse_text, read_paths
+from .pipeline import ReviewError, load_inventory_file, load_policy_set
 
 SUITE_NAMES = ("suite.yaml", "suite.yml")
 EXPECT_KEYS = frozenset({"rule", "mode", "object", "line"})
@@ -243,8 +243,8 @@ def _policy_paths(data: Mapping[str, Any], suite: Path, override: str | None) ->
 
 
 def run_suites(root: Path, *, policies: str | None = None, case_filter: str | None = None) -> Outcome:
-    from webhook.engine.evaluate import evaluate
-    from webhook.policy.model import PolicySet
+    from ..engine.evaluate import evaluate
+    from ..policy.model import PolicySet
 
     outcome = Outcome()
     inventories: dict[str | None, Any] = {}

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from webhook.dra import yamlload
-from webhook.policy.load import PolicyError, load_policies
-from webhook.policy.vap import generate, served_extended_resources
+from ..dra import yamlload
+from ..policy.load import PolicyError, load_policies
+from ..policy.vap import generate, served_extended_resources
 
 EXIT_OK, EXIT_USAGE = 0, 2
 

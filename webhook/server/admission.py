@@ -19,14 +19,14 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.cel.env import REQUEST_COMPILE_BYTES, compile_budget
-from webhook.core.findings import Finding, Mode, ObjectRef, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.inventory import Inventory
-from webhook.dra.workloads import using_crd_table
-from webhook.engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
-from webhook.engine.rules import ENGINE_FAILURE
-from webhook.server import codec
+from ..cel.env import REQUEST_COMPILE_BYTES, compile_budget
+from ..core.findings import Finding, Mode, ObjectRef, Severity
+from ..core.source import SourceObject
+from ..dra.inventory import Inventory
+from ..dra.workloads import using_crd_table
+from ..engine.context import ALL_RESOURCE_VERSIONS, Context, QuotaUsage
+from ..engine.rules import ENGINE_FAILURE
+from . import codec
 
 API_VERSION = "admission.k8s.io/v1"
 MAX_WARNING = 120
@@ -154,7 +154,7 @@ def is_checked(group: str, version: str, kind: str) -> bool:
 def is_workload_crd(group: str, kind: str) -> bool:
     """A workload CRD whose pod templates draguard knows (the table in force: built-in plus
     WorkloadKindPolicy documents, see webhook/dra/workloads.py)."""
-    from webhook.dra.workloads import is_workload_crd as known
+    from ..dra.workloads import is_workload_crd as known
 
     return known(group, kind)
 
@@ -280,7 +280,7 @@ def _evaluate(
 ) -> tuple[list[Finding], int, bool]:
     """Findings, the bytes of never-seen selector text compiled on the way, and whether the CEL
     budget refused something (the findings are then incomplete)."""
-    from webhook.engine.evaluate import evaluate
+    from ..engine.evaluate import evaluate
 
     ctx = Context(
         namespace_labels=snap.namespace_labels,
@@ -316,7 +316,7 @@ def review(
     if lookups and getattr(lookups, "related", ()):
         # What was read on the request's behalf decides the verdict but is never quoted in the answer:
         # the request may be forged, and the objects read are another tenant's.
-        from webhook.server.lookups import private_text, redact  # lookups imports this module
+        from .lookups import private_text, redact  # lookups imports this module
 
         out.response = redact(out.response, private_text(lookups, req, snap))
     return out

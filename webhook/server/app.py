@@ -19,13 +19,13 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from webhook.dra.inventory import Inventory
-from webhook.engine.context import ALL_RESOURCE_VERSIONS
-from webhook.server import admission, logs
-from webhook.server.admission import Outcome, ReviewError, Snapshot
-from webhook.server.metrics import DraStats, Metrics
-from webhook.server.namespaces import NamespaceArrivals
-from webhook.server.overlay import scope_of
+from ..dra.inventory import Inventory
+from ..engine.context import ALL_RESOURCE_VERSIONS
+from . import admission, logs
+from .admission import Outcome, ReviewError, Snapshot
+from .metrics import DraStats, Metrics
+from .namespaces import NamespaceArrivals
+from .overlay import scope_of
 
 log = logging.getLogger("draguard.server")
 MAX_BODY = 3 * 1024 * 1024
@@ -170,7 +170,7 @@ class PolicyWatcher:
 
     def load(self) -> Any:
         """Load the policy set (raises PolicyError / OSError); remembers the signature it saw."""
-        from webhook.policy.load import load_policies
+        from ..policy.load import load_policies
 
         sig = self.signature()
         policies = load_policies(self.path)
@@ -239,7 +239,7 @@ class Webhook:
 
     def load_policies(self, first: bool = False) -> bool:
         """(Re)load policies; on error keep the last good set. True when a new set took effect."""
-        from webhook.policy.load import PolicyError
+        from ..policy.load import PolicyError
 
         try:
             policies = self.watcher.load()
@@ -253,7 +253,7 @@ class Webhook:
             )
             return False
         if not first:
-            from webhook.server.usage import warm
+            from .usage import warm
 
             # Runs off the loop (see _policy_loop): the first review under the new set does not pay
             # for its set-up (CEL programs, per-policy class matches).
@@ -325,7 +325,7 @@ class Webhook:
         self, req: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         if self.opts.client_names:
-            from webhook.server.tls import peer_names
+            from .tls import peer_names
 
             names = peer_names(req.transport.get_extra_info("peercert") if req.transport else None)
             if not names & set(self.opts.client_names):
@@ -524,7 +524,7 @@ class Webhook:
         """What the tier rule needs from the API server for this request (webhook/server/lookups.py)."""
         if endpoint != "validate" or self.lookup_http is None:
             return None
-        from webhook.server import lookups
+        from . import lookups
 
         wants = lookups.wanted(request, snap)
         if not wants:
@@ -628,7 +628,7 @@ class Webhook:
         group, _, version = api.rpartition("/")
         if version in self.cache.served or group != "resource.k8s.io":
             return tmpl
-        from webhook.dra.objects import convert_claim_spec
+        from ..dra.objects import convert_claim_spec
 
         target = self.cache.dra_version
         inner = dict(tmpl.get("spec") or {})
@@ -674,11 +674,11 @@ class Webhook:
         """Policies, inventory or caches, reload loops. Raises on unusable start-up input."""
         self.load_policies(first=True)
         if self.opts.inventory:
-            from webhook.dra.inventory import load_inventory
+            from ..dra.inventory import load_inventory
 
             self.set_inventory(load_inventory(self.opts.inventory))
         if self.opts.no_watch:
-            from webhook.server.usage import warm
+            from .usage import warm
 
             # Ready only once the first request will not pay for CEL set-up and class matching.
             await asyncio.get_running_loop().run_in_executor(
@@ -689,15 +689,15 @@ class Webhook:
             await self._start_caches()
         self._tasks.append(asyncio.create_task(self._policy_loop()))
         if bundle := self.opts.inject_ca_bundle:
-            from webhook.server.cainject import start_injector
+            from .cainject import start_injector
 
             self.injector = start_injector(self.opts.kubeconfig, bundle, self.opts.webhook_config)
         if self.tls is not None:
             self._tasks.append(asyncio.create_task(self.tls.watch(self.opts.poll_interval)))
 
     async def _start_caches(self) -> None:
-        from webhook.server.caches import ClusterCache, KubeHttp, KubeTemplateCreator
-        from webhook.server.usage import Rebuilder
+        from .caches import ClusterCache, KubeHttp, KubeTemplateCreator
+        from .usage import Rebuilder
 
         loop = asyncio.get_running_loop()
         try:
@@ -721,7 +721,7 @@ class Webhook:
         self.cache.start()
         self.rebuilder.start()
         if self.opts.quota_ledger_namespace:
-            from webhook.server.ledger import QuotaLedger
+            from .ledger import QuotaLedger
 
             self.ledger = QuotaLedger(
                 http,
@@ -768,7 +768,7 @@ async def serve(
     webhook: Webhook | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`): readiness goes false first, in-flight requests finish."""
-    from webhook.server.tls import ReloadingTls
+    from .tls import ReloadingTls
 
     wh = webhook or Webhook(opts)
     if not (opts.tls_cert and opts.tls_key):
@@ -787,7 +787,7 @@ async def serve(
     # the cyclic GC from rescanning it on the request path. Only once: views rebuilt later from the
     # caches must stay collectable (memos can hold cycles back to their inventory).
     gc.freeze()
-    from webhook.server.listen import GuardedSite, quiet_disconnects
+    from .listen import GuardedSite, quiet_disconnects
 
     loop = asyncio.get_running_loop()
     quiet_disconnects(loop)

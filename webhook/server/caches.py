@@ -21,7 +21,7 @@ from typing import Any
 
 import urllib3
 
-from webhook.server.metrics import Metrics
+from .metrics import Metrics
 
 log = logging.getLogger("draguard.caches")
 

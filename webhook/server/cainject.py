@@ -182,7 +182,7 @@ class CaBundleInjector:
         return True
 
     def _get(self, plural: str) -> dict[str, Any] | None:
-        from webhook.server.caches import ApiError
+        from .caches import ApiError
 
         try:
             return self.http.get_json(f"{BASE}/{plural}/{self.name}")  # type: ignore[no-any-return]
@@ -204,7 +204,7 @@ class CaBundleInjector:
 
     # ---- loops --------------------------------------------------------------------------------
     def _watch_loop(self, plural: str) -> None:
-        from webhook.server.caches import Gone
+        from .caches import Gone
 
         backoff = 0.5
         sel = [("fieldSelector", f"metadata.name={self.name}")]
@@ -268,7 +268,7 @@ def make_injector(kubeconfig: str | None, bundle_path: str, config_name: str) ->
     """An injector talking to the cluster of `kubeconfig` (in-cluster config when None), not started."""
     from kubernetes import client
 
-    from webhook.server.caches import KubeHttp
+    from .caches import KubeHttp
 
     http = KubeHttp.from_kubeconfig(kubeconfig)
     adm = client.AdmissionregistrationV1Api(http.api)

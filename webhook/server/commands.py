@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from webhook.dra import yamlload
+from ..dra import yamlload
 
 
 def register(sub: Any) -> None:
@@ -195,11 +195,11 @@ def _err(msg: str) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from webhook.dra.inventory import InventoryError
-    from webhook.policy.load import PolicyError
-    from webhook.server import logs
-    from webhook.server.app import ServeOptions, serve
-    from webhook.server.tls import TlsError
+    from ..dra.inventory import InventoryError
+    from ..policy.load import PolicyError
+    from . import logs
+    from .app import ServeOptions, serve
+    from .tls import TlsError
 
     if args.no_watch and not args.inventory:
         print("draguard: --no-watch without --inventory: rules that need devices will skip", file=sys.stderr)
@@ -251,7 +251,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from webhook import certs
+    from .. import certs
 
     names = [*certs.service_names(args.service, args.namespace), *args.extra_san]
     names = list(dict.fromkeys(names))
@@ -297,7 +297,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _kube_client(kubeconfig: str | None) -> Any:
-    from webhook.server.caches import KubeHttp
+    from .caches import KubeHttp
 
     return KubeHttp.from_kubeconfig(kubeconfig).api
 
@@ -315,8 +315,8 @@ def _admission_api(kubeconfig: str | None) -> Any:
 
 
 def cmd_quota_render(args: argparse.Namespace) -> int:
-    from webhook.engine.quota import render_resource_quotas, unrenderable
-    from webhook.policy.load import PolicyError, load_policies
+    from ..engine.quota import render_resource_quotas, unrenderable
+    from ..policy.load import PolicyError, load_policies
 
     try:
         policies = load_policies(args.policies)
@@ -351,9 +351,9 @@ def _read_objects(path: str) -> list[dict[str, Any]]:
 
 
 def cmd_quota_usage(args: argparse.Namespace) -> int:
-    from webhook.dra.inventory import Inventory, InventoryError, load_inventory
-    from webhook.engine.quota import compute_usage
-    from webhook.policy.load import PolicyError, load_policies
+    from ..dra.inventory import Inventory, InventoryError, load_inventory
+    from ..engine.quota import compute_usage
+    from ..policy.load import PolicyError, load_policies
 
     try:
         policies = load_policies(args.policies)
@@ -365,7 +365,7 @@ def cmd_quota_usage(args: argparse.Namespace) -> int:
             claims = _read_objects(args.claims)
             inventory = load_inventory(args.inventory) if args.inventory else Inventory.empty()
         else:
-            from webhook.server.caches import KubeHttp, discover_dra_versions
+            from .caches import KubeHttp, discover_dra_versions
 
             http = KubeHttp.from_kubeconfig(args.kubeconfig)
             version, _served = discover_dra_versions(http)

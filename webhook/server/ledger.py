@@ -48,9 +48,9 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import quote
 
-from webhook.dra.objects import as_map, as_str, claim_spec_of
-from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import (
+from ..dra.objects import as_map, as_str, claim_spec_of
+from ..engine.context import QuotaUsage
+from ..engine.quota import (
     ClaimCharge,
     budget_group,
     charge_of,
@@ -58,11 +58,11 @@ from webhook.engine.quota import (
     team_labels_of,
     team_scope,
 )
-from webhook.engine.quota import usage_from_charges as _usage_from_charges
-from webhook.server import admission
-from webhook.server.admission import Outcome, Snapshot
-from webhook.server.caches import ApiError, KubeHttp
-from webhook.server.namespaces import NamespaceArrivals
+from ..engine.quota import usage_from_charges as _usage_from_charges
+from . import admission
+from .admission import Outcome, Snapshot
+from .caches import ApiError, KubeHttp
+from .namespaces import NamespaceArrivals
 
 log = logging.getLogger("draguard.ledger")
 
@@ -185,7 +185,7 @@ def usage_of(entries: Mapping[str, LedgerEntry], labels: Mapping[str, Mapping[st
 
 
 def _add(a: QuotaUsage, b: QuotaUsage) -> QuotaUsage:
-    from webhook.server.usage import add_usage
+    from .usage import add_usage
 
     return add_usage(a, b)
 

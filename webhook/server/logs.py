@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from webhook.server import codec
+from . import codec
 
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",

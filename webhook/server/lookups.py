@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
-from webhook.dra.workloads import using_crd_table
-from webhook.engine.rules.tier import lookups_needed
-from webhook.server.admission import Snapshot, is_checked
+from ..dra.workloads import using_crd_table
+from ..engine.rules.tier import lookups_needed
+from .admission import Snapshot, is_checked
 
 MAX_PENDING_PODS = 500
 LOOKUP_BUDGET = 1.0  # seconds per request, well inside the validating webhooks' 3 s timeout

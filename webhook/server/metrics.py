@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from webhook.engine.rules import INTERNAL_RULES
+from ..engine.rules import INTERNAL_RULES
 
 # Webhook answers live in milliseconds; the tail buckets catch a stalled event loop.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable
 
-from webhook.server.admission import Snapshot
+from .admission import Snapshot
 
 MAX_WAITERS = 64
 # Re-read the snapshot at least this often while waiting, for callers whose views are swapped in

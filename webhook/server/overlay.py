@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.server import codec
+from . import codec
 
 # Kind -> (API group, cache resource name). Only these kinds change what admission of *other*
 # objects depends on (claim resolution, classes, quota usage), and the API server sends them.

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from webhook.dra.device import Device
-from webhook.dra.inventory import ClaimRecord, Inventory, claim_record
-from webhook.dra.objects import DeviceClassSpec, read_device_class
-from webhook.dra.taints import DeviceTaintRule
-from webhook.engine.context import QuotaUsage
-from webhook.engine.quota import (
+from ..dra.device import Device
+from ..dra.inventory import ClaimRecord, Inventory, claim_record
+from ..dra.objects import DeviceClassSpec, read_device_class
+from ..dra.taints import DeviceTaintRule
+from ..engine.context import QuotaUsage
+from ..engine.quota import (
     ClaimCharge,
     QuotaCalculator,
     charge_of,
@@ -29,9 +29,9 @@ from webhook.engine.quota import (
     team_labels_of,
     usage_from_charges,
 )
-from webhook.server.caches import ClusterCache
-from webhook.server.metrics import DraStats, Metrics
-from webhook.server.overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key, scope_of
+from .caches import ClusterCache
+from .metrics import DraStats, Metrics
+from .overlay import OVERLAY_KINDS, AdmittedOverlay, Entry, Key, scope_of
 
 log = logging.getLogger("draguard.usage")
 K = TypeVar("K")
@@ -191,9 +191,9 @@ def warm(inventory: Inventory, policies: Any, selectors: Iterable[tuple[str, tup
     for by the first admission request."""
     if policies is None:
         return
-    from webhook.core.source import SourceObject
-    from webhook.engine.context import Context
-    from webhook.engine.evaluate import evaluate
+    from ..core.source import SourceObject
+    from ..engine.context import Context
+    from ..engine.evaluate import evaluate
 
     objs: list[dict[str, Any]] = [
         {
@@ -562,7 +562,7 @@ class Rebuilder:
         group, api = OVERLAY_KINDS[outcome.kind][0], request.get("kind")
         if not isinstance(api, Mapping) or str(api.get("group") or "") != group:
             return False
-        from webhook.server.admission import prepare_object
+        from .admission import prepare_object
 
         obj = prepare_object(request, group, str(api.get("version") or ""), outcome.kind)
         return obj is not None and self.overlay.record(obj, outcome.operation, scope_of(request))

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from driver.config import ConfigError
-from driver.schema import K8S_DOMAIN, AttrSpec, Kind
+from ..._driver import K8S_DOMAIN, AttrSpec, ConfigError, Kind
 
 SchemaName = Literal["draguard", "nvidia"]
 SCHEMA_NAMES: tuple[SchemaName, ...] = ("draguard", "nvidia")
@@ -101,7 +100,7 @@ def from_devices(devices: Iterable[Any]) -> Detection | None:
     """What the inventory's devices say: NVIDIA's driver when more devices carry its marks (its
     compute-domain driver, `vfio` devices, attributes only it publishes) than draguard's; None
     when they carry neither."""
-    from webhook.dra.drivers import draguard, nvidia
+    from . import draguard, nvidia
 
     nvidia_votes = draguard_votes = 0
     example = ""
@@ -137,7 +136,7 @@ def detect(
     `from_devices` verdict, `evidence`, when the caller keeps it), then the DeviceClasses (inventory
     and reviewed files), then the class names claims request (`requested`). Without evidence the
     bundled driver's schema."""
-    from webhook.dra.drivers import draguard, nvidia
+    from . import draguard, nvidia
 
     if setting:
         if setting not in SCHEMA_NAMES:
@@ -170,6 +169,6 @@ def installed_class(name: str) -> str | None:
 
 
 def get(name: SchemaName) -> DriverSchema:
-    from webhook.dra.drivers import draguard, nvidia
+    from . import draguard, nvidia
 
     return draguard.SCHEMA if name == "draguard" else nvidia.SCHEMA

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from driver import config, schema
-from driver.config import ConfigError
-from webhook.dra.drivers import DriverSchema
+from ..._driver import ConfigError, config, schema
+from . import DriverSchema
 
 
 def _validate(driver: str, params: Mapping[str, Any], device_types: set[str] | None) -> list[ConfigError]:

@@ -33,10 +33,9 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from driver.config import ConfigError
-from driver.schema import K8S_DOMAIN, AttrSpec, AttrType
-from webhook.dra.drivers import DriverSchema
-from webhook.dra.quantity import Quantity
+from ..._driver import K8S_DOMAIN, AttrSpec, AttrType, ConfigError
+from ..quantity import Quantity
+from . import DriverSchema
 
 GPU_DRIVER = "gpu.nvidia.com"
 CD_DRIVER = "compute-domain.nvidia.com"

@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass
 from functools import cache
 
-from webhook.engine.rules.base import Rule
+from .base import Rule
 
 RULE_MODULES: tuple[str, ...] = ("structure", "tier", "migrate", "quota", "cel_lint", "opaque", "release")
 # The rules draguard's own failures are reported under: `internal/<module>` when a rule module

@@ -6,14 +6,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from webhook.core.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
-from webhook.core.frozen import one_call_init
-from webhook.core.source import SourceObject
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_map, as_str
-from webhook.engine.context import Context
-from webhook.engine.resolve import Index, PodClaim, namespace_of, pod_claims
-from webhook.policy.model import PolicySet
+from ...core.findings import Finding, JsonPatch, Mode, ObjectRef, Severity
+from ...core.frozen import one_call_init
+from ...core.source import SourceObject
+from ...dra.inventory import Inventory
+from ...dra.objects import as_map, as_str
+from ...policy.model import PolicySet
+from ..context import Context
+from ..resolve import Index, PodClaim, namespace_of, pod_claims
 
 
 class Rule(Protocol):

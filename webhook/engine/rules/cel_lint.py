@@ -16,16 +16,16 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
-from driver.schema import DRIVER_NAME
-from webhook.cel.lint import lint_selector
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.device import Device
-from webhook.dra.drivers import installed_class
-from webhook.dra.objects import Selector, claim_spec_of, dra_version, read_device_class
-from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import calculator, dotted, driver_schema
-from webhook.policy.model import CelLintPolicy
+from ..._driver import DRIVER_NAME
+from ...cel.lint import lint_selector
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra.device import Device
+from ...dra.drivers import installed_class
+from ...dra.objects import Selector, claim_spec_of, dra_version, read_device_class
+from ...policy.model import CelLintPolicy
+from .base import DRA, FunctionRule, RuleContext
+from .opaque import calculator, dotted, driver_schema
 
 DEFAULT_POLICY = CelLintPolicy(name="default", mode=Mode.WARN)
 

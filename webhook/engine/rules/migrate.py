@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.objects import as_list, as_map, esc
-from webhook.dra.workloads import pod_templates_of
-from webhook.engine.migration import (
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra.objects import as_list, as_map, esc
+from ...dra.workloads import pod_templates_of
+from ...policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
+from ..migration import (
     LegacyUse,
     MigrationPlan,
     find_legacy,
@@ -25,8 +26,7 @@ from webhook.engine.migration import (
     use_label,
     with_forms,
 )
-from webhook.engine.rules.base import WORKLOAD, FunctionRule, RuleContext
-from webhook.policy.model import MigrationMode, MigrationPolicy, MigrationStrategy, PolicySet
+from .base import WORKLOAD, FunctionRule, RuleContext
 
 RULE_ID = "migrate/legacy-gpu"
 _VERSION_ORDER = ("v1", "v1beta2", "v1beta1")
@@ -78,8 +78,8 @@ def _served(rc: RuleContext) -> set[str]:
 def _link_attribute(rc: RuleContext) -> Callable[[int], str]:
     """The attribute joining NVLink-connected GPUs in the driver this evaluation judges by, for a
     claim of `count` GPUs: the one structure/interconnect asks for, so the rewrite satisfies it."""
-    from webhook.engine.rules.opaque import driver_schema
-    from webhook.engine.rules.structure import _preferred_interconnect
+    from .opaque import driver_schema
+    from .structure import _preferred_interconnect
 
     schema = driver_schema(rc).schema
     return lambda count: _preferred_interconnect(schema, count)
@@ -92,7 +92,7 @@ def tier_allowed(
     rewrite picks a class that /validate then allows instead of one the tier rule denies."""
     if not policies.tier:
         return None
-    from webhook.engine.rules.tier import workload_facts
+    from .tier import workload_facts
 
     facts = workload_facts(obj)
     if facts is None:

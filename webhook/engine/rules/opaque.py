@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from driver.config import API_VERSION, ConfigError
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.drivers import Detection, DriverSchema, detect, from_devices
-from webhook.dra.objects import (
+from ..._driver import API_VERSION, ConfigError
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra.drivers import Detection, DriverSchema, detect, from_devices
+from ...dra.objects import (
     ClaimSpec,
     OpaqueConfig,
     Selector,
@@ -31,8 +31,8 @@ from webhook.dra.objects import (
     dra_version,
     read_device_class,
 )
-from webhook.engine.quota import QuotaCalculator
-from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
+from ..quota import QuotaCalculator
+from .base import DRA, FunctionRule, RuleContext
 
 RULE_ID = "config/opaque"
 

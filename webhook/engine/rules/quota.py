@@ -13,21 +13,21 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.objects import DeviceClassSpec, as_map, claim_spec_of
-from webhook.dra.workloads import effective_amounts, pod_templates_of
-from webhook.engine.context import QuotaUsage
-from webhook.engine.migration import is_legacy_resource, mig_profile_of, node_labels_of
-from webhook.engine.quota import (
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra.objects import DeviceClassSpec, as_map, claim_spec_of
+from ...dra.workloads import effective_amounts, pod_templates_of
+from ...policy.model import GpuQuotaPolicy, glob_match
+from ..context import QuotaUsage
+from ..migration import is_legacy_resource, mig_profile_of, node_labels_of
+from ..quota import (
     QuotaCalculator,
     add_ratio,
     budget_applies,
     inventory_calculator,
     mig_fraction,
 )
-from webhook.engine.rules.base import DRA_CLAIM, WORKLOAD, FunctionRule, RuleContext, severity_for
-from webhook.policy.model import GpuQuotaPolicy, glob_match
+from .base import DRA_CLAIM, WORKLOAD, FunctionRule, RuleContext, severity_for
 
 RULE_PREFIX = "quota/"
 IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra import releases
-from webhook.dra.objects import dra_version
-from webhook.engine.rules.base import DRA, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import dotted
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra import releases
+from ...dra.objects import dra_version
+from .base import DRA, FunctionRule, RuleContext
+from .opaque import dotted
 
 RULE_ID = "structure/dropped-field"
 

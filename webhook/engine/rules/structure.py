@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.source import SourceObject
-from webhook.dra.device import Device
-from webhook.dra.drivers import NVIDIA_CLASS_NAMES, DriverSchema, installed_class
-from webhook.dra.objects import (
+from ...core.findings import Finding, Mode, Severity
+from ...core.source import SourceObject
+from ...dra.device import Device
+from ...dra.drivers import NVIDIA_CLASS_NAMES, DriverSchema, installed_class
+from ...dra.objects import (
     ALL,
     DRA_KINDS,
     VERSIONS,
@@ -36,12 +36,12 @@ from webhook.dra.objects import (
     split_api_version,
     write_claim_spec,
 )
-from webhook.dra.workloads import pod_spec_of, pod_templates_of
-from webhook.engine.migration import hosted_forms
-from webhook.engine.quota import pinned_drivers
-from webhook.engine.resolve import claim_refs, per_node_capacity
-from webhook.engine.rules.base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
-from webhook.engine.rules.opaque import calculator, driver_schema
+from ...dra.workloads import pod_spec_of, pod_templates_of
+from ..migration import hosted_forms
+from ..quota import pinned_drivers
+from ..resolve import claim_refs, per_node_capacity
+from .base import CLAIM_KIND, DRA_CLAIM, DRA_GROUP, WORKLOAD, FunctionRule, RuleContext
+from .opaque import calculator, driver_schema
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRIVER_DOMAIN = "gpu.nvidia.com"
@@ -257,7 +257,7 @@ def _retired_version(item: SourceObject, rc: RuleContext, best: str | None) -> I
 
 def _match(expressions: Sequence[str], devices: Sequence[Device]) -> list[Device] | None:
     """Matching devices, or None when the CEL runtime gave up (cel/limits reports it)."""
-    from webhook.cel.match import match_devices  # CEL runtime loads on first use
+    from ...cel.match import match_devices  # CEL runtime loads on first use
 
     result = match_devices(expressions, devices)
     return None if result.undecided else list(result.matched)
@@ -345,7 +345,7 @@ def _unsatisfiable_together(
 ) -> Iterator[Finding]:
     """Every request fits on some node alone: judge the claim as a whole (counters, taints,
     capacity, constraints across requests, devices other claims hold, node selection)."""
-    from webhook.engine.allocate import allocate
+    from ..allocate import allocate
 
     published = rc.inventory.published_attributes()
     for c in spec.constraints:

@@ -8,18 +8,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.core.frozen import one_call_init
-from webhook.core.source import SourceObject
-from webhook.dra.inventory import Inventory
-from webhook.dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
-from webhook.dra.workloads import (
+from ...core.findings import Finding, Mode, Severity
+from ...core.frozen import one_call_init
+from ...core.source import SourceObject
+from ...dra.inventory import Inventory
+from ...dra.objects import as_list, as_map, as_str, claim_spec_of, read_once
+from ...dra.workloads import (
     command_line,
     pod_labels_and_annotations,
     pod_spec_of,
     pod_templates_of,
 )
-from webhook.engine.resolve import (
+from ...policy.model import (
+    WORKLOAD_CLASS_LABEL,
+    Classification,
+    GpuTierPolicy,
+    TierClass,
+    WorkloadFacts,
+)
+from ...policy.tier_index import TierIndex
+from ..resolve import (
     IMPLICIT_CLASS_PREFIX,
     POD_CLAIM_NAME_ANNOTATION,
     PodClaim,
@@ -31,15 +39,7 @@ from webhook.engine.resolve import (
     pods_naming_claim,
     requested_classes,
 )
-from webhook.engine.rules.base import CLAIM_KIND, WORKLOAD, FunctionRule, RuleContext, severity_for
-from webhook.policy.model import (
-    WORKLOAD_CLASS_LABEL,
-    Classification,
-    GpuTierPolicy,
-    TierClass,
-    WorkloadFacts,
-)
-from webhook.policy.tier_index import TierIndex
+from .base import CLAIM_KIND, WORKLOAD, FunctionRule, RuleContext, severity_for
 
 
 def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts | None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from webhook.core.findings import Finding, Mode, ObjectRef, Report
+from ...core.findings import Finding, Mode, ObjectRef, Report
 
 RULES_URL = "https://github.com/draguard/draguard/blob/main/docs/rules.md"
 """Where docs/rules.md is published: the default base of SARIF help links (`review --rules-url`)."""
@@ -147,7 +147,7 @@ Renderer = Callable[[ReviewResult], str]
 
 
 def renderers() -> dict[str, Renderer]:
-    from webhook.review.formats import github, gitlab, json, junit, markdown, sarif, text
+    from . import github, gitlab, json, junit, markdown, sarif, text
 
     return {
         "text": text.render,

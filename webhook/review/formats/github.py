@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from webhook.core.findings import Mode
-from webhook.review.formats import ReviewResult, neutralise_commands, terminal_safe
-from webhook.review.formats.text import summary_line
+from ...core.findings import Mode
+from . import ReviewResult, neutralise_commands, terminal_safe
+from .text import summary_line
 
 _COMMAND = {Mode.ENFORCE: "error", Mode.WARN: "warning", Mode.AUDIT: "notice"}
 

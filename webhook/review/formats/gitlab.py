@@ -6,8 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from webhook.core.findings import Finding, Mode, Severity
-from webhook.review.formats import ReviewResult
+from ...core.findings import Finding, Mode, Severity
+from . import ReviewResult
 
 # Code Quality's scale is info < minor < major < critical < blocker. A denied object blocks the
 # merge, a warning is worth fixing, an audit record (excepted findings included) is information.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from webhook.review.formats import ReviewResult
+from . import ReviewResult
 
 
 def render(result: ReviewResult) -> str:

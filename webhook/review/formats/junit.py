@@ -9,8 +9,8 @@ import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from webhook.core.findings import Finding, Mode
-from webhook.review.formats import ReviewedObject, ReviewResult, rule_help
+from ...core.findings import Finding, Mode
+from . import ReviewedObject, ReviewResult, rule_help
 
 # Characters XML 1.0 does not allow at all (not even as references): C0 controls but tab, LF and
 # CR, lone surrogates, U+FFFE and U+FFFF. ElementTree writes them as they are, which makes the

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from webhook.core.findings import Finding, Mode
-from webhook.review.formats import MODE_ORDER, ReviewResult, finding_sort_key, terminal_safe
-from webhook.review.formats.text import summary_line
+from ...core.findings import Finding, Mode
+from . import MODE_ORDER, ReviewResult, finding_sort_key, terminal_safe
+from .text import summary_line
 
 # GitHub rejects comments over 65,536 characters; stop listing well before that.
 MAX_ROWS = 200

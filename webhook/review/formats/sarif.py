@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from webhook import __version__
-from webhook.core.findings import Mode
-from webhook.review.formats import ReviewResult, rule_help
-from webhook.review.rules import documented, lookup
+from ... import __version__
+from ...core.findings import Mode
+from ..rules import documented, lookup
+from . import ReviewResult, rule_help
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Mode.ENFORCE: "error", Mode.WARN: "warning", Mode.AUDIT: "note"}

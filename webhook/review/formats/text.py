@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from webhook.core.findings import Mode
-from webhook.review.formats import ReviewResult, neutralise_commands, terminal_safe
+from ...core.findings import Mode
+from . import ReviewResult, neutralise_commands, terminal_safe
 
 _COLOURS = {Mode.ENFORCE: "\033[31m", Mode.WARN: "\033[33m", Mode.AUDIT: "\033[36m"}
 _BOLD = "\033[1m"
