@@ -16,6 +16,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,31 @@ def test_cluster_commands_name_the_extra_they_need(
     else:
         assert res.returncode == 2
         assert f"pip install 'draguard[{extra}]'" in res.stderr, res.stderr
+
+
+def test_each_command_is_registered_by_the_module_the_cli_imports_for_it() -> None:
+    """A run of one command builds only its module's part of the parser: the table must be right."""
+    from webhook import cli
+
+    full = cli.build_parser()
+    names = set(_commands(full))
+    assert names == set(cli.COMMANDS), f"commands without a module entry: {names ^ set(cli.COMMANDS)}"
+    for name in names:
+        assert name in _commands(cli.build_parser(name)), name
+
+
+def test_one_command_imports_only_its_own_module(tmp_path: Path) -> None:
+    code = (
+        "import sys; from webhook import cli; cli.build_parser('review'); "
+        "print(','.join(m for m in cli.COMMAND_MODULES if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "webhook.review.commands"
+
+
+def _commands(parser: Any) -> list[str]:
+    import argparse
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
