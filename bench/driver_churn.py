@@ -393,6 +393,8 @@ def run_mode(cluster: LocalCluster, mode: Mode, topologies: Path, pods: int, wav
         "ran": ran,
         "deleted": deleted,
         "seconds": took,
+        # The machine's 1-minute load at the mode's end: on a shared machine it explains a slow run.
+        "load_1m": os.getloadavg()[0],
         "wave_p50_s": pct(wave_s, 50),
         "prepare_ms": summary(prep),
         "unprepare_ms": summary(unprep),
@@ -424,7 +426,7 @@ def problems(row: dict[str, Any]) -> list[str]:
 
 
 # --- output -------------------------------------------------------------------------------------------
-def _le(v: float) -> str:
+def _le(v: float | None) -> str:
     return "—" if v is None else f"≤{v:.2f}"
 
 
@@ -432,7 +434,7 @@ def report(rows: list[dict[str, Any]]) -> str:
     lines = [
         "driver latency per claim (the driver's log), ms; as the kubelet saw the gRPC calls (its metrics), s",
         f"{'mode':<12} {'pods':>5} {'wave':>4} {'prepare p50':>11} {'p99':>7} {'unprep p50':>10} {'p99':>7}"
-        f"  {'kubelet prep mean':>17} {'p99':>6} {'unprep mean':>11} {'p99':>6}  {'wall':>6}",
+        f"  {'kubelet prep mean':>17} {'p99':>6} {'unprep mean':>11} {'p99':>6}  {'wall':>6} {'load':>5}",
     ]
     for r in rows:
         p, u = r["prepare_ms"], r["unprepare_ms"]
@@ -441,7 +443,7 @@ def report(rows: list[dict[str, Any]]) -> str:
             f"{r['mode']:<12} {r['ran']:>5} {r['wave']:>4} {p.get('p50', 0):>11.1f} {p.get('p99', 0):>7.1f}"
             f" {u.get('p50', 0):>10.1f} {u.get('p99', 0):>7.1f}"
             f"  {gp.get('mean_s', 0):>17.3f} {_le(gp.get('p99_le_s')):>6} {gu.get('mean_s', 0):>11.3f}"
-            f" {_le(gu.get('p99_le_s')):>6}  {r['seconds']:>5.0f}s"
+            f" {_le(gu.get('p99_le_s')):>6}  {r['seconds']:>5.0f}s {r.get('load_1m', 0):>5.1f}"
         )
     worst = max((r["prepare_ms"].get("max", 0) for r in rows), default=0) / 1000
     worst_u = max((r["unprepare_ms"].get("max", 0) for r in rows), default=0) / 1000
@@ -490,7 +492,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="mode full only, 16 pods in waves of 8: a smoke run")
     ap.add_argument("--json", metavar="OUT", type=Path)
     ap.add_argument("--state-dir", type=Path, default=None, help="the cluster's state (default: a temp dir)")
+    ap.add_argument("--report", metavar="JSON", type=Path, help="print the table of an earlier run's --json")
     args = ap.parse_args(argv)
+    if args.report:
+        try:
+            print(report(list(json.loads(args.report.read_text())["modes"])))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--report {args.report}: not the --json of this bench ({exc})") from None
+        return 0
     if args.quick:
         args.modes, args.pods, args.wave = "full", 16, 8
     names = [m for m in args.modes.split(",") if m]
