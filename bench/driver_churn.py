@@ -51,6 +51,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -415,7 +416,7 @@ def run_mode(cluster: LocalCluster, mode: Mode, topologies: Path, pods: int, wav
 def summary(ms: list[float]) -> dict[str, Any]:
     if not ms:
         return {"n": 0}
-    return {"n": len(ms), "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms)}
+    return {"n": len(ms), "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "mean": sum(ms) / len(ms)}
 
 
 def problems(row: dict[str, Any]) -> list[str]:
@@ -565,8 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"NOT MET: {p}")
     if args.json:
         args.json.write_text(json.dumps(result(node, rows, found), indent=2))
-    if error:
+    if found:
         print(f"logs: {cluster.paths.logs}", file=sys.stderr)
+    elif args.state_dir is None:  # a clean run's temporary state (certificates, logs) is not kept
+        shutil.rmtree(state, ignore_errors=True)
     return 2 if found else 0
 
 
