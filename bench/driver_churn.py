@@ -542,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         kube = cluster.kube()
         info = kube.get(f"/api/v1/nodes/{NODE}")["status"]["nodeInfo"]
         node.update(kubelet=info["kubeletVersion"], runtime=info["containerRuntimeVersion"])
+        if cluster.net is not None:  # what tear-down must remove: a check can look for it afterwards
+            node["netns"] = cluster.net.netns
         for cls in device_classes({MODES[n].device_class for n in names}):
             kube.create("/apis/resource.k8s.io/v1/deviceclasses", cls)
         for n in names:

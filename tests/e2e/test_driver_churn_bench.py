@@ -26,7 +26,7 @@ PODS = 16
 
 def _netns() -> set[str]:
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    return {ln.split()[0] for ln in proc.stdout.splitlines() if ln.startswith("draguard-")}
+    return {ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()}
 
 
 @pytest.mark.timeout(900)  # a fresh machine builds the node's images first (minutes)
@@ -34,7 +34,6 @@ def test_quick_run_prepares_and_unprepares_every_pods_claim() -> None:
     # Short: the kubelet's and the plugin's unix sockets live under the state directory.
     state = Path(tempfile.mkdtemp(prefix="dg-churn-t-"))
     out = state / "churn.json"
-    before = _netns()
     try:
         proc = subprocess.run(
             [sys.executable, str(ROOT / "bench/driver_churn.py"), "--quick", "--json", str(out),
@@ -51,7 +50,9 @@ def test_quick_run_prepares_and_unprepares_every_pods_claim() -> None:
         doc = json.loads(out.read_text())
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    assert _netns() <= before, "the bench left a network namespace behind"
+    # The node's network namespace existed during the run and is gone with the cluster.
+    assert doc["node"]["netns"].startswith("draguard-")
+    assert doc["node"]["netns"] not in _netns(), "the bench left its node's network namespace behind"
 
     assert doc["problems"] == []
     assert doc["node"]["kubelet"].startswith("v1.")
