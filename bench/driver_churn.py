@@ -78,8 +78,9 @@ DRIVER = "gpu.nvidia.com"
 
 # The kubelet's limits (k8s.io/kubernetes v1.37.2, the kubelet this project builds):
 # pkg/kubelet/cm/dra/plugin/dra_plugin.go `defaultClientCallTimeout = 45 * time.Second`: the gRPC
-# deadline of every NodePrepareResources / NodeUnprepareResources call (RegisterPlugin is passed a nil
-# pluginClientTimeout, so this default applies to every driver).
+# deadline of every NodePrepareResources / NodeUnprepareResources call (the plugin manager passes
+# RegisterPlugin a nil pluginClientTimeout, pkg/kubelet/pluginmanager/operationexecutor/
+# operation_generator.go, so this default applies to every driver).
 KUBELET_DRA_CALL_TIMEOUT_S = 45.0
 # pkg/kubelet/kubelet.go `backOffPeriod = time.Second * 10`: after a failed pod sync (a prepare that
 # failed or timed out), the pod worker tries again only after this back-off.
