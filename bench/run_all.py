@@ -31,6 +31,7 @@ FULL_ARGS: dict[str, list[str]] = {
     "apiserver": ["--json", "{out}/apiserver.json"],
     "peer": ["--json", "{out}/peer.json"],
     "peer_webhook": ["--json", "{out}/peer_webhook.json"],
+    "driver_churn": ["--json", "{out}/driver_churn.json"],
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "scaling": ["--devices", "1000,10000", "--policies", "10,100", "--reviews", "60"],
@@ -42,6 +43,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "engine": ["--workloads", "300", "--repeat", "1"],
     "cel_lint": ["--nodes", "1000", "--repeat", "1"],
     "driver": ["--iterations", "50"],
+    "driver_churn": ["--quick"],
     "review": ["--repeat", "1"],
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
     "audit": ["--objects", "5000", "--repeat", "1"],
