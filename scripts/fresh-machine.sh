@@ -98,6 +98,9 @@ git clone -q --no-local "$REPO" "$ROOT/root/draguard"
 git -C "$ROOT/root/draguard" checkout -q "$rev"
 
 for m in proc sys dev run tmp; do mkdir -p "$ROOT/$m"; done
+# A machine's / is a mount point; a chroot's is a directory, where `unshare --mount` (the image build)
+# cannot change its propagation. A bind mount of the root onto itself makes it one.
+mount --bind "$ROOT" "$ROOT" && mount --make-private "$ROOT" && mounted+=("$ROOT")
 mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc")
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounted+=("$ROOT/sys")
 mount --rbind /dev "$ROOT/dev" && mount --make-rslave "$ROOT/dev" && mounted+=("$ROOT/dev")
