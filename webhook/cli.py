@@ -11,18 +11,6 @@ from . import PREFIX, __version__
 
 # Each module exposes `register(subparsers)`, adding its commands with `set_defaults(func=...)`
 # where func(args) -> int is the exit code.
-COMMAND_MODULES = (
-    "webhook.review.commands",  # review, test, lint-cel, migrate, explain, schema
-    "webhook.review.preflight",  # preflight
-    "webhook.review.vap",  # vap
-    "webhook.review.rules",  # rules, completion
-    "webhook.server.commands",  # serve, certs, quota
-    "webhook.audit.commands",  # audit run|once
-    "webhook.assess.commands",  # assess
-    "webhook.dev.commands",  # dev up|down|status, demo
-    "driver.cli",  # driver inventory|run
-)
-
 # The module that registers each command: a run of one command imports only its module (the others'
 # imports are a quarter of `draguard review`'s start-up); help and completion import them all.
 COMMANDS = {
@@ -40,6 +28,7 @@ COMMANDS = {
     "demo": "webhook.dev.commands",
     "driver": "driver.cli",
 }
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))  # in the order `draguard --help` lists them
 
 # `pip install draguard` carries what the offline commands import; the cluster-facing ones need an
 # extra. Top-level module -> the extra that installs it.
@@ -54,13 +43,16 @@ EXTRAS = {
 }
 
 
+VERSION = f"draguard {__version__}"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or only `command`'s part of it when that names a known command."""
     parser = argparse.ArgumentParser(
         prog="draguard",
         description="GPU admission policies, DRA linting and an NVML-backed DRA driver.",
     )
-    parser.add_argument("--version", action="version", version=f"draguard {__version__}")
+    parser.add_argument("--version", action="version", version=VERSION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     only = COMMANDS.get(command or "")
     for name in (only,) if only in COMMAND_MODULES else COMMAND_MODULES:
@@ -71,7 +63,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--version"]:  # what CI scripts ask first: no command module to import for it
-        print(f"draguard {__version__}")
+        print(VERSION)
         return 0
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

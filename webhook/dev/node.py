@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import PREFIX
 from .procs import ClusterError
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl")
@@ -83,7 +82,7 @@ def find_node_bins() -> NodeBins:
         return NodeBins(d / "bin", d / "cni")
     pinned: Path | None = None
     try:
-        image: Any = importlib.import_module(f"{PREFIX}webhook.dev.image")
+        image: Any = importlib.import_module(".image", __package__)
     except ImportError:
         image = None
     if image is not None:
@@ -119,7 +118,7 @@ def node_images(progress: Callable[[str], None] | None = None) -> NodeImages:
     """Build (or reuse) the pause and draguard images with webhook.dev.image (cached by its recipe)."""
     try:
         # Imported by name: the builder is an optional part of a checkout (it needs root and Debian).
-        image: Any = importlib.import_module(f"{PREFIX}webhook.dev.image")
+        image: Any = importlib.import_module(".image", __package__)
     except ImportError:
         raise ClusterError("webhook/dev/image.py (the daemonless image builder) is missing") from None
     say = progress or (lambda _m: None)

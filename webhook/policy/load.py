@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from ..core.source import SourceObject
 from ..dra import yamlload
 from ..dra.objects import DRA_KINDS
 from ..dra.workloads import POD_SPEC_PATHS, TemplatePath
+from . import schema_text
 from .model import (
     API_VERSION,
     TEAM_LABEL,
@@ -73,9 +73,7 @@ class PolicyError(ValueError):
 @cache
 def policy_schema() -> dict[str, Any]:
     """The JSON Schema of policy documents (draft 2020-12)."""
-    schema = resources.files(__package__ or "webhook.policy").joinpath("schema.json")
-    text = schema.read_text(encoding="utf-8")
-    data: dict[str, Any] = json.loads(text)
+    data: dict[str, Any] = json.loads(schema_text())
     return data
 
 

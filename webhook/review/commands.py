@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import PREFIX
 from ..cel import versions
 from ..core.findings import Mode
 from .config import CONFIG_NAME, ConfigError
@@ -326,11 +325,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    import importlib.resources
+    from ..policy import schema_text
 
     try:
-        schema = importlib.resources.files(f"{PREFIX}webhook.policy").joinpath("schema.json")
-        text = schema.read_text(encoding="utf-8")
+        text = schema_text()
     except (FileNotFoundError, OSError) as exc:
         return _fail("schema", f"policy schema not found in the package: {exc}")
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

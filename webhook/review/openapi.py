@@ -24,7 +24,6 @@ from datetime import date
 from importlib import resources
 from typing import Any
 
-from .. import PREFIX
 from ..core.findings import Finding, Mode, ObjectRef, Severity
 from ..core.source import SourceObject
 from ..dra.quantity import Quantity
@@ -55,6 +54,7 @@ _KEPT = frozenset({
     "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-embedded-resource",
 })
 _REF_PREFIX = "#/components/schemas/"
+_SCHEMAS = f"{__package__}.schemas"  # the shipped schema files: webhook/review/schemas/
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
@@ -153,7 +153,7 @@ class SchemaSet:
 
 def shipped_releases() -> tuple[str, ...]:
     """Releases with a schema file in the package (`1.37`, ...), oldest first."""
-    names = [p.name for p in resources.files(f"{PREFIX}webhook.review.schemas").iterdir()]
+    names = [p.name for p in resources.files(_SCHEMAS).iterdir()]
     found = [
         n.removeprefix("k8s-").removesuffix(".json.gz")
         for n in names
@@ -182,7 +182,7 @@ def pick_release(release: str | None) -> tuple[str, str | None]:
 
 @functools.lru_cache(maxsize=4)
 def load(release: str) -> SchemaSet:
-    raw = resources.files(f"{PREFIX}webhook.review.schemas").joinpath(f"k8s-{release}.json.gz").read_bytes()
+    raw = resources.files(_SCHEMAS).joinpath(f"k8s-{release}.json.gz").read_bytes()
     data = json.loads(gzip.decompress(raw))
     return SchemaSet(release, data["roots"], data["schemas"])
 
