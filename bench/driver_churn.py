@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir  # noqa: E402
 from webhook.dev.kube import ApiError, Kube  # noqa: E402
+from webhook.dev.procs import wait_until  # noqa: E402
 
 SKIPPED = 3
 NODE = "gpu-h100-0"
@@ -262,17 +263,6 @@ def histogram_delta(before: Histograms, after: Histograms, key: tuple[str, str])
 
 
 # --- one mode -----------------------------------------------------------------------------------------
-def wait(check: Callable[[], Any], what: str, timeout: float, every: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
-
-
 def pod(ns: str, name: str, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -333,7 +323,7 @@ def run_mode(cluster: LocalCluster, mode: Mode, topologies: Path, pods: int, wav
     cluster.stop(f"driver-{NODE}")
     t0 = time.monotonic()
     cluster.start_real_node_driver(topology=topology, args=mode.args, env=env)
-    wait(lambda: published_for(mode)(node_devices(kube)), f"the node's slices in mode {mode.name}", 90)
+    wait_until(lambda: published_for(mode)(node_devices(kube)), 90, f"the node's slices in mode {mode.name}")
     say(f"{mode.name}: driver up in its mode ({time.monotonic() - t0:.1f}s)")
 
     ns = f"churn-{mode.name}-{uuid.uuid4().hex[:5]}"
@@ -370,19 +360,19 @@ def run_mode(cluster: LocalCluster, mode: Mode, topologies: Path, pods: int, wav
                             )
             return all(phases.get(n) == "Running" for n in names)
 
-        wait(running, f"{mode.name}: wave of {len(names)} pods Running", 300)
+        wait_until(running, 300, f"{mode.name}: wave of {len(names)} pods Running")
         ran += len(names)
         for name in names:
             kube.delete(f"{pods_path}/{name}")
-        wait(lambda: not kube.get(pods_path).get("items") and not kube.get(claims_path).get("items"),
-             f"{mode.name}: the wave's pods and claims gone", 300)  # fmt: skip
+        wait_until(lambda: not kube.get(pods_path).get("items") and not kube.get(claims_path).get("items"),
+                   300, f"{mode.name}: the wave's pods and claims gone")  # fmt: skip
         deleted += len(names)
         wave_s.append(time.monotonic() - t_wave)
         say(f"{mode.name}: {deleted}/{pods} pods ran and were deleted (wave {wave_s[-1]:.1f}s)")
     took = time.monotonic() - t_mode
     # The kubelet unprepares once a pod's containers are gone; its last log lines may trail the API.
-    wait(lambda: len(driver_ops(cluster, ns)[1]) >= ran, f"{mode.name}: every claim unprepared", 60)
-    wait(lambda: not checkpoint_claims(cluster), f"{mode.name}: the driver's checkpoint empty", 60)
+    wait_until(lambda: len(driver_ops(cluster, ns)[1]) >= ran, 60, f"{mode.name}: every claim unprepared")
+    wait_until(lambda: not checkpoint_claims(cluster), 60, f"{mode.name}: the driver's checkpoint empty")
     after = kubelet_histograms(kube)
     prep, unprep, failed = driver_ops(cluster, ns)
     kube.delete(f"/api/v1/namespaces/{ns}")
