@@ -41,8 +41,12 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict webhook driver
 
 ## The whole test suite: lint, types, unit, integration, end-to-end against a real local API server.
+## The bundle tests build kustomizations with kubectl (or kustomize); a machine without either uses the
+## kubectl `make k8s` built, found after the machine's own.
 test: prereqs $(STAMP) k8s lint
-	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@k8s_bin="$$($(PY) -c 'from webhook.dev.procs import find_bin_dir; print(find_bin_dir())')" || exit 1; \
+	PATH="$$PATH:$$k8s_bin" $(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 ## Without the end-to-end tests (no Kubernetes build needed).
 test-fast: $(STAMP)

@@ -128,8 +128,9 @@ run() {  # run NAME COMMAND...: one README command in the new machine
         local rc=$?
         tail -40 "$logs/$name.log" >&2
         say "$name FAILED with exit $rc after $(( (SECONDS - t0) / 60 )) min (log: $logs/$name.log)"
-        [[ $KEEP -eq 1 ]] || cp "$logs/$name.log" "/var/tmp/draguard-fresh-$name.log" \
-            && say "log kept at /var/tmp/draguard-fresh-$name.log"
+        if [[ $KEEP -eq 0 ]] && cp "$logs/$name.log" "/var/tmp/draguard-fresh-$name.log"; then
+            say "log kept at /var/tmp/draguard-fresh-$name.log"
+        fi
         exit "$rc"
     fi
 }
