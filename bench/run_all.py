@@ -32,6 +32,8 @@ FULL_ARGS: dict[str, list[str]] = {
     "peer": ["--json", "{out}/peer.json"],
     "peer_webhook": ["--json", "{out}/peer_webhook.json"],
     "driver_churn": ["--json", "{out}/driver_churn.json"],
+    "ledger_reconcile": ["--json", "{out}/ledger_reconcile.json"],
+    "cache_rebuild": ["--json", "{out}/cache_rebuild.json"],
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "scaling": ["--devices", "1000,10000", "--policies", "10,100", "--reviews", "60"],
@@ -44,6 +46,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "cel_lint": ["--nodes", "1000", "--repeat", "1"],
     "driver": ["--iterations", "50"],
     "driver_churn": ["--quick"],
+    "ledger_reconcile": ["--quick"],
+    "cache_rebuild": ["--steps", "20,40", "--repeat", "1"],
     "review": ["--repeat", "1"],
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
     "audit": ["--objects", "5000", "--repeat", "1"],
