@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
@@ -642,6 +643,45 @@ def report(rows: list[dict[str, Any]], gr: list[dict[str, Any]], rate: float) ->
     return lines
 
 
+def say(msg: str) -> None:
+    """Progress, on stderr: the figures alone go to stdout."""
+    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def api_only_cluster(bench: str, state_dir: Path | None, keep: bool = False) -> Iterator[Any]:
+    """A local control plane (`webhook/dev`) where nothing but the bench writes: the controller-manager
+    and the scheduler are stopped once it answers (no claims from templates, no scheduling, no
+    node-lifecycle taints on nodes without heartbeats). Torn down afterwards unless `keep`. Without the
+    Kubernetes binaries, or when it cannot start, says so and exits with status 3 (a benchmark that
+    cannot run here, see bench/run_all.py)."""
+    from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir
+
+    def unavailable(exc: Exception) -> SystemExit:
+        print(f"bench/{bench}.py: the local control plane is not available: {exc}", file=sys.stderr)
+        return SystemExit(3)
+
+    try:
+        find_bin_dir()
+    except ClusterError as exc:
+        raise unavailable(exc) from None
+    state = state_dir or Path(tempfile.mkdtemp(prefix=f"draguard-bench-{bench.replace('_', '-')}-"))
+    cluster = LocalCluster(state, None, progress=say, tie_to_parent=True)
+    try:
+        cluster.up(nodes=(), with_driver=False, with_webhook=False)
+        cluster.stop("kube-controller-manager")
+        cluster.stop("kube-scheduler")
+        yield cluster
+    except ClusterError as exc:
+        raise unavailable(exc) from None
+    finally:
+        if not keep:
+            try:
+                cluster.down(keep_logs=False)
+            except ClusterError as exc:
+                print(f"warning: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument(
@@ -677,28 +717,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate <= 0 or args.admit_seconds <= 0 or args.parallel <= 0:
         raise SystemExit("--rate, --admit-seconds and --parallel must be positive")
 
-    from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir
-
-    try:
-        find_bin_dir()
-    except ClusterError as exc:
-        print(f"bench/cluster_scale.py: the local control plane is not available: {exc}", file=sys.stderr)
-        return 3
-
-    def say(msg: str) -> None:
-        print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-    state = args.state_dir or Path(tempfile.mkdtemp(prefix="draguard-bench-scale-"))
-    cluster = LocalCluster(state, None, progress=say, tie_to_parent=True)
     rows: list[dict[str, Any]] = []
     setup: list[dict[str, Any]] = []
     failed = False
-    try:
-        cluster.up(nodes=(), with_driver=False, with_webhook=False)
-        # Nothing but this bench writes from here on: no claims from templates, no scheduling, no
-        # node-lifecycle taints on nodes without heartbeats.
-        cluster.stop("kube-controller-manager")
-        cluster.stop("kube-scheduler")
+    with api_only_cluster("cluster_scale", args.state_dir, keep=args.keep) as cluster:
         creator = Creator(cluster.server, cluster.paths.certs, args.parallel)
         creator.run(namespace_objects(ADMIT_NS)[:1])
         creator.run(namespace_objects(ADMIT_NS)[1:])
@@ -731,15 +753,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(creator.errors)} objects could not be created, e.g.:", file=sys.stderr)
             for e in creator.errors[:5]:
                 print(f"  {e}", file=sys.stderr)
-    except ClusterError as exc:
-        print(f"bench/cluster_scale.py: the local control plane is not available: {exc}", file=sys.stderr)
-        return 3
-    finally:
-        if not args.keep:
-            try:
-                cluster.down(keep_logs=False)
-            except ClusterError as exc:
-                print(f"warning: {exc}", file=sys.stderr)
     gr = growth(rows)
     print("\n".join(report(rows, gr, args.rate)))
     for r in rows:
