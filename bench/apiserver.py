@@ -45,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import pct  # noqa: E402  (re-exported: the cluster and peer benches import it from here)
+
 TEMPLATE_CLASS = "gpu.nvidia.com-h100"
 
 
@@ -124,11 +126,6 @@ def template(ns: str) -> dict[str, Any]:
             }
         },
     }
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 def added_interval(off: list[float], on: list[float], q: float, rounds: int = 1000) -> tuple[float, float]:

@@ -21,6 +21,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.stats import pct
 from driver.cdi import CdiWriter
 from driver.checkpoint import Checkpoint
 from driver.devices import build_devices
@@ -55,11 +56,6 @@ class Claims:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objs.get(name)
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def fmt(label: str, values: list[float]) -> str:

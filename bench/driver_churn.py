@@ -68,6 +68,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import pct  # noqa: E402
 from webhook.dev.cluster import ClusterError, LocalCluster, find_bin_dir  # noqa: E402
 from webhook.dev.kube import ApiError, Kube  # noqa: E402
 from webhook.dev.procs import wait_until  # noqa: E402
@@ -123,12 +124,6 @@ MODES: dict[str, Mode] = {
 
 def say(msg: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (a p99 of 200 values is the 2nd largest)."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 # --- topologies ---------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import pct  # noqa: E402
+
 TIER_DOC = """---
 apiVersion: policy.draguard.io/v1alpha1
 kind: GpuTierPolicy
@@ -192,12 +194,6 @@ def rss_mib() -> float:
     import psutil
 
     return float(psutil.Process().memory_info().rss) / 2**20
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 def measure_point(devices: int, policies: int, reviews: int) -> dict[str, Any]:
