@@ -261,3 +261,33 @@ def test_excluded_paths_are_skipped_on_both_sides(repo: Path, draguard: Callable
     # Without the configuration the vendored job is judged like any other.
     run = draguard(*ARGS, "--base", "HEAD~1", "-f", "json", "--no-config")
     assert {"finetune", "upstream"} <= {c["object"]["name"] for c in json.loads(run.out)["changes"]}
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["tarfile-filters", "python-3.11.2"])
+def test_the_base_tree_is_exported_without_links_out_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool
+) -> None:
+    """Python before 3.11.4 (Debian bookworm's 3.11.2) has no tarfile filters; `--base` then filters by
+    hand, and neither way may a branch's link point the review outside the exported tree."""
+    from webhook.review import diff
+
+    if filters and not diff._EXTRACTION_FILTERS:
+        pytest.skip("this Python has no tarfile extraction filters")
+    monkeypatch.setattr(diff, "_EXTRACTION_FILTERS", filters)
+    repo = tmp_path / "repo"
+    (repo / "deploy").mkdir(parents=True)
+    (repo / "deploy" / "claim.yaml").write_text("kind: ResourceClaim\n")
+    (repo / "deploy" / "alias.yaml").symlink_to("claim.yaml")
+    (repo / "deploy" / "passwd.yaml").symlink_to("/etc/passwd")
+    (repo / "deploy" / "up.yaml").symlink_to("../../outside.yaml")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")  # fmt: skip
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+    dest = tmp_path / "base"
+    dest.mkdir()
+    diff.export_tree("HEAD", repo, dest)  # a link out is left out, not a failure of the whole review
+    assert (dest / "deploy" / "claim.yaml").read_text() == "kind: ResourceClaim\n"
+    assert (dest / "deploy" / "alias.yaml").read_text() == "kind: ResourceClaim\n"
+    for name in ("passwd.yaml", "up.yaml"):
+        assert not (dest / "deploy" / name).is_symlink() and not (dest / "deploy" / name).exists()

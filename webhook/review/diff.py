@@ -101,7 +101,49 @@ def export_tree(commit: str, root: Path, dest: Path) -> None:
     """Write the tree of `commit` under `dest` (git archive; the work tree and index are untouched)."""
     data = _git(["archive", "--format=tar", commit], root, binary=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        tar.extractall(dest, filter="data")
+        if _EXTRACTION_FILTERS:
+            tar.extractall(dest, filter=_data_or_left_out)
+        else:
+            tar.extractall(dest, members=_inside(tar, dest))
+
+
+# Python 3.11 before 3.11.4 (Debian bookworm's python3 is 3.11.2) has no extraction filters.
+_EXTRACTION_FILTERS = hasattr(tarfile, "data_filter")
+
+
+def _data_or_left_out(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """The "data" filter, leaving out what it refuses (a link out of the tree) instead of failing the
+    whole review: the reader refuses such a link in the work tree the same way."""
+    try:
+        return tarfile.data_filter(member, path)
+    except tarfile.FilterError:
+        return None
+
+
+def _inside(tar: tarfile.TarFile, dest: Path) -> Iterator[tarfile.TarInfo]:
+    """What the "data" filter lets through, by hand: files and directories under `dest` with plain
+    permissions, and links that stay under it. The base side of a review is a branch's content, so
+    its names and link targets are not trusted; a link out of the tree is left out, as the reader
+    refuses one in the work tree."""
+    top = os.path.realpath(dest)
+
+    def under(path: str) -> bool:
+        return os.path.commonpath([top, os.path.realpath(path)]) == top
+
+    for m in tar:
+        target = os.path.join(top, m.name)
+        if os.path.isabs(m.name) or not under(target):
+            continue
+        if m.issym() or m.islnk():
+            link = m.linkname if m.islnk() else os.path.join(os.path.dirname(m.name), m.linkname)
+            if os.path.isabs(m.linkname) or not under(os.path.join(top, link)):
+                continue
+        elif not (m.isfile() or m.isdir()):
+            continue
+        m.mode &= 0o755  # no setuid, setgid, sticky or group/other write
+        m.uid = m.gid = 0
+        m.uname = m.gname = ""
+        yield m
 
 
 @contextlib.contextmanager
