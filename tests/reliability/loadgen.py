@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import ssl
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -91,9 +92,12 @@ async def run_load(
         enough = counter >= min_requests and el >= min_seconds
         return (over and enough) or el >= max(max_seconds, min_seconds) * 10
 
+    # Aborting closed TLS connections on close: Debian bookworm's Python 3.11.2 raises AttributeError
+    # in asyncio's SSL transport there (its `_ssl_protocol` is already None); later 3.11s do not.
     connector = aiohttp.TCPConnector(
-        ssl=ssl_context, limit=concurrency, force_close=fresh_connections, enable_cleanup_closed=True
-    )
+        ssl=ssl_context, limit=concurrency, force_close=fresh_connections,
+        enable_cleanup_closed=sys.version_info >= (3, 11, 4),
+    )  # fmt: skip
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
