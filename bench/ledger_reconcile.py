@@ -38,7 +38,6 @@ import sys
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -126,13 +125,12 @@ class CountingHttp:
 class Fleet:
     """The claims the replica's watch holds, the snapshot it reads, and the ledgers in the API server."""
 
-    def __init__(self, creator: Creator, http: Any, say: Callable[[str], None]) -> None:
+    def __init__(self, creator: Creator, http: Any) -> None:
         from webhook.dra.inventory import Inventory
         from webhook.policy.load import load_policies
 
         self.creator = creator
         self.http = http
-        self.say = say
         self.policies = load_policies(ROOT / "policies")
         shipped = ROOT / "kustomize" / "base" / "deviceclasses" / "deviceclasses.yaml"
         self.classes = [o for o in yaml.safe_load_all(shipped.read_text()) if o]
@@ -253,9 +251,7 @@ def timed_pass(led: Any, http: CountingHttp) -> dict[str, Any]:
             "listed_kib": http.listed_bytes / 1024}  # fmt: skip
 
 
-def measure(
-    fleet: Fleet, step: Step, args: argparse.Namespace, clock: Clock, say: Callable[[str], None]
-) -> dict[str, Any]:
+def measure(fleet: Fleet, step: Step, args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     from webhook.server.ledger import QuotaLedger
 
     http = CountingHttp(fleet.http)
@@ -428,14 +424,14 @@ def main(argv: list[str] | None = None) -> int:
                 [("/api/v1/namespaces", {**ns_obj, "metadata": {"name": ns}}) for ns in sorted(namespaces)]
             )
             http = KubeHttp.from_kubeconfig(str(cluster.kubeconfig))
-            fleet = Fleet(creator, http, say)
+            fleet = Fleet(creator, http)
             clock = Clock()
             for step in steps:
                 t0 = time.monotonic()
                 fleet.grow(step, clock)
                 say(f"{step.nodes} nodes: {len(fleet.claims):,} claims in {step.groups} ledgers "
                     f"({time.monotonic() - t0:.0f} s to write)")  # fmt: skip
-                rows.append(measure(fleet, step, args, clock, say))
+                rows.append(measure(fleet, step, args, clock))
     except Failure as exc:
         print(f"bench/ledger_reconcile.py: {exc}", file=sys.stderr)
         return 2

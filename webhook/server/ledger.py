@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from ..dra.objects import as_map, as_str, claim_spec_of
@@ -90,6 +90,7 @@ MAX_PENDING_BYTES = 128 * 1024
 # Ledger ConfigMaps: one per budget group of a namespace the watch knows; this caps them whatever
 # the number of namespaces.
 MAX_LEDGERS = 4096
+_Pass = Literal["written", "agreed", "open"]  # what one ledger's reconcile did (_reconcile_one)
 _NO_CLAIMS: Mapping[str, tuple[str, ClaimCharge]] = MappingProxyType({})  # one object: compared by identity
 LOG_NAME = 80  # characters of a tenant-chosen name that reach a log line
 # A claim for a namespace the watch has not shown yet (created a moment ago) waits this long for it
@@ -250,7 +251,6 @@ class QuotaLedger:
         # ledger can have changed, and the pass skips it (see reconcile).
         self._stable: dict[str, tuple[str, Mapping[str, tuple[str, ClaimCharge]], int]] = {}
         self._ledgers = 0  # ledger ConfigMaps the last reconcile pass listed
-        self._agreed = False  # set by _reconcile_one: the ledger it read agreed with the watch
         self._may_delete = True
         self.stats = {"reads": 0, "writes": 0, "conflicts": 0, "timeouts": 0, "expired": 0, "released": 0,
                       "checks": 0, "invalid": 0, "refused": 0, "removed": 0, "errors": 0,
@@ -555,9 +555,10 @@ class QuotaLedger:
                     self._stable[group] = was
                     self.stats["unchanged"] += 1
                     continue
-                if self._reconcile_one(group, cm, mine, snap):
+                outcome = self._reconcile_one(group, cm, mine, snap)
+                if outcome == "written":
                     written += 1
-                elif rv and self._agreed:
+                elif outcome == "agreed" and rv:
                     self._stable[group] = (rv, mine, self._gone_version)
             except ApiError as e:
                 if e.status != 409:  # 409: an admission wrote meanwhile; the next pass sees it
@@ -651,14 +652,12 @@ class QuotaLedger:
         self._watched_memo = (key, watched)
         return watched
 
-    def _reconcile_one(
-        self,
-        group: str,
-        cm: dict[str, Any] | None,
-        watched: Mapping[str, tuple[str, ClaimCharge]],
-        snap: Snapshot,
-    ) -> bool:
-        self._agreed = False
+    def _reconcile_one(self, group: str, cm: dict[str, Any] | None,
+                       watched: Mapping[str, tuple[str, ClaimCharge]], snap: Snapshot) -> _Pass:
+        """Reconcile one group's ledger: "written" when it was rewritten; "agreed" when it agrees with
+        the watch by what the two hold alone, not by the clock (a later pass may skip it while
+        neither changes); "open" when it was left as it is for now (a recent reservation, a claim
+        still to be asked about)."""
         entries = decode(as_str(as_map(cm.get("data")).get(DATA_KEY)) if cm else None)
         now = self.clock()
         new = dict(entries)
@@ -693,13 +692,10 @@ class QuotaLedger:
                 self._check(key, group, entries, new, watched.get(key), snap, calc, now)
             except Exception as e:  # this entry stays as it is; the others go on
                 self._failed("quota ledger entry check failed", key, e)
-        # In agreement with the watch, and only by what the ledger and the watch hold (not by the
-        # clock): a later pass may skip it while neither changes.
-        self._agreed = not check and not waiting and new == entries
         if new == entries or (cm is None and not new):
-            return False
+            return "open" if check or waiting else "agreed"
         self._write(group, cm, new)
-        return True
+        return "written"
 
     def _check(self, key: str, group: str, entries: Mapping[str, LedgerEntry], new: dict[str, LedgerEntry],
                w: tuple[str, ClaimCharge] | None, snap: Snapshot, calc: Any, now: float) -> None:
