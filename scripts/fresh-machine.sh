@@ -8,14 +8,16 @@
 # image installs it under /usr/local/go), plus this machine's registry settings (apt sources, pip's
 # configuration and environment, the CA certificates they need). No cache of this machine is used: no
 # ~/.cache/draguard, no Go module or build cache, no virtual environment. Into it goes a `git clone` of
-# this repository at REF (default HEAD), and in it, as root in a chroot, run:
+# this repository at REF (default HEAD), and in it, as root, run:
 #
 #   make demo && make demo-down     (README: the main job on the embedded default)
 #   make test                       (README: the whole test suite)
 #
 # `--only prereqs` makes the machine and runs only the prerequisite check both commands start with (a few
-# minutes: it shows the machine can be made and reaches its registries). Each command's output goes to DIR/fresh-logs/<command>.log and the end of it to the terminal; the exit
-# status is the first failing command's. The chroot shares this machine's kernel, network and loopback:
+# minutes: it shows the machine can be made and reaches its registries). Each command's output goes to
+# DIR/fresh-logs/<command>.log and the end of it to the terminal; the exit status is the first failing
+# command's. The new machine has its own mount and PID namespaces (see `enter` below) but shares this
+# machine's kernel, network and loopback:
 # run it while nothing else starts clusters here. About 2 hours on 2 cores, ~12 GiB of disk under DIR
 # (default /var/tmp/draguard-fresh), removed afterwards unless --keep.
 set -euo pipefail
@@ -40,7 +42,7 @@ case "$ONLY" in ""|demo|test|prereqs) ;; *) echo "fresh-machine: --only demo|tes
 say() { printf '[fresh-machine %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { say "$*" >&2; exit 1; }
 
-[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot, and the real node inside): sudo $0"
+[[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, namespaces, and the real node inside): sudo $0"
 command -v debootstrap >/dev/null || die "needs debootstrap: apt-get install -y debootstrap"
 command -v go >/dev/null || die "needs this machine's Go to copy into the new machine (go on PATH)"
 [[ ! -e "$ROOT" ]] || die "$ROOT exists: remove it or pass --root DIR"
@@ -98,10 +100,9 @@ git clone -q --no-local "$REPO" "$ROOT/root/draguard"
 git -C "$ROOT/root/draguard" checkout -q "$rev"
 
 for m in proc sys dev run tmp; do mkdir -p "$ROOT/$m"; done
-# A machine's / is a mount point; a chroot's is a directory, where `unshare --mount` (the image build)
-# cannot change its propagation. A bind mount of the root onto itself makes it one.
+# pivot_root needs the new root to be a mount point, as a machine's / is; a bind mount of the directory
+# onto itself makes it one.
 mount --bind "$ROOT" "$ROOT" && mount --make-private "$ROOT" && mounted+=("$ROOT")
-mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc")
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys" && mounted+=("$ROOT/sys")
 mount --rbind /dev "$ROOT/dev" && mount --make-rslave "$ROOT/dev" && mounted+=("$ROOT/dev")
 mount -t tmpfs -o mode=755 tmpfs "$ROOT/run" && mounted+=("$ROOT/run")
@@ -118,11 +119,20 @@ done
 logs="$ROOT/fresh-logs"
 mkdir -p "$logs"
 
+# Into the new machine as a container runtime enters one, not with chroot: a mount namespace of its own
+# whose root is the new machine (pivot_root, the outer root unmounted), and a PID namespace whose end
+# takes every process the command left. Under a plain chroot the mount namespace's root stays this
+# machine's /, and setns(2) puts whatever enters it there: `kubectl exec` into the real node's pods
+# would run in this machine's root, not the container's (scripts/prereqs.sh refuses a chroot for that).
+enter='cd "$0" && mkdir -p .outer && pivot_root . .outer && cd / && mount -t proc proc /proc'
+enter+=' && umount -l /.outer && rmdir /.outer && exec /usr/bin/env -i "$@"'
+
 run() {  # run NAME COMMAND...: one README command in the new machine
     local name=$1; shift
     local t0=$SECONDS
     say "$name: $*"
-    if chroot "$ROOT" /usr/bin/env -i "${envs[@]}" /bin/bash -c "cd /root/draguard && $*" > "$logs/$name.log" 2>&1; then
+    if unshare --mount --pid --kill-child --propagation private -- /bin/bash -c "$enter" "$ROOT" \
+        "${envs[@]}" /bin/bash -c "cd /root/draguard && $*" > "$logs/$name.log" 2>&1; then
         say "$name passed in $(( (SECONDS - t0) / 60 )) min (log: $logs/$name.log)"
     else
         local rc=$?

@@ -13,6 +13,7 @@
 #   debootstrap           the draguard and pause images are Debian root filesystems built here
 #   iptables, iproute2, util-linux  the real node's network (kube-proxy, ip, nsenter, unshare)
 #   root                  the real node (mounts, network namespaces, containerd) and the image build
+#   not a chroot          `kubectl exec` into the node's containers needs the machine's own root
 #   disk                  ~7 GiB under ~/.cache/draguard (binaries, images) and the Go build cache
 set -uo pipefail
 
@@ -65,6 +66,18 @@ fi
 
 if [[ "$(id -u)" -ne 0 ]]; then
     problems+=("make $MODE runs a real node (mounts, network namespaces, containerd) and builds images with debootstrap: run it as root (sudo make $MODE)")
+fi
+
+# A plain chroot runs the node but breaks `kubectl exec`: exec enters the container's mount namespace,
+# and setns(2) puts the process at that namespace's root, which under a chroot is the outer machine's /
+# (the exec'd shell sees the host's /dev and no service-account volume). nsenter into our own mount
+# namespace shows the same: a root other than ours.
+if [[ "$(id -u)" -eq 0 ]] && command -v nsenter >/dev/null 2>&1; then
+    ours="$(stat -Lc %d:%i / 2>/dev/null)"
+    ns_root="$(nsenter --mount=/proc/self/ns/mnt stat -Lc %d:%i / 2>/dev/null)" || ns_root="$ours"
+    if [[ -n "$ours" && "$ours" != "$ns_root" ]]; then
+        problems+=("this is a chroot, where a container's \`kubectl exec\` would land in the outer machine's root: run in a container, a VM, or a mount namespace that pivot_root made (scripts/fresh-machine.sh shows how: unshare --mount --pid, then pivot_root into the root)")
+    fi
 fi
 
 cache="$HOME/.cache/draguard"

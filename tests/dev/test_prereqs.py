@@ -74,3 +74,37 @@ def test_an_unknown_mode_is_a_usage_error() -> None:
     r = _run([], mode="deploy")
     assert r.returncode == 2
     assert "usage: scripts/prereqs.sh demo|test" in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot and mount namespaces need root")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_a_plain_chroot_is_refused_because_exec_would_land_in_the_outer_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    # A root on a tmpfs of its own (so its / differs from the machine's) with the machine's programs,
+    # libraries, /proc and /dev bound in, and this checkout at its own path; built and entered in a
+    # private mount namespace, so nothing outlives the test. apt-get is shadowed: dpkg sees no packages
+    # there, and the check must not try to install them.
+    script = f"""
+set -e
+r={root}
+mount -t tmpfs draguard-chroot-test "$r"
+for d in usr bin sbin lib lib32 lib64 libx32 etc proc sys dev; do
+    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$r/$d"
+    elif [ -d "/$d" ]; then mkdir -p "$r/$d" && mount --rbind "/$d" "$r/$d"
+    fi
+done
+mkdir -p "$r{ROOT}" "$r/tmp" "$r/home" "$r/fakebin" && mount --bind "{ROOT}" "$r{ROOT}"
+printf '#!/bin/sh\necho apt-get must not run here >&2; exit 100\n' > "$r/fakebin/apt-get"
+chmod +x "$r/fakebin/apt-get"
+exec chroot "$r" /usr/bin/env HOME=/home PATH="/fakebin:$PATH" bash "{SCRIPT}" test
+"""
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "this is a chroot" in r.stdout, r.stdout + r.stderr
+    assert "pivot_root" in r.stdout
