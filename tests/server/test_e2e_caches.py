@@ -95,6 +95,10 @@ def test_caches_list_watch_and_usage(cluster: LocalCluster, namespace: Callable[
             "resourcequotas",
         ):
             assert f'draguard_cache_synced{{resource="{res}"}} 1.0' in text
+            # How long its list took, so a slow start on a large cluster can be told apart from the
+            # first rebuild.
+            assert _sample(text, f'draguard_cache_list_duration_seconds{{resource="{res}"}}') > 0
+            assert cache.reflectors[res].list_seconds is not None
     finally:
         rebuilder.stop()
         cache.stop()
@@ -108,6 +112,18 @@ def test_running_webhook_reports_synced_caches(cluster: LocalCluster) -> None:
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=5) as resp:
         text = resp.read().decode()
     assert 'draguard_cache_synced{resource="resourceclaims"} 1.0' in text
+    # Start to first view published (what readiness waited for), and each list within it.
+    sync = _sample(text, "draguard_cache_sync_duration_seconds")
+    claims_list = _sample(text, 'draguard_cache_list_duration_seconds{resource="resourceclaims"}')
+    assert 0 < claims_list <= sync, text
+
+
+def _sample(text: str, series: str) -> float:
+    """The value of one series in a Prometheus text exposition (fails when it is missing)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} is not in /metrics")
     assert "dra_devices_available" in text and "dra_resource_claims_total" in text
 
 

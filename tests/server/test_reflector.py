@@ -7,6 +7,7 @@ real one in test_e2e_caches.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -16,9 +17,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes import client
 
-from webhook.server.caches import KubeHttp, Reflector, Resource
+from webhook.server.caches import KubeHttp, Reflector, Resource, watch_lines
 from webhook.server.metrics import Metrics
 
 
@@ -155,3 +158,36 @@ def test_dropped_stream_resumes_from_last_resource_version(api: tuple[Api, KubeH
         assert r.store[("", "b")]["kind"] == "Namespace"  # list items get apiVersion/kind filled in
     finally:
         r.stop()
+
+
+def _split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    edges = [0, *sorted({c % (len(data) + 1) for c in cuts}), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
+
+
+@given(
+    docs=st.lists(st.dictionaries(st.text(max_size=8), st.integers(), max_size=3), max_size=12),
+    blanks=st.lists(st.integers(min_value=0, max_value=2), max_size=12),
+    cuts=st.lists(st.integers(min_value=0), max_size=20),
+    final_newline=st.booleans(),
+)
+def test_watch_lines_gives_every_event_however_the_stream_is_cut(
+    docs: list[dict[str, int]], blanks: list[int], cuts: list[int], final_newline: bool
+) -> None:
+    # Events as the API server writes them, with the blank lines a proxy may add, cut anywhere.
+    pieces = []
+    for i, d in enumerate(docs):
+        pieces.append(json.dumps(d).encode() + b"\n" + b"\n" * (blanks[i] if i < len(blanks) else 0))
+    stream = b"".join(pieces)
+    if stream and not final_newline:
+        stream = stream.rstrip(b"\n")
+    got = [json.loads(line) for line in watch_lines(_split_at(stream, cuts))]
+    assert got == docs
+
+
+def test_watch_lines_reads_a_burst_in_one_chunk_and_an_object_in_many() -> None:
+    burst = b"".join(json.dumps({"i": i}).encode() + b"\n" for i in range(5000))
+    assert [json.loads(x)["i"] for x in watch_lines([burst])] == list(range(5000))
+    big = json.dumps({"data": "x" * 100_000}).encode() + b"\n"
+    chunks = [big[i : i + 1000] for i in range(0, len(big), 1000)]
+    assert [len(x) for x in watch_lines(chunks)] == [len(big) - 1]

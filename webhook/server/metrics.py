@@ -298,6 +298,17 @@ class Metrics:
             registry=r,
         )
         self.inventory_devices = Gauge("draguard_inventory_devices", "Devices in the inventory", registry=r)
+        self.cache_list_duration = Gauge(
+            "draguard_cache_list_duration_seconds",
+            "Wall time of the resource's last full list (every page, decoded into the cache)",
+            ["resource"],
+            registry=r,
+        )
+        self.cache_sync_duration = Gauge(
+            "draguard_cache_sync_duration_seconds",
+            "From the caches' start to the first inventory view published (readiness waits for it)",
+            registry=r,
+        )
         self.cache_relists = Counter(
             "draguard_cache_relists_total",
             "Full relists (start, 410 Gone, reconnect)",

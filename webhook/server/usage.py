@@ -402,6 +402,7 @@ class Rebuilder:
         self.view = CacheView()
         self._inventory: Inventory | None = None
         self.last_change = "none"  # what the last build_base saw change: devices | claims | none
+        self.last_cpu: float | None = None  # CPU seconds of the last rebuild from the caches
         # Quota charge per claim, valid while devices and classes are unchanged (see _charges_of).
         self._calc: QuotaCalculator | None = None
         self._charges: dict[tuple[str, str], tuple[ClaimRecord, ClaimCharge]] = {}
@@ -593,7 +594,8 @@ class Rebuilder:
             try:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 view = self.build()
-                self.metrics.rebuild_duration.labels(self.last_change).observe(time.thread_time() - c0)
+                self.last_cpu = time.thread_time() - c0
+                self.metrics.rebuild_duration.labels(self.last_change).observe(self.last_cpu)
                 self.view = view
                 self.metrics.inventory_rebuilds.inc()
                 self.metrics.inventory_devices.set(len(view.inventory.devices))
