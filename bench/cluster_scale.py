@@ -68,6 +68,8 @@ EXTRAPOLATE_TO = 10_000
 # What each step measures, with its unit and whether it is memory (for the sizing lines).
 METRICS: dict[str, tuple[str, str]] = {
     "webhook_sync_s": ("webhook cache sync", "s"),
+    "webhook_list_s": ("  of it, the slowest list", "s"),
+    "webhook_build_cpu_s": ("  of it, rebuild CPU", "s"),
     "webhook_rss_ready_mib": ("webhook RSS when ready", "MiB"),
     "webhook_rss_loaded_mib": ("webhook RSS after load", "MiB"),
     "admit_p50_ms": ("admission p50", "ms"),
@@ -443,6 +445,20 @@ def handler_sum_count(metrics: str) -> tuple[float, float]:
     return total, count
 
 
+def sync_split(metrics: str) -> tuple[str, float, float]:
+    """(slowest resource, its list's wall seconds, rebuild CPU seconds so far) from a replica's
+    /metrics when it turned ready: the lists run side by side, then the first rebuild."""
+    lists: dict[str, float] = {}
+    build = 0.0
+    for line in metrics.splitlines():
+        if line.startswith('draguard_cache_list_duration_seconds{resource="'):
+            lists[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("draguard_cache_rebuild_duration_seconds_sum{"):
+            build += float(line.rsplit(" ", 1)[1])
+    slowest = max(lists, key=lambda k: lists[k], default="")
+    return slowest, lists.get(slowest, 0.0), build
+
+
 def steady_creates(cluster: Any, first: int, rate: float, seconds: float) -> tuple[list[float], list[str]]:
     """GPU pods at a steady `rate` per second over 4 connections; each create starts on its schedule
     (or as soon as a connection is free, when the API server falls behind)."""
@@ -495,7 +511,12 @@ def measure(cluster: Any, size: Size, args: argparse.Namespace, first_pod: int, 
     name = f"webhook-{size.nodes}"
     pid, row["webhook_sync_s"] = start_webhook(cluster, name, port)
     row["webhook_rss_ready_mib"] = rss_mib(pid)
-    say(f"webhook ready in {row['webhook_sync_s']:.1f} s, RSS {row['webhook_rss_ready_mib']:.0f} MiB")
+    slowest, row["webhook_list_s"], row["webhook_build_cpu_s"] = sync_split(webhook_metrics(cluster, port))
+    say(
+        f"webhook ready in {row['webhook_sync_s']:.1f} s (slowest list {slowest} "
+        f"{row['webhook_list_s']:.1f} s, rebuild CPU {row['webhook_build_cpu_s']:.1f} s), "
+        f"RSS {row['webhook_rss_ready_mib']:.0f} MiB"
+    )
     cluster.register_webhook(port)
     # The configurations are fresh; wait until the API server calls this webhook (a dry-run create).
     api = Api(cluster.server, cluster.paths.certs)
