@@ -34,6 +34,7 @@ FULL_ARGS: dict[str, list[str]] = {
     "driver_churn": ["--json", "{out}/driver_churn.json"],
     "ledger_reconcile": ["--json", "{out}/ledger_reconcile.json"],
     "cache_rebuild": ["--json", "{out}/cache_rebuild.json"],
+    "cache_sync": ["--json", "{out}/cache_sync.json"],
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "scaling": ["--devices", "1000,10000", "--policies", "10,100", "--reviews", "60"],
@@ -48,6 +49,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "driver_churn": ["--quick"],
     "ledger_reconcile": ["--quick"],
     "cache_rebuild": ["--steps", "20,40", "--repeat", "1"],
+    "cache_sync": ["--quick"],
     "review": ["--repeat", "1"],
     "migration": ["--sizes", "250,1000", "--repeat", "2"],
     "audit": ["--objects", "5000", "--repeat", "1"],

@@ -59,3 +59,28 @@ def test_ledger_bench_reconciles_a_churn_at_each_step(tmp_path: Path) -> None:
         assert all(p["written"] == 0 for p in r["steady"])
         assert r["steady_cpu_ms"] > 0 and r["listed_kib"] > 0
     assert "steady pass p50, CPU (ms)" in proc.stdout
+
+
+@pytest.mark.e2e
+def test_cache_sync_bench_splits_each_start_into_lists_and_rebuild(tmp_path: Path) -> None:
+    from webhook.dev.cluster import ClusterError, find_bin_dir
+
+    try:
+        find_bin_dir()
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "sync.json"
+    proc = run("bench/cache_sync.py", "--quick", "--json", str(out), "--state-dir", str(tmp_path / "s"),
+               timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["nodes"] for r in rows] == [0, 2, 4]
+    for r in rows:
+        # The replica's own figures come from its /metrics: every watched resource's list was timed.
+        start = r["starts"][0]
+        assert set(start["lists"]) >= {"resourceslices", "resourceclaims", "nodes", "namespaces"}
+        assert 0 < start["list_s"] < start["sync_s"] and start["build_cpu_s"] > 0
+        # What the plain client listed is what the step created: the claims' bytes grow with them.
+        assert r["raw"]["resourceclaims"]["pages"] == 1
+    assert rows[2]["raw"]["resourceclaims"]["bytes"] > rows[1]["raw"]["resourceclaims"]["bytes"] > 0
+    assert "| replica: start to ready (s) |" in proc.stdout
