@@ -39,18 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cluster_scale import (  # noqa: E402
-    ADMIT_NS,
-    Creator,
     Size,
-    SliceMaker,
     api_only_cluster,
     grow,
-    namespace_objects,
     parse_steps,
     say,
+    seeded,
     start_webhook,
     sync_split,
-    template,
     webhook_metrics,
 )
 
@@ -200,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--starts and --parallel must be positive")
     rows: list[dict[str, Any]] = []
     with api_only_cluster("cache_sync", args.state_dir) as cluster:
-        creator = Creator(cluster.server, cluster.paths.certs, args.parallel)
-        creator.run(namespace_objects(ADMIT_NS)[:1])
-        creator.run(namespace_objects(ADMIT_NS)[1:])
-        creator.run([(f"/apis/resource.k8s.io/v1/namespaces/{ADMIT_NS}/resourceclaimtemplates", template())])
-        maker = SliceMaker()
+        creator, maker = seeded(cluster, args.parallel)
         have = Size(0)
         for n in [0, *steps]:
             want = Size(n)

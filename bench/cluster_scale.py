@@ -318,6 +318,16 @@ class Creator:
             await asyncio.gather(*(one(session, p, b) for p, b in items))
 
 
+def seeded(cluster: Any, parallel: int) -> tuple[Creator, SliceMaker]:
+    """A creator for `cluster` that has made the namespace admissions go to and its claim template,
+    and the maker of each node's slices: where every step of a scale bench starts from."""
+    creator = Creator(cluster.server, cluster.paths.certs, parallel)
+    creator.run(namespace_objects(ADMIT_NS)[:1])
+    creator.run(namespace_objects(ADMIT_NS)[1:])
+    creator.run([(f"/apis/resource.k8s.io/v1/namespaces/{ADMIT_NS}/resourceclaimtemplates", template())])
+    return creator, SliceMaker()
+
+
 def grow(
     creator: Creator, maker: SliceMaker, have: Size, want: Size, say: Any, pods: bool = True
 ) -> dict[str, float]:
@@ -747,11 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     setup: list[dict[str, Any]] = []
     failed = False
     with api_only_cluster("cluster_scale", args.state_dir, keep=args.keep) as cluster:
-        creator = Creator(cluster.server, cluster.paths.certs, args.parallel)
-        creator.run(namespace_objects(ADMIT_NS)[:1])
-        creator.run(namespace_objects(ADMIT_NS)[1:])
-        creator.run([(f"/apis/resource.k8s.io/v1/namespaces/{ADMIT_NS}/resourceclaimtemplates", template())])
-        maker = SliceMaker()
+        creator, maker = seeded(cluster, args.parallel)
         have = Size(0)
         first_pod = 0
         plan = ([] if args.no_baseline else [0]) + steps

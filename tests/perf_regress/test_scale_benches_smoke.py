@@ -18,6 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def needs_control_plane() -> None:
+    from webhook.dev.cluster import ClusterError, find_bin_dir
+
+    try:
+        find_bin_dir()
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+
+
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -38,12 +47,7 @@ def test_cache_rebuild_bench_times_each_rebuild_at_each_step(tmp_path: Path) -> 
 
 @pytest.mark.e2e
 def test_ledger_bench_reconciles_a_churn_at_each_step(tmp_path: Path) -> None:
-    from webhook.dev.cluster import ClusterError, find_bin_dir
-
-    try:
-        find_bin_dir()
-    except ClusterError as exc:
-        pytest.skip(str(exc))
+    needs_control_plane()
     out = tmp_path / "ledger.json"
     proc = run("bench/ledger_reconcile.py", "--quick", "--json", str(out), "--state-dir", str(tmp_path / "s"),
                timeout=600)  # fmt: skip
@@ -63,12 +67,7 @@ def test_ledger_bench_reconciles_a_churn_at_each_step(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_cache_sync_bench_splits_each_start_into_lists_and_rebuild(tmp_path: Path) -> None:
-    from webhook.dev.cluster import ClusterError, find_bin_dir
-
-    try:
-        find_bin_dir()
-    except ClusterError as exc:
-        pytest.skip(str(exc))
+    needs_control_plane()
     out = tmp_path / "sync.json"
     proc = run("bench/cache_sync.py", "--quick", "--json", str(out), "--state-dir", str(tmp_path / "s"),
                timeout=600)  # fmt: skip
