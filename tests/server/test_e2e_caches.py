@@ -61,6 +61,8 @@ def test_caches_list_watch_and_usage(cluster: LocalCluster, namespace: Callable[
     rebuilder.start()
     try:
         assert cache.wait_synced(30), cache.states()
+        # Kubernetes 1.37 streams each watch's initial state (sendInitialEvents): no paged list.
+        assert {n: r.watch_list for n, r in cache.reflectors.items()} == dict.fromkeys(cache.reflectors, True)
         api_slices = kube.get("/apis/resource.k8s.io/v1/resourceslices")["items"]
         view = wait(lambda: views[-1] if views else None, what="first view")
         published = sum(len(s["spec"].get("devices") or []) for s in api_slices)

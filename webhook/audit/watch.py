@@ -1,6 +1,6 @@
 """Watches that tell the audit which namespaces changed, so their reports follow within seconds.
 
-A watch keeps no objects: each event is decoded on its own (at most `MAX_EVENT_BYTES`, nesting as
+A watch keeps no objects: each event is decoded on its own (at most `caches.MAX_EVENT_BYTES`, nesting as
 deep as the admission path's decoder allows), reduced to its namespace and a fingerprint of what the
 rules read, and dropped. Only the fingerprints of recently seen objects are kept (at most
 `FINGERPRINTS`), so that status-only updates, the bulk of a busy cluster's events, are ignored. A
@@ -19,22 +19,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..dra.workloads import CrdTable, using_crd_table
 from ..server import codec
-from ..server.caches import ApiError, Gone, KubeHttp, discover_dra_versions
+from ..server.caches import ApiError, Gone, KubeHttp, discover_dra_versions, event_lines
 from .evaluate import controller_of, uses_devices
 from .owners import OwnerIndex
 from .source import Collection, shallow, trim
 
 log = logging.getLogger("draguard.audit")
 
-# Larger than any object the API server stores (etcd refuses values over 1.5 MiB, requests are
-# limited to 3 MiB), so only a broken stream reaches it; what is past it is never held.
-MAX_EVENT_BYTES = 8 * 1024 * 1024
 FINGERPRINTS = 65536
 WATCH_SECONDS = 240
 # Past this many namespaces waiting, one full scan is cheaper than a rescan per namespace.
@@ -171,35 +168,6 @@ class Scope:
 
 class EventError(Exception):
     """An event that cannot be read (too large, too deep, not JSON)."""
-
-
-def event_lines(chunks: Iterator[bytes], limit: int = MAX_EVENT_BYTES) -> Iterator[bytes | None]:
-    """Newline-separated events; None stands for one over `limit`, whose bytes are skipped."""
-    buf = bytearray()
-    skipping = False
-    for chunk in chunks:
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            piece = chunk[start:] if nl < 0 else chunk[start:nl]
-            if not skipping:
-                buf += piece
-                if len(buf) > limit:
-                    buf.clear()
-                    skipping = True
-            if nl < 0:
-                break
-            if skipping:
-                yield None
-                skipping = False
-            elif buf.strip():
-                yield bytes(buf)
-            buf.clear()
-            start = nl + 1
-    if skipping:
-        yield None
-    elif buf.strip():
-        yield bytes(buf)
 
 
 def decode_event(line: bytes) -> dict[str, Any]:
