@@ -9,9 +9,11 @@ cluster from 1,000 to 2,000 nodes. This bench grows the same cluster (bench/clus
 per node a Ready Node, the ResourceSlice draguard's driver publishes for 8 H100s and 25 ResourceClaims,
 one team namespace per 10 nodes; pods only with `--with-pods`, since the webhook watches none) on one
 kube-apiserver + etcd where nothing else writes, and at each step (an empty cluster first) measures:
-- **API server**: each watched resource listed as the reflector lists it (pages of 500 with continue
-  tokens) by a plain client that only reads the bytes: wall time of the pages, and the CPU this
-  process then spends decoding them (json.loads), the two apart;
+- **API server**: each watched resource listed in pages of 500 with continue tokens (how the
+  reflector listed before it streamed) by a plain client that only reads the bytes: wall time of the
+  pages, and the CPU this process then spends decoding them (json.loads), the two apart; and the
+  ResourceClaims as a watch's initial events (sendInitialEvents, how the reflector asks now): wall
+  time to the bookmark that ends them, and the decoding of each event;
 - **replica**: `draguard serve` started `--starts` times, one after the other: start to the first 200
   from /readyz, each reflector's own list time (draguard_cache_list_duration_seconds) and the rebuild
   CPU by then (draguard_cache_rebuild_duration_seconds), from its /metrics; medians.
@@ -68,6 +70,8 @@ FIGURES = (
     ("build_cpu_s", "  rebuild CPU by ready", "s"),
     ("raw_claims_s", "API server: claim pages, wall", "s"),
     ("raw_claims_decode_s", "  decoding them, CPU", "s"),
+    ("stream_claims_s", "API server: claims streamed, wall", "s"),
+    ("stream_claims_decode_s", "  decoding them, CPU", "s"),
     ("raw_all_s", "API server: every list, wall", "s"),
     ("raw_mib", "  bytes listed", "MiB"),
 )
@@ -102,6 +106,32 @@ def raw_lists(cluster: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+def raw_stream(cluster: Any, path: str) -> dict[str, float]:
+    """One collection as a watch's initial events (what the reflector asks for first): wall time to
+    the bookmark that ends them, the CPU of decoding each event, and the events' count."""
+    from webhook.server.caches import INITIAL_EVENTS_END, event_lines
+
+    c = cluster.paths.certs
+    ctx = ssl.create_default_context(cafile=str(c / "ca.crt"))
+    ctx.load_cert_chain(str(c / "admin.crt"), str(c / "admin.key"))
+    q = {"watch": "1", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+         "allowWatchBookmarks": "true", "timeoutSeconds": "120"}  # fmt: skip
+    decode, events = 0.0, 0
+    t0 = time.monotonic()
+    with urllib.request.urlopen(f"{cluster.server}{path}?{urllib.parse.urlencode(q)}", context=ctx) as r:
+        for line in event_lines(iter(lambda: r.read1(64 * 1024), b"")):
+            c0 = time.thread_time()
+            ev = json.loads(line or b"{}")
+            decode += time.thread_time() - c0
+            if ev.get("type") == "BOOKMARK":
+                notes = (ev.get("object") or {}).get("metadata", {}).get("annotations") or {}
+                if notes.get(INITIAL_EVENTS_END) == "true":
+                    break
+            else:
+                events += 1
+    return {"wall_s": time.monotonic() - t0, "decode_s": decode, "events": events}
+
+
 def replica_starts(cluster: Any, nodes: int, starts: int) -> list[dict[str, Any]]:
     from webhook.dev.cluster import free_port
 
@@ -133,6 +163,8 @@ def measure(cluster: Any, nodes: int, starts: int) -> dict[str, Any]:
         "  plain client: "
         + ", ".join(f"{n} {r['wall_s']:.2f} s / {r['bytes'] / 2**20:.1f} MiB" for n, r in raw.items())
     )
+    streamed = raw_stream(cluster, WATCHED["resourceclaims"])
+    say(f"  plain client, claims streamed: {streamed['wall_s']:.2f} s, {streamed['events']} events")
     runs = replica_starts(cluster, nodes, starts)
     med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
     return {
@@ -143,6 +175,9 @@ def measure(cluster: Any, nodes: int, starts: int) -> dict[str, Any]:
         "build_cpu_s": med("build_cpu_s"),
         "raw_claims_s": raw["resourceclaims"]["wall_s"],
         "raw_claims_decode_s": raw["resourceclaims"]["decode_s"],
+        "stream_claims_s": streamed["wall_s"],
+        "stream_claims_decode_s": streamed["decode_s"],
+        "stream": streamed,
         "raw_all_s": sum(r["wall_s"] for r in raw.values()),
         "raw_mib": sum(r["bytes"] for r in raw.values()) / 2**20,
         "raw": raw,

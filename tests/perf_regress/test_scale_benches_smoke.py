@@ -81,5 +81,7 @@ def test_cache_sync_bench_splits_each_start_into_lists_and_rebuild(tmp_path: Pat
         assert 0 < start["list_s"] < start["sync_s"] and start["build_cpu_s"] > 0
         # What the plain client listed is what the step created: the claims' bytes grow with them.
         assert r["raw"]["resourceclaims"]["pages"] == 1
+        # The claims streamed as a watch's initial events are the claims the step has.
+        assert r["stream"]["events"] == 25 * r["nodes"]
     assert rows[2]["raw"]["resourceclaims"]["bytes"] > rows[1]["raw"]["resourceclaims"]["bytes"] > 0
     assert "| replica: start to ready (s) |" in proc.stdout
