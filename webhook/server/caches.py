@@ -368,10 +368,10 @@ class Reflector:
     def _watch(self, initial: bool = False) -> None:
         """Follow the watch from self.resource_version; with `initial`, from no version, the API
         server first sending every object as an ADDED event, then a bookmark that ends them (KEP-3157,
-        "watch-list", as client-go's reflector lists). That replaces a paged list: its objects come
-        from the API server's watch cache as one stream, where every page of a paged list costs more
-        the larger the collection (50,000 ResourceClaims here: 2.5-4.0 s in pages of 500, 1.0-1.1 s
-        streamed; bench/cache_sync.py)."""
+        "watch-list", the protocol of client-go's WatchListClient). That replaces a paged list: its
+        objects come from the API server's watch cache as one stream, where every page of a paged list
+        costs more the larger the collection (50,000 ResourceClaims here: 2.5-4.0 s in pages of 500,
+        1.0-1.1 s streamed; bench/cache_sync.py)."""
         q: list[tuple[str, Any]] = [
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
