@@ -42,11 +42,20 @@ class BuildError(AssertionError):
 
 
 def kustomize_command() -> list[str] | None:
+    """kustomize, else the machine's kubectl, else the kubectl `make k8s` built (`make test` puts that
+    on PATH too; a test run on its own may not have it)."""
     if shutil.which("kustomize"):
         return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        from webhook.dev.procs import ClusterError, find_bin_dir
+
+        try:
+            built = find_bin_dir() / "kubectl"
+        except ClusterError:
+            return None
+        kubectl = str(built) if os.access(built, os.X_OK) else None
+    return [kubectl, "kustomize"] if kubectl else None
 
 
 def run_build(directory: Path) -> list[Obj]:

@@ -4,13 +4,10 @@ rules (tools/ocibundle: go-containerregistry and oras-go, the libraries those en
 
 from __future__ import annotations
 
-import glob
 import gzip
 import hashlib
 import io
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,6 +20,7 @@ import yaml
 from release_scripts import ROOT, SCRIPTS, load
 
 from tests.gotool import go_tool
+from tests.kustomize.kbundle import kustomize_command
 
 bundle = load("bundle")
 IMAGE = "ghcr.io/acme/draguard@sha256:" + "ab" * 32
@@ -136,15 +134,6 @@ def test_same_input_same_digests_and_unpinned_bundle_is_the_tree(tmp_path: Path)
     assert tar_files(Path(plain["content"]).read_bytes()) == expected_files()
 
 
-def _kustomize() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    kubectl = shutil.which("kubectl") or next(
-        iter(sorted(glob.glob(os.path.expanduser("~/.cache/draguard/k8s/*/bin/kubectl")))), None
-    )
-    return [kubectl, "kustomize"] if kubectl else None
-
-
 def _images(docs: list[Any]) -> Iterator[str]:
     for d in docs:
         spec = d.get("spec") or {}
@@ -158,7 +147,7 @@ def _images(docs: list[Any]) -> Iterator[str]:
 
 @pytest.mark.parametrize("overlay", ["gke", "local"])
 def test_every_overlay_of_the_extracted_bundle_runs_the_pinned_image(tmp_path: Path, overlay: str) -> None:
-    cmd = _kustomize()
+    cmd = kustomize_command()
     if cmd is None:
         pytest.skip("neither kustomize nor kubectl found (PATH, ~/.cache/draguard/k8s)")
     summary = make(tmp_path / "b")

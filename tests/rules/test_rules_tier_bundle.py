@@ -7,7 +7,6 @@ DeviceClasses from the same build, and the devices from the driver's simulated t
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kustomize.kbundle import kustomize_command
 from webhook.core.findings import Mode, Report
 from webhook.core.source import SourceObject
 from webhook.dra.inventory import Inventory
@@ -37,13 +37,7 @@ def _need(reason: str) -> None:
 
 @cache
 def bundle() -> tuple[dict[str, Any], ...]:
-    cmd = (
-        ["kustomize", "build"]
-        if shutil.which("kustomize")
-        else ["kubectl", "kustomize"]
-        if shutil.which("kubectl")
-        else None
-    )
+    cmd = kustomize_command()
     if cmd is None:
         _need("neither kustomize nor kubectl is on PATH")
         raise AssertionError("unreachable")
