@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import pki
+from webhook.dev.procs import die_with_parent
 
 
 def find_bin() -> Path | None:
@@ -138,6 +139,8 @@ def start(
         ],
         stdout=log_e,
         stderr=subprocess.STDOUT,
+        # A test run killed before its teardown must not leave the control plane running.
+        preexec_fn=die_with_parent,
     )
     log_a = open(base / "apiserver.log", "wb")  # noqa: SIM115
     api = subprocess.Popen(
@@ -178,6 +181,7 @@ def start(
         ],
         stdout=log_a,
         stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
     )
     server = ApiServer(
         f"https://127.0.0.1:{port}",

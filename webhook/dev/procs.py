@@ -107,7 +107,7 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: ask the kernel for SIGTERM when the parent exits (Linux)."""
     pr_set_pdeathsig = 1
     with contextlib.suppress(OSError, AttributeError):
@@ -269,7 +269,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.tie_to_parent else None,
+                preexec_fn=die_with_parent if self.tie_to_parent else None,
                 env={**os.environ, **(env or {})},
                 cwd=str(self.paths.root),
             )
