@@ -44,6 +44,7 @@ from bench.cluster_scale import (  # noqa: E402
     Size,
     api_only_cluster,
     grow,
+    list_durations,
     parse_steps,
     say,
     seeded,
@@ -141,11 +142,7 @@ def replica_starts(cluster: Any, nodes: int, starts: int) -> list[dict[str, Any]
         _pid, sync = start_webhook(cluster, name, port)
         text = webhook_metrics(cluster, port)
         cluster.stop(name)
-        lists = {
-            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith('draguard_cache_list_duration_seconds{resource="')
-        }
+        lists = list_durations(text)
         slowest, list_s, build = sync_split(text)
         runs.append(
             {"sync_s": sync, "slowest": slowest, "list_s": list_s, "build_cpu_s": build, "lists": lists}

@@ -460,16 +460,24 @@ def handler_sum_count(metrics: str) -> tuple[float, float]:
     return total, count
 
 
+def list_durations(metrics: str) -> dict[str, float]:
+    """Each watched resource's last full list, wall seconds, from a replica's /metrics."""
+    return {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('draguard_cache_list_duration_seconds{resource="')
+    }
+
+
 def sync_split(metrics: str) -> tuple[str, float, float]:
     """(slowest resource, its list's wall seconds, rebuild CPU seconds so far) from a replica's
     /metrics when it turned ready: the lists run side by side, then the first rebuild."""
-    lists: dict[str, float] = {}
-    build = 0.0
-    for line in metrics.splitlines():
-        if line.startswith('draguard_cache_list_duration_seconds{resource="'):
-            lists[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("draguard_cache_rebuild_duration_seconds_sum{"):
-            build += float(line.rsplit(" ", 1)[1])
+    lists = list_durations(metrics)
+    build = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("draguard_cache_rebuild_duration_seconds_sum{")
+    )
     slowest = max(lists, key=lambda k: lists[k], default="")
     return slowest, lists.get(slowest, 0.0), build
 

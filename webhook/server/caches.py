@@ -460,10 +460,9 @@ class Reflector:
                             extra={"resource": self.res.name, "reason": str(e)[:300]},
                         )
                         continue
-                elif not self.resource_version:
-                    self._list()
-                    self._watch()
                 else:
+                    if not self.resource_version:
+                        self._list()
                     self._watch()
                 backoff = self.backoff_initial
             except Gone:
