@@ -18,7 +18,8 @@
 # DIR/fresh-logs/<command>.log and the end of it to the terminal; the exit status is the first failing
 # command's. The new machine has its own mount and PID namespaces (see `enter` below) but shares this
 # machine's kernel, network and loopback:
-# run it while nothing else starts clusters here. About 2 hours on 2 cores, ~12 GiB of disk under DIR
+# run it while nothing else starts clusters here. About 75 minutes on 2 cores (measured: demo 17, test
+# 56), ~12 GiB of disk under DIR
 # (default /var/tmp/draguard-fresh), removed afterwards unless --keep.
 set -euo pipefail
 
